@@ -1,0 +1,3 @@
+from servescope.cli import main
+
+main()

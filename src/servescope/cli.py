@@ -1,0 +1,155 @@
+"""The ``servescope`` command line: parse flags, call one feature function, render. No analysis here."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+
+from servescope import __version__
+from servescope.core.errors import InputError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="servescope",
+    help="Where a decode step's time goes on multi-GPU LLM servers, and what to change.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,  # tracebacks with locals could print secrets
+    add_completion=False,
+)
+_err = Console(stderr=True, highlight=False, soft_wrap=True)
+T = TypeVar("T")
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    _err.print(f"servescope: error: {message}", markup=False)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def _user_errors() -> Iterator[None]:
+    """Turn our input errors into one line and exit 2."""
+    try:
+        yield
+    except InputError as exc:
+        _fail(str(exc))
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"servescope {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """servescope: trace analysis for vLLM / SGLang multi-GPU serving."""
+
+
+class _BarProgress:
+    def __init__(self, console: Console) -> None:
+        self._status = console.status("")
+        self._status.start()
+
+    def advance(self, description: str) -> None:
+        self._status.update(description)
+
+    def stop(self) -> None:
+        self._status.stop()
+
+
+def _with_progress(quiet: bool, job: Callable[[_BarProgress | None], T]) -> T:
+    progress = None if quiet or not _err.is_terminal else _BarProgress(_err)
+    try:
+        return job(progress)
+    finally:
+        if progress is not None:
+            progress.stop()
+
+
+def _write_outputs(doc: object, *, json_out: Path | None, html_out: Path | None) -> None:
+    from servescope.core.atomic import write_bytes_atomic, write_text_atomic
+    from servescope.report.html import render_analysis_html
+    from servescope.report.jsonout import encode_analysis
+
+    if json_out is not None:
+        write_bytes_atomic(json_out, encode_analysis(doc))  # type: ignore[arg-type]
+    if html_out is not None:
+        write_text_atomic(html_out, render_analysis_html(doc))  # type: ignore[arg-type]
+
+
+@app.command()
+def analyze(
+    paths: Annotated[list[Path] | None, typer.Argument(help="Trace files or directories (.json, .json.gz).",
+                                                       show_default=False)] = None,
+    example: Annotated[bool, typer.Option("--example", help="Analyze the bundled example capture.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the analysis document as JSON.")] = False,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the JSON document here.")] = None,
+    html: Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
+    taxonomy: Annotated[Path | None, typer.Option("--taxonomy", help="TOML file of kernel rules that "
+                                                  "override the bundled taxonomy.")] = None,
+    step_gap_us: Annotated[float | None, typer.Option("--step-gap-us", min=0.0, help="Idle gap that separates "
+                                                      "steps when a trace has no step annotations.")] = None,
+    top: Annotated[int, typer.Option("--top", min=0, help="Kernels to list.")] = 15,
+) -> None:
+    """Where each step's time goes, per rank and phase, and what the bottleneck is.
+
+    Reads torch.profiler traces as vLLM, SGLang and plain PyTorch write them (one file per rank; vLLM's
+    front-end trace is recognised), finds the steps, and breaks their device time down by category.
+    """
+    from servescope.report.jsonout import encode_analysis
+    from servescope.report.tables import render_analysis
+    from servescope.trace.analyze import AnalyzeRequest, example_trace_dir
+    from servescope.trace.analyze import analyze as run_analysis
+
+    with _user_errors():
+        chosen = list(paths or [])
+        if example:
+            chosen.append(example_trace_dir())
+        if not chosen:
+            _fail("give trace files or directories, or --example")
+        request = AnalyzeRequest(paths=chosen, taxonomy=taxonomy, step_gap_us=step_gap_us)
+        doc = _with_progress(as_json, lambda progress: run_analysis(request, progress=progress))
+        _write_outputs(doc, json_out=output, html_out=html)
+    if as_json:
+        sys.stdout.buffer.write(encode_analysis(doc) + b"\n")
+        return
+    render_analysis(doc, Console(highlight=False), top=top)
+
+
+@app.command()
+def report(
+    analysis: Annotated[Path, typer.Argument(help="A saved `analyze -o` / `--json` document.")],
+    html: Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
+    top: Annotated[int, typer.Option("--top", min=0, help="Kernels to list.")] = 15,
+) -> None:
+    """Re-render a saved analysis (tables, HTML) without reading the traces again."""
+    from servescope.report.jsonout import decode_analysis
+    from servescope.report.tables import render_analysis
+
+    with _user_errors():
+        try:
+            data = analysis.read_bytes()
+        except OSError as exc:
+            raise InputError(str(analysis), exc.strerror or "cannot read") from None
+        doc = decode_analysis(data, str(analysis))
+        _write_outputs(doc, json_out=None, html_out=html)
+    render_analysis(doc, Console(highlight=False), top=top)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        _err.print("servescope: interrupted", markup=False)
+        sys.exit(130)

@@ -1,0 +1,23 @@
+"""Errors a user can fix: the CLI shows them as one line and exits 2."""
+
+from __future__ import annotations
+
+__all__ = ["InputError", "ServescopeError"]
+
+
+class ServescopeError(Exception):
+    """Base of servescope's own errors."""
+
+
+class InputError(ServescopeError):
+    """Bad input named by its source: a file, URL or option, and what is wrong with it.
+
+    Args:
+        source: the file path, URL or option at fault.
+        problem: what is wrong, in a few words a user can act on.
+    """
+
+    def __init__(self, source: str, problem: str) -> None:
+        super().__init__(f"{source}: {problem}")
+        self.source = source
+        self.problem = problem

@@ -1,0 +1,1 @@
+"""Planned: see ../shared/DESIGN.md for this package's role."""

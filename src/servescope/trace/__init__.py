@@ -1,0 +1,1 @@
+"""Read and understand profiler traces: reader, taxonomy, steps, breakdown, ranks, findings, diff."""

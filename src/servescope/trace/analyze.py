@@ -1,0 +1,124 @@
+"""``analyze``: trace files → one analysis document (steps, breakdown per rank and phase, findings)."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib.resources import as_file, files
+from pathlib import Path
+from typing import Protocol
+
+from servescope import __version__
+from servescope.core.analysis import AnalysisDoc, InputFile, KernelRow, RankAnalysis, TraceInfo
+from servescope.core.errors import InputError
+from servescope.trace.breakdown import RankBreakdown, break_down
+from servescope.trace.findings import find_bottlenecks
+from servescope.trace.ranks import assign_ranks, compare_ranks, discover_traces
+from servescope.trace.reader import TraceData, read_trace
+from servescope.trace.steps import find_steps
+from servescope.trace.taxonomy import Taxonomy, load_taxonomy
+from servescope.trace.work import select_work
+
+__all__ = ["AnalyzeRequest", "Progress", "analyze", "example_trace_dir"]
+
+EXAMPLE_NAME = "vllm-cpu-tp2"
+
+
+class Progress(Protocol):
+    """Optional progress sink (the CLI passes a rich progress bar; tests pass None)."""
+
+    def advance(self, description: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AnalyzeRequest:
+    """What to analyze and how; every option that changes a number is recorded in the result."""
+
+    paths: Sequence[str | Path]
+    taxonomy: str | Path | None = None
+    step_gap_us: float | None = None
+
+
+def example_trace_dir() -> Path:
+    """The bundled example: a TP=2 vLLM decode capture made with this project's tools."""
+    resource = files("servescope") / "data" / "examples" / EXAMPLE_NAME
+    with as_file(resource) as path:
+        if not path.is_dir():
+            raise InputError(str(path), "bundled example missing from this installation")
+        return path
+
+
+def _read_all(paths: Iterable[Path], progress: Progress | None) -> list[TraceData]:
+    out = []
+    for path in paths:
+        if progress is not None:
+            progress.advance(f"reading {path.name}")
+        out.append(read_trace(path))
+    return out
+
+
+def analyze(request: AnalyzeRequest, *, progress: Progress | None = None) -> AnalysisDoc:
+    """Analyze the traces of one run: every rank's steps, breakdown per phase, ranks compared, findings.
+
+    Raises:
+        InputError: a path is missing, a file is not a readable trace, ranks clash, or the taxonomy
+            override is bad.
+
+    Example:
+        >>> doc = analyze(AnalyzeRequest(paths=["traces/"]))  # doctest: +SKIP
+        >>> doc.ranks[0].phases["decode"].categories["comm.all_reduce"].share  # doctest: +SKIP
+    """
+    taxonomy: Taxonomy = load_taxonomy(request.taxonomy)
+    files_found = discover_traces(request.paths)
+    traces = assign_ranks(_read_all(files_found, progress))
+    workers = sorted((t for t in traces if t.role == "worker"), key=lambda t: t.rank or 0)
+    per_rank: dict[int, RankBreakdown] = {}
+    rank_docs: list[RankAnalysis] = []
+    kernels: list[KernelRow] = []
+    msg_bytes: dict[int, list[int]] = {}
+    gaps: list[float] = []
+    for trace in workers:
+        assert trace.rank is not None
+        work = select_work(trace.data)
+        steps = find_steps(trace.data, work, gap_us=request.step_gap_us)
+        if steps.gap_us is not None:
+            gaps.append(steps.gap_us)
+        result = break_down(trace.data, work, steps, taxonomy, rank=trace.rank)
+        per_rank[trace.rank] = result
+        kernels.extend(result.kernels)
+        msg_bytes[trace.rank] = list(trace.data.device.msg_bytes.values())
+        rank_docs.append(RankAnalysis(
+            rank=trace.rank, path=str(trace.data.path), work_kind=work.kind, step_source=steps.source,
+            unattributed_us=result.unattributed_us, phases=result.phases, steps=result.steps,
+        ))
+    if not workers:
+        raise InputError(", ".join(str(t.data.path) for t in traces),
+                         "only front-end traces (*.async_llm.*): give the workers' rank traces too")
+    across = compare_ranks(per_rank)
+    comm = [c for c in taxonomy.categories if taxonomy.is_communication(c)]
+    findings = find_bottlenecks(rank_docs, across, kernels, comm, msg_bytes)
+    return AnalysisDoc(
+        servescope_version=__version__,
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        platform={"python": sys.version.split()[0], "system": platform.platform()},
+        options={
+            "taxonomy": taxonomy.source,
+            "step_gap_us": request.step_gap_us if request.step_gap_us is not None else (max(gaps) if gaps else None),
+        },
+        inputs=[InputFile(path=str(t.data.path), size_bytes=t.data.size_bytes) for t in traces],
+        traces=[
+            TraceInfo(path=str(t.data.path), rank=t.rank, role=t.role, events=t.data.event_count,
+                      rank_source=t.rank_source,
+                      world_size=(t.data.distributed or {}).get("world_size"))
+            for t in sorted(traces, key=lambda t: (t.role != "worker", t.rank or 0))
+        ],
+        ranks=rank_docs,
+        kernels=kernels,
+        device_totals={str(r): b.device_totals for r, b in per_rank.items()},
+        categories=dict(taxonomy.categories),
+        across_ranks=across,
+        findings=findings,
+    )

