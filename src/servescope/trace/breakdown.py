@@ -7,7 +7,8 @@ Definitions (all per step, then averaged over the steps of a phase):
 * **busy**: the union of the step's work intervals (overlapping kernels on several streams count once).
 * **idle**: span − busy: the device waited for the host (launch- or CPU-bound time).
 * **device time**: the plain sum of the step's work durations (can exceed busy when streams overlap);
-  category shares are fractions of it.
+  category shares are fractions of it. On CPU traces each operator counts its self time, so device time
+  equals busy time there.
 * **µs per output token**: total span of the phase's steps / output tokens they produced, counting one
   token per request in the step (vLLM's Z decode requests plus X prefills, which emit their first
   token unless the prefill is chunked) — a throughput view; a request's own TPOT is about one step.
@@ -118,8 +119,8 @@ def break_down(data: TraceData, work: Work, steps: Steps, taxonomy: Taxonomy, *,
     categories = list(taxonomy.categories)
     table, rows = work.table, work.rows
     start = table.ts_us[rows]
-    dur = table.dur_us[rows]
-    end = start + dur
+    end = start + table.dur_us[rows]
+    dur = work.dur_us
     kinds = table.kind[rows]
     names = table.name[rows]
     cat = _category_of_names(data, names, kinds, taxonomy, categories)

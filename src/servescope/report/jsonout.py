@@ -1,0 +1,51 @@
+"""The analysis document as JSON: what ``--json`` writes and what ``servescope report`` reads back."""
+
+from __future__ import annotations
+
+import msgspec
+
+from servescope.core.analysis import SCHEMA_VERSION, AnalysisDoc
+from servescope.core.errors import InputError
+
+__all__ = ["decode_analysis", "encode_analysis"]
+
+_SCHEMA = "servescope.analysis"
+
+
+class _Header(msgspec.Struct):
+    """The two fields that say what a JSON document is, read before the whole document."""
+
+    schema: object = None
+    schema_version: object = None
+
+
+def encode_analysis(doc: AnalysisDoc) -> bytes:
+    """The document as UTF-8 JSON, indented by 2 spaces, ending in a newline; ``None`` is ``null``."""
+    return msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n"
+
+
+def decode_analysis(data: bytes, source: str) -> AnalysisDoc:
+    """The analysis document saved in ``data`` (read from ``source``).
+
+    Args:
+        data: the bytes of a file written from :func:`encode_analysis`.
+        source: the file name or URL, named in the error.
+
+    Raises:
+        InputError: ``data`` is not JSON, not a ``servescope.analysis`` document, of a newer schema
+            version, or a field has the wrong type.
+    """
+    try:
+        header = msgspec.json.decode(data, type=_Header)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise InputError(source, f"not a servescope analysis ({exc})") from None
+    if header.schema != _SCHEMA:
+        raise InputError(source, f"not a servescope analysis (schema is {header.schema!r}, not {_SCHEMA!r})")
+    version = header.schema_version
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= SCHEMA_VERSION:
+        raise InputError(source, f"not a servescope analysis (schema_version {version!r}; this servescope "
+                                 f"reads 1 to {SCHEMA_VERSION})")
+    try:
+        return msgspec.json.decode(data, type=AnalysisDoc)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise InputError(source, f"not a servescope analysis ({exc})") from None

@@ -1,0 +1,345 @@
+"""Terminal tables of an analysis document (``servescope analyze`` / ``servescope report``).
+
+Only renders: every figure comes from the :class:`~servescope.core.analysis.AnalysisDoc`. Times print as
+ms with 3 decimals or µs with 1, shares as % with 1, and anything not available as ``N/A``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from servescope.core.analysis import (
+    AnalysisDoc,
+    CrossRankStats,
+    Finding,
+    KernelRow,
+    PhaseStats,
+    RankAnalysis,
+    Summary,
+)
+
+__all__ = [
+    "COMMUNICATION",
+    "KNOWN_PHASES",
+    "format_count",
+    "format_evidence",
+    "format_ms",
+    "format_share",
+    "format_us",
+    "ordered_phases",
+    "phase_summary",
+    "plural",
+    "rank_keys",
+    "render_analysis",
+    "shorten_kernel_name",
+    "skew_text",
+    "sort_findings",
+    "top_kernels",
+]
+
+KNOWN_PHASES = ("decode", "mixed", "prefill", "unknown", "empty")  # display order
+COMMUNICATION = "communication"
+_SEVERITY_ORDER = {"high": 0, "medium": 1, "info": 2}
+_SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "info": "dim"}
+_NA = "N/A"
+
+
+def format_ms(us: float | None) -> str:
+    """``us`` microseconds as milliseconds with 3 decimals (``1234.5`` → ``1.234``)."""
+    return _NA if us is None else f"{us / 1000:.3f}"
+
+
+def format_us(us: float | None) -> str:
+    """Microseconds with 1 decimal."""
+    return _NA if us is None else f"{us:.1f}"
+
+
+def format_share(share: float | None) -> str:
+    """A 0..1 share as a percentage with 1 decimal (``0.625`` → ``62.5%``)."""
+    return _NA if share is None else f"{share * 100:.1f}%"
+
+
+def format_count(value: float | None) -> str:
+    """A mean count (calls or tokens per step) with 1 decimal."""
+    return _NA if value is None else f"{value:.1f}"
+
+
+def _plain(value: float) -> str:
+    if value.is_integer():
+        return str(int(value))
+    return f"{value:.3f}".rstrip("0").rstrip(".")
+
+
+def format_evidence(evidence: dict[str, float | int | str | None]) -> str:
+    """A finding's evidence as ``k=v`` pairs; a key ending ``_us``, ``_ms`` or ``share`` sets the format."""
+    parts: list[str] = []
+    for key, value in evidence.items():
+        if value is None:
+            text = _NA
+        elif isinstance(value, bool) or isinstance(value, str):
+            text = str(value)
+        elif isinstance(value, int):
+            text = str(value)
+        elif key.endswith("_us"):
+            text = format_us(value)
+        elif key.endswith("_ms"):
+            text = f"{value:.3f}"
+        elif key.endswith("share"):
+            text = format_share(value)  # shares are 0..1
+        else:
+            text = _plain(value)
+        parts.append(f"{key}={text}")
+    return ", ".join(parts)
+
+
+def shorten_kernel_name(name: str, *, max_chars: int = 60) -> str:
+    """A kernel name for display: no leading ``void``, no argument lists, at most ``max_chars`` long.
+
+    Only a parenthesised group that directly follows a name (``foo<…>(float*, int)``) at template depth 0
+    is an argument list; ``(anonymous namespace)`` and ``Memcpy HtoD (Pinned -> Device)`` keep theirs.
+    The start of the name is kept and a cut one ends in ``…``.
+    """
+    text = name.strip()
+    if text.startswith("void "):
+        text = text[len("void ") :]
+    out: list[str] = []
+    angle = brace = kept_paren = skipped_paren = 0
+    for ch in text:
+        if skipped_paren:
+            skipped_paren += {"(": 1, ")": -1}.get(ch, 0)
+            continue
+        if ch == "(":
+            starts_args = out and (out[-1].isalnum() or out[-1] in "_>]")
+            if starts_args and angle == 0 and brace == 0 and kept_paren == 0:
+                skipped_paren = 1
+                continue
+            kept_paren += 1
+        elif ch == ")" and kept_paren:
+            kept_paren -= 1
+        elif kept_paren == 0:
+            if ch == "<":
+                angle += 1
+            elif ch == ">" and angle:
+                angle -= 1
+            elif ch == "{":
+                brace += 1
+            elif ch == "}" and brace:
+                brace -= 1
+        out.append(ch)
+    short = " ".join("".join(out).split()) or " ".join(name.split())
+    if len(short) > max_chars:
+        short = short[: max_chars - 1].rstrip() + "…"
+    return short
+
+
+def ordered_phases(names: Iterable[str], only: Sequence[str] | None = None) -> list[str]:
+    """``names`` in display order (decode, mixed, prefill, unknown, empty, then others), kept to ``only``.
+
+    Raises:
+        ValueError: ``only`` names a phase that is not one of :data:`KNOWN_PHASES`.
+    """
+    if only is not None:
+        bad = [p for p in only if p not in KNOWN_PHASES]
+        if bad:
+            raise ValueError(f"unknown phase {', '.join(map(repr, bad))}; allowed: {', '.join(KNOWN_PHASES)}")
+    rank = {p: i for i, p in enumerate(KNOWN_PHASES)}
+    picked = [p for p in dict.fromkeys(names) if only is None or p in only]
+    return sorted(picked, key=lambda p: (rank.get(p, len(rank)), p))
+
+
+def top_kernels(kernels: Sequence[KernelRow], top: int) -> list[KernelRow]:
+    """The ``top`` kernel rows by total time (ties: rank, then name)."""
+    return sorted(kernels, key=lambda k: (-k.total_us, k.rank, k.name))[:top]
+
+
+def sort_findings(findings: Sequence[Finding]) -> list[Finding]:
+    """Findings by severity (high, medium, info, other), keeping their order within one severity."""
+    return sorted(findings, key=lambda f: _SEVERITY_ORDER.get(f.severity, len(_SEVERITY_ORDER)))
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def _table(title: str | None = None) -> Table:
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+
+
+def _group(doc: AnalysisDoc, category: str) -> str:
+    return doc.categories.get(category, _NA)
+
+
+def _line(console: Console, text: str, style: str = "") -> None:
+    console.print(Text(text, style=style))
+
+
+def _render_traces(doc: AnalysisDoc, console: Console) -> None:
+    _line(console, f"servescope {doc.servescope_version} analysis, created {doc.created_at}", "bold")
+    table = _table("traces")
+    for header in ("path", "rank", "role", "events", "rank source"):
+        table.add_column(header, justify="right" if header in ("rank", "events") else "left")
+    for trace in doc.traces:
+        rank = _NA if trace.rank is None else str(trace.rank)
+        table.add_row(Text(trace.path), rank, trace.role, f"{trace.events:,}", trace.rank_source)
+    console.print(table)
+    if doc.inputs:
+        total_bytes = sum(f.size_bytes for f in doc.inputs)
+        _line(console, f"inputs: {len(doc.inputs)} file(s), {total_bytes / 1e6:.1f} MB")
+
+
+def phase_summary(stats: PhaseStats) -> tuple[str, str]:
+    """Two lines on a phase's steps: their count and step time, then busy/idle/device time and tokens."""
+    steps = (f"{plural(stats.steps, 'step')}, step mean {format_ms(stats.step_us.mean)} ms, "
+             f"median {format_ms(stats.step_us.median)} ms")
+    per_step = (f"per step: busy {format_ms(stats.busy_us_per_step)} ms, "
+                f"idle {format_ms(stats.idle_us_per_step)} ms, "
+                f"device {format_ms(stats.device_us_per_step)} ms, "
+                f"tokens {format_count(stats.tokens_per_step)}; "
+                f"µs per output token {format_us(stats.us_per_output_token)}")
+    return steps, per_step
+
+
+def _render_phase(doc: AnalysisDoc, console: Console, rank: int, phase: str, stats: PhaseStats) -> None:
+    steps, per_step = phase_summary(stats)
+    _line(console, f"rank {rank} · {phase}: {steps}", "bold")
+    _line(console, f"  {per_step}")
+    table = _table()
+    table.add_column("category")
+    table.add_column("group")
+    for header in ("share", "µs/step", "calls/step", "µs/call"):
+        table.add_column(header, justify="right")
+    by_group: dict[str, float] = {}
+    for name, cat in sorted(stats.categories.items(), key=lambda item: (-item[1].total_us, item[0])):
+        group = _group(doc, name)
+        by_group[group] = by_group.get(group, 0.0) + cat.share
+        table.add_row(Text(name), group, format_share(cat.share), format_us(cat.per_step_us),
+                      format_count(cat.calls_per_step), format_us(cat.mean_call_us),
+                      style="red" if group == COMMUNICATION else None)
+    console.print(table)
+    if by_group:
+        ordered = sorted(by_group.items(), key=lambda item: (-item[1], item[0]))
+        _line(console, "  by group: " + ", ".join(f"{g} {format_share(s)}" for g, s in ordered))
+
+
+def _render_rank(doc: AnalysisDoc, console: Console, rank: RankAnalysis,
+                 phases: Sequence[str] | None) -> None:
+    console.print()
+    _line(console, f"rank {rank.rank}: {rank.path} (work: {rank.work_kind}, steps from {rank.step_source}, "
+                   f"unattributed {format_ms(rank.unattributed_us)} ms)", "bold underline")
+    names = ordered_phases(rank.phases, phases)
+    if not names:
+        _line(console, "  no steps" + ("" if phases is None else " in the selected phases"))
+    for phase in names:
+        console.print()
+        _render_phase(doc, console, rank.rank, phase, rank.phases[phase])
+
+
+def rank_keys(*per_rank: dict[str, float]) -> list[str]:
+    """The rank keys (``"0"``, ``"1"``, …) of per-rank dicts, in numeric order."""
+    keys = {k for d in per_rank for k in d}
+    return sorted(keys, key=lambda k: (int(k), "") if k.lstrip("-").isdigit() else (0, k))
+
+
+def skew_text(skew: Summary | None) -> str:
+    """The collective start skew as ``mean … µs, median … µs``, or N/A."""
+    return _NA if skew is None else f"mean {format_us(skew.mean)} µs, median {format_us(skew.median)} µs"
+
+
+def _render_across(doc: AnalysisDoc, console: Console, cross: CrossRankStats) -> None:
+    console.print()
+    ranks = ", ".join(str(r) for r in cross.ranks)
+    compared = plural(cross.steps_compared, "step")
+    _line(console, f"across ranks · {cross.phase}: ranks {ranks}; {compared} compared", "bold underline")
+    table = _table()
+    table.add_column("per step")
+    for header in ("min µs", "rank", "median µs", "max µs", "rank"):
+        table.add_column(header, justify="right")
+    rows = sorted(cross.categories.items(), key=lambda item: (-item[1].median_us, item[0]))
+    for i, (name, c) in enumerate([("step (span)", cross.step_us), *rows]):
+        style = "red" if i and _group(doc, name) == COMMUNICATION else None
+        table.add_row(Text(name), format_us(c.min_us), str(c.min_rank), format_us(c.median_us),
+                      format_us(c.max_us), str(c.max_rank), style=style, end_section=i == 0)
+    console.print(table)
+    coll = _table()
+    coll.add_column("rank", justify="right")
+    for header in ("collective µs/step", "wait µs/step", "wait share"):
+        coll.add_column(header, justify="right")
+    keys = rank_keys(cross.collective_us_per_step, cross.collective_wait_us_per_step,
+                     cross.collective_wait_share)
+    for key in keys:
+        coll.add_row(key, format_us(cross.collective_us_per_step.get(key)),
+                     format_us(cross.collective_wait_us_per_step.get(key)),
+                     format_share(cross.collective_wait_share.get(key)))
+    if keys:
+        console.print(coll)
+    _line(console, f"  collective start skew: {skew_text(cross.collective_start_skew_us)}")
+
+
+def _render_kernels(console: Console, kernels: Sequence[KernelRow], top: int) -> None:
+    picked = top_kernels(kernels, top)
+    if not picked:
+        return
+    console.print()
+    table = _table(f"top {len(picked)} of {len(kernels)} kernels by total time")
+    table.add_column("rank", justify="right")
+    table.add_column("category")
+    for header in ("count", "total ms", "mean µs"):
+        table.add_column(header, justify="right")
+    table.add_column("name", no_wrap=True, overflow="ellipsis")
+    for k in picked:
+        mean = k.total_us / k.count if k.count else None
+        table.add_row(str(k.rank), Text(k.category), f"{k.count:,}", format_ms(k.total_us), format_us(mean),
+                      Text(shorten_kernel_name(k.name)))
+    console.print(table)
+
+
+def _render_findings(console: Console, findings: Sequence[Finding]) -> None:
+    console.print()
+    if not findings:
+        _line(console, "findings: none")
+        return
+    table = _table("findings")
+    for header in ("severity", "id", "where", "message", "evidence"):
+        table.add_column(header)
+    for f in sort_findings(findings):
+        where = "all ranks" if f.rank is None else f"rank {f.rank}"
+        where += "" if f.phase is None else f" · {f.phase}"
+        table.add_row(Text(f.severity, style=_SEVERITY_STYLE.get(f.severity, "")), Text(f.id), Text(where),
+                      Text(f.message), Text(format_evidence(f.evidence)))
+    console.print(table)
+
+
+def render_analysis(doc: AnalysisDoc, console: Console, *, top: int = 15,
+                    phases: Sequence[str] | None = None) -> None:
+    """Print an analysis as tables: traces, each rank's phases, ranks compared, top kernels, findings.
+
+    Args:
+        doc: the analysis document (fresh or loaded from a saved ``--json`` file).
+        console: where to print.
+        top: how many kernels to list, by total time (0 lists none).
+        phases: only these phases (of :data:`KNOWN_PHASES`); ``None`` shows all.
+
+    Raises:
+        ValueError: ``top`` is negative or ``phases`` names an unknown phase.
+
+    Example:
+        >>> from rich.console import Console
+        >>> render_analysis(doc, Console(), top=10, phases=["decode"])  # doctest: +SKIP
+    """
+    if top < 0:
+        raise ValueError(f"top must be 0 or more, not {top}")
+    ordered_phases([], phases)  # validates before anything is printed
+    _render_traces(doc, console)
+    for rank in sorted(doc.ranks, key=lambda r: r.rank):
+        _render_rank(doc, console, rank, phases)
+    for phase in ordered_phases((c.phase for c in doc.across_ranks), phases):
+        for cross in doc.across_ranks:
+            if cross.phase == phase:
+                _render_across(doc, console, cross)
+    _render_kernels(console, doc.kernels, top)
+    _render_findings(console, doc.findings)

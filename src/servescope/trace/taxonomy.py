@@ -1,0 +1,320 @@
+"""Kernel and operator names → categories (``gemm``, ``comm.all_reduce``, …), by ordered rules kept as data.
+
+The rules live in ``servescope/data/taxonomy.toml``, whose header documents the schema. Each rule lists
+regular expressions searched in the operation's name; the first rule that matches names the category, and
+a name no rule matches is :data:`CATEGORY_OTHER`. Memory copies and sets are categorised by their event
+kind, not their name. A user file in the same schema is tried before the bundled rules, so it can correct
+a misclassification or add categories without editing the package.
+
+Example:
+    >>> tax = load_taxonomy()
+    >>> tax.classify("void vllm::cross_device_reduce_2stage<__nv_bfloat16, 8>(...)", "kernel")
+    'comm.all_reduce'
+    >>> tax.is_communication("comm.all_reduce")
+    True
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from servescope.core.errors import InputError
+
+__all__ = ["CATEGORY_OTHER", "Rule", "Taxonomy", "load_taxonomy"]
+
+CATEGORY_OTHER = "other"
+_GROUPS = ("communication", "compute", "memory", "other")
+_KINDS = ("kernel", "gpu_memcpy", "gpu_memset", "cpu_op")
+# Kinds whose category is fixed by the event kind; rules apply to the others.
+_FIXED = {"gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+_RULE_KINDS = ("kernel", "cpu_op")
+_SCHEMA_VERSION = 1
+_TOP_FIELDS = ("version", "categories", "rule")
+_RULE_FIELDS = ("category", "regex", "ignore_case", "kinds", "note")
+_BUILTIN_SOURCE = "servescope/data/taxonomy.toml"
+# Global inline flags would change how the whole rule matches, and cannot be joined with other patterns.
+_INLINE_FLAGS = re.IGNORECASE | re.MULTILINE | re.DOTALL | re.VERBOSE | re.ASCII
+_NO_INLINE_FLAGS = "inline flags such as (?i) are not allowed; use ignore_case = true"
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One classification rule: a name in which any of ``patterns`` is found is ``category``.
+
+    ``pattern`` is the patterns joined into one regex (``re.IGNORECASE`` when ``ignore_case``), searched
+    anywhere in the name. ``kinds`` are the operation kinds it applies to (``kernel``, ``cpu_op``);
+    ``source`` is the file it came from and ``index`` its 1-based position there, so a report can say
+    which rule decided.
+    """
+
+    category: str
+    patterns: tuple[str, ...]
+    ignore_case: bool
+    pattern: re.Pattern[str]
+    kinds: frozenset[str]
+    note: str
+    source: str
+    index: int
+
+
+# A rule as classify tests it: (category, ignore_case, plain-text patterns, other regexes, whole pattern).
+_Matcher = tuple[str, bool, tuple[str, ...], tuple[re.Pattern[str], ...], re.Pattern[str]]
+
+
+def _matcher(rule: Rule) -> _Matcher:
+    """The rule in a form that is fast to test and matches exactly the names ``rule.pattern`` matches.
+
+    Python's ``re`` tries every alternative at every position of a name, and demangled kernel names run
+    to a thousand characters. So the plain-text patterns (most of them) are tested with ``in``, on the
+    lower-cased name for ``ignore_case`` rules (the same as IGNORECASE for ASCII text), and only the rest
+    as regexes, one at a time so that ``^``-anchored ones stop at the first character.
+    """
+    literals: list[str] = []
+    regexes: list[re.Pattern[str]] = []
+    for text in rule.patterns:
+        if re.escape(text) == text and text.isascii():
+            literals.append(text.lower() if rule.ignore_case else text)
+        else:
+            regexes.append(re.compile(text, rule.pattern.flags))
+    return rule.category, rule.ignore_case, tuple(literals), tuple(regexes), rule.pattern
+
+
+@dataclass(frozen=True)
+class Taxonomy:
+    """Categories with their groups, and the ordered rules that map operation names onto them.
+
+    Attributes:
+        categories: category name → group (``communication``, ``compute``, ``memory``, ``other``), in
+            display order.
+        source: ``"builtin"``, or the path of the user file whose rules are tried before the bundled ones.
+        rules: every rule in the order it is tried, user rules first.
+    """
+
+    categories: dict[str, str]
+    source: str
+    rules: tuple[Rule, ...] = ()
+    _by_kind: dict[str, tuple[_Matcher, ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        matchers = [(rule.kinds, _matcher(rule)) for rule in self.rules]
+        by_kind = {kind: tuple(m for kinds, m in matchers if kind in kinds) for kind in _RULE_KINDS}
+        object.__setattr__(self, "_by_kind", by_kind)
+
+    def classify(self, name: str, kind: str) -> str:
+        """The category of an operation named ``name`` of event kind ``kind``.
+
+        Args:
+            name: the kernel or operator name as the trace spells it.
+            kind: one of ``kernel``, ``gpu_memcpy``, ``gpu_memset``, ``cpu_op``. Copies and sets are
+                ``memcpy`` / ``memset`` whatever their name.
+
+        Raises:
+            ValueError: ``kind`` is not one of the four.
+        """
+        fixed = _FIXED.get(kind)
+        if fixed is not None:
+            return fixed
+        matchers = self._by_kind.get(kind)
+        if matchers is None:
+            raise ValueError(f"kind {kind!r} is not one of: {', '.join(_KINDS)}")
+        folded = name.lower() if name.isascii() else None
+        for category, ignore_case, literals, regexes, whole in matchers:
+            text = name
+            if ignore_case:
+                if folded is None:  # not ASCII: lower() is not IGNORECASE there
+                    if whole.search(name) is not None:
+                        return category
+                    continue
+                text = folded
+            for literal in literals:
+                if literal in text:
+                    return category
+            for regex in regexes:
+                if regex.search(name) is not None:
+                    return category
+        return CATEGORY_OTHER
+
+    def is_communication(self, category: str) -> bool:
+        """Whether ``category`` belongs to the ``communication`` group (False for unknown names)."""
+        return self.categories.get(category) == "communication"
+
+
+def load_taxonomy(path: str | Path | None = None) -> Taxonomy:
+    """The bundled taxonomy, or the bundled one under a user file whose rules are tried first.
+
+    Args:
+        path: a TOML file in the schema of ``servescope/data/taxonomy.toml``. It may declare new
+            categories (added before ``other`` in display order) and rules for any declared category.
+
+    Raises:
+        InputError: the file is missing or unreadable, is not TOML, has an unknown field or a wrong type,
+            a bad regex, or a rule naming a category no file declares. The error names the file and, for
+            a rule, its 1-based position, e.g. ``my.toml: rule 3: bad regex '(': missing ), ...``.
+
+    Example:
+        >>> load_taxonomy("my-taxonomy.toml").classify("my_fused_kernel", "kernel")  # doctest: +SKIP
+        'gemm'
+    """
+    builtin_categories, builtin_rules = _builtin()
+    if path is None:
+        return Taxonomy(categories=dict(builtin_categories), source="builtin", rules=builtin_rules)
+
+    source = str(path)
+    document = _read_toml(Path(path), source)
+    user_categories, raw_rules = _parse_document(document, source, require_note=False)
+    categories = _merge_categories(builtin_categories, user_categories, source)
+    user_rules = tuple(_compile_rule(raw, source, categories) for raw in raw_rules)
+    return Taxonomy(categories=categories, source=source, rules=user_rules + builtin_rules)
+
+
+@lru_cache(maxsize=1)
+def _builtin() -> tuple[dict[str, str], tuple[Rule, ...]]:
+    text = (resources.files("servescope") / "data" / "taxonomy.toml").read_text(encoding="utf-8")
+    document = _loads(text, _BUILTIN_SOURCE)
+    categories, raw_rules = _parse_document(document, _BUILTIN_SOURCE, require_note=True)
+    missing = [c for c in (*_FIXED.values(), CATEGORY_OTHER) if c not in categories]
+    if missing:
+        raise InputError(_BUILTIN_SOURCE, f"categories {missing} are required")
+    return categories, tuple(_compile_rule(raw, _BUILTIN_SOURCE, categories) for raw in raw_rules)
+
+
+def _read_toml(path: Path, source: str) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(source, "no such file") from None
+    except IsADirectoryError:
+        raise InputError(source, "is a directory, not a TOML file") from None
+    except UnicodeDecodeError:
+        raise InputError(source, "not UTF-8 text") from None
+    except OSError as exc:
+        raise InputError(source, f"cannot read: {exc.strerror or exc}") from None
+    return _loads(text, source)
+
+
+def _loads(text: str, source: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(source, f"bad TOML: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class _RawRule:
+    index: int
+    category: str
+    patterns: tuple[str, ...]
+    ignore_case: bool
+    kinds: frozenset[str]
+    note: str
+
+
+def _parse_document(
+    document: Mapping[str, Any], source: str, *, require_note: bool
+) -> tuple[dict[str, str], list[_RawRule]]:
+    _check_fields(document, _TOP_FIELDS, source, where="")
+    version = document.get("version", _SCHEMA_VERSION)
+    if version != _SCHEMA_VERSION or isinstance(version, bool):
+        raise InputError(source, f"version: {version!r} is not supported (only {_SCHEMA_VERSION})")
+
+    raw_categories = document.get("categories", {})
+    if not isinstance(raw_categories, dict):
+        raise InputError(source, "categories: must be a table of category = group")
+    categories: dict[str, str] = {}
+    for name, group in raw_categories.items():
+        if group not in _GROUPS:
+            raise InputError(
+                source, f"categories.{name}: group {group!r} is not one of: {', '.join(_GROUPS)}"
+            )
+        categories[name] = group
+
+    raw_rules = document.get("rule", [])
+    if not isinstance(raw_rules, list) or not all(isinstance(r, dict) for r in raw_rules):
+        raise InputError(source, "rule: must be an array of tables ([[rule]])")
+    return categories, [
+        _parse_rule(raw, i, source, require_note=require_note) for i, raw in enumerate(raw_rules, start=1)
+    ]
+
+
+def _parse_rule(raw: Mapping[str, Any], index: int, source: str, *, require_note: bool) -> _RawRule:
+    where = f"rule {index}: "
+    _check_fields(raw, _RULE_FIELDS, source, where=where)
+
+    category = raw.get("category")
+    if not isinstance(category, str) or not category:
+        raise InputError(source, f"{where}category: a category name is required")
+
+    regex = raw.get("regex")
+    patterns = (regex,) if isinstance(regex, str) else regex
+    if (
+        not isinstance(patterns, list | tuple)
+        or not patterns
+        or not all(isinstance(p, str) and p for p in patterns)
+    ):
+        raise InputError(source, f"{where}regex: one pattern or a non-empty list of patterns is required")
+
+    ignore_case = raw.get("ignore_case", False)
+    if not isinstance(ignore_case, bool):
+        raise InputError(source, f"{where}ignore_case: must be true or false")
+
+    kinds = raw.get("kinds", list(_RULE_KINDS))
+    if (
+        not isinstance(kinds, list)
+        or not kinds
+        or not all(isinstance(k, str) and k in _RULE_KINDS for k in kinds)
+    ):
+        raise InputError(source, f"{where}kinds: a non-empty list of {', '.join(map(repr, _RULE_KINDS))}")
+
+    note = raw.get("note", "")
+    if not isinstance(note, str) or (require_note and not note.strip()):
+        raise InputError(source, f"{where}note: a short note on the kernel family is required")
+
+    return _RawRule(index, category, tuple(patterns), ignore_case, frozenset(kinds), note)
+
+
+def _check_fields(table: Mapping[str, Any], allowed: Iterable[str], source: str, *, where: str) -> None:
+    allowed = tuple(allowed)
+    unknown = [key for key in table if key not in allowed]
+    if unknown:
+        raise InputError(source, f"{where}unknown field {unknown[0]!r} (allowed: {', '.join(allowed)})")
+
+
+def _merge_categories(builtin: Mapping[str, str], user: Mapping[str, str], source: str) -> dict[str, str]:
+    for name, group in user.items():
+        if name in builtin and builtin[name] != group:
+            raise InputError(
+                source,
+                f"categories.{name}: the bundled taxonomy puts it in group {builtin[name]!r}; "
+                f"declare a new category instead of moving it to {group!r}",
+            )
+    added = {name: group for name, group in user.items() if name not in builtin}
+    merged = {name: group for name, group in builtin.items() if name != CATEGORY_OTHER}
+    merged.update(added)
+    merged[CATEGORY_OTHER] = builtin[CATEGORY_OTHER]
+    return merged
+
+
+def _compile_rule(raw: _RawRule, source: str, categories: Mapping[str, str]) -> Rule:
+    where = f"rule {raw.index}: "
+    if raw.category not in categories:
+        raise InputError(source, f"{where}category {raw.category!r} is not declared in [categories]")
+    flags = re.IGNORECASE if raw.ignore_case else 0
+    for text in raw.patterns:
+        try:
+            compiled = re.compile(text, flags)
+        except re.error as exc:
+            raise InputError(source, f"{where}bad regex {text!r}: {exc}") from None
+        if compiled.flags & _INLINE_FLAGS & ~flags:
+            raise InputError(source, f"{where}bad regex {text!r}: {_NO_INLINE_FLAGS}")
+    try:
+        pattern = re.compile("|".join(f"(?:{text})" for text in raw.patterns), flags)
+    except re.error:
+        raise InputError(source, f"{where}bad regex: {_NO_INLINE_FLAGS}") from None
+    return Rule(raw.category, raw.patterns, raw.ignore_case, pattern, raw.kinds, raw.note, source, raw.index)
