@@ -35,6 +35,8 @@ def decode_analysis(data: bytes, source: str) -> AnalysisDoc:
         InputError: ``data`` is not JSON, not a ``servescope.analysis`` document, of a newer schema
             version, or a field has the wrong type.
     """
+    if not data.strip():
+        raise InputError(source, "not a servescope analysis (empty file)")
     try:
         header = msgspec.json.decode(data, type=_Header)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:

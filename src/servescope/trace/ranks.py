@@ -47,6 +47,10 @@ class RankedTrace:
 def discover_traces(paths: Iterable[str | Path]) -> list[Path]:
     """Trace files named by ``paths``: files as given, directories searched recursively.
 
+    In a directory, when some files have ``trace`` in their name (``*.pt.trace.json.gz`` as
+    torch.profiler, vLLM and SGLang write them), only those are taken, so a JSON side file
+    (capture metadata, a saved analysis) beside the traces is not read as one.
+
     Raises:
         InputError: a path does not exist, or a directory holds no ``.json`` / ``.json.gz`` file.
     """
@@ -55,6 +59,8 @@ def discover_traces(paths: Iterable[str | Path]) -> list[Path]:
         path = Path(raw)
         if path.is_dir():
             inside = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+            named = [p for p in inside if "trace" in p.name.lower()]
+            inside = named or inside
             if not inside:
                 raise InputError(str(path), "directory holds no trace files (*.json, *.json.gz)")
             found.extend(inside)

@@ -1,0 +1,97 @@
+"""The CLI end to end: the README's commands, --json keys, saved analyses re-rendered, a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import TRACES, load_events
+from typer.testing import CliRunner
+
+from servescope import __version__
+from servescope.cli import app
+
+runner = CliRunner()
+REQUIRED_KEYS = {"servescope_version", "traces", "ranks", "kernels", "device_totals", "findings"}
+
+
+def _tp2(tmp_path: Path) -> Path:
+    for f in (TRACES / "vllm-cpu").glob("tp2_*"):
+        shutil.copy(f, tmp_path / f.name)
+    return tmp_path
+
+
+def test_version() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout.strip() == f"servescope {__version__}"
+
+
+def test_example_runs_and_names_its_ranks() -> None:
+    result = runner.invoke(app, ["analyze", "--example"])
+    assert result.exit_code == 0, result.output
+    assert "rank 0 · decode" in result.stdout
+    assert "rank 1 · decode" in result.stdout
+    assert "frontend" in result.stdout
+
+
+def test_example_json_matches_its_own_traces() -> None:
+    result = runner.invoke(app, ["analyze", "--example", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert REQUIRED_KEYS <= set(doc)
+    from servescope.trace.analyze import example_trace_dir
+
+    for rank in (0, 1):
+        events = load_events(example_trace_dir() / f"rank{rank}.pt.trace.json.gz")
+        shm = [e for e in events if e.get("cat") == "cpu_op" and e["name"] == "_C::shm_allreduce"]
+        rows = [k for k in doc["kernels"] if k["rank"] == rank and k["name"] == "_C::shm_allreduce"]
+        assert rows[0]["count"] == len(shm) > 0
+        assert rows[0]["category"] == "comm.all_reduce"
+        ranks = {r["rank"]: r for r in doc["ranks"]}
+        assert ranks[rank]["phases"]["decode"]["categories"]["comm.all_reduce"]["total_us"] > 0
+
+
+def test_json_keys_and_roles(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["analyze", str(_tp2(tmp_path)), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert REQUIRED_KEYS <= set(doc)
+    roles = sorted((t["role"], t["rank"]) for t in doc["traces"])
+    assert roles == [("frontend", None), ("worker", 0), ("worker", 1)]
+    decode = doc["ranks"][0]["phases"]["decode"]
+    assert {"steps", "step_us", "busy_us_per_step", "idle_us_per_step", "categories"} <= set(decode)
+    assert {"mean", "median"} == set(decode["step_us"])
+    for cat in decode["categories"].values():
+        assert {"total_us", "share", "per_step_us", "calls_per_step", "mean_call_us"} <= set(cat)
+    for finding in doc["findings"]:
+        assert {"id", "severity", "message", "evidence"} <= set(finding)
+
+
+def test_saved_analysis_renders_again_without_traces(tmp_path: Path) -> None:
+    saved = tmp_path / "a.json"
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    first = runner.invoke(app, ["analyze", str(_tp2(traces)), "-o", str(saved)])
+    assert first.exit_code == 0, first.output
+    again = runner.invoke(app, ["report", str(saved), "--html", str(tmp_path / "r.html")])
+    assert again.exit_code == 0, again.output
+    assert again.stdout == first.stdout
+    assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_real_subprocess_example_json() -> None:
+    proc = subprocess.run([sys.executable, "-m", "servescope", "analyze", "--example", "--json"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["servescope_version"] == __version__
+
+
+def test_console_script_is_installed() -> None:
+    exe = shutil.which("servescope", path=str(Path(sys.executable).parent))
+    assert exe is not None
+    proc = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0 and proc.stdout.startswith("servescope ")

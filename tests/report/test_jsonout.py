@@ -1,0 +1,81 @@
+"""The analysis as JSON: a saved document reads back equal; anything else is an InputError naming its file."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+from test_tables import make_doc
+
+from servescope.core.errors import InputError
+from servescope.report.jsonout import decode_analysis, encode_analysis
+
+
+def test_round_trip_is_equal() -> None:
+    doc = make_doc()
+    assert decode_analysis(encode_analysis(doc), "saved.json") == doc
+
+
+def test_encoding_is_indented_json_with_null_for_none() -> None:
+    data = encode_analysis(make_doc())
+    text = data.decode("utf-8")
+    assert text.startswith('{\n  "schema": "servescope.analysis",\n  "schema_version": 1,\n')
+    assert text.endswith("}\n")
+    plain = json.loads(data)  # the independent reader
+    assert plain["ranks"][1]["rank"] == 0
+    assert plain["ranks"][1]["phases"]["prefill"]["tokens_per_step"] is None
+    assert plain["ranks"][1]["phases"]["decode"]["categories"]["allreduce"]["share"] == 0.5
+    assert plain["traces"][2]["rank"] is None
+    assert plain["findings"][2]["evidence"]["tokens"] is None
+
+
+def _with(**changes: object) -> bytes:
+    plain = json.loads(encode_analysis(make_doc()))
+    plain.update(changes)
+    return json.dumps(plain).encode()
+
+
+def _without(field: str) -> bytes:
+    plain = json.loads(encode_analysis(make_doc()))
+    del plain[field]
+    return json.dumps(plain).encode()
+
+
+@pytest.mark.parametrize(("data", "detail"), [
+    (b"", "empty file"),
+    (b" \n", "empty file"),
+    (b"not json at all", "JSON"),
+    (b"\xff\xfe{}", ""),
+    (b"[1, 2, 3]", "object"),
+    (b'{"schema": "servescope.analysis"', ""),
+    (encode_analysis(make_doc())[:-40], ""),
+    (b'{"traceEvents": []}', "schema is None"),
+    (_with(schema="servescope.bench"), "schema is 'servescope.bench'"),
+    (_with(schema_version=99), "schema_version 99"),
+    (_with(schema_version="1"), "schema_version '1'"),
+    (_with(ranks="rank0"), "ranks"),
+    (_with(kernels=[{"rank": "zero"}]), "kernels"),
+    (_without("created_at"), "created_at"),
+])
+def test_bad_input_raises_input_error_naming_the_source(data: bytes, detail: str) -> None:
+    with pytest.raises(InputError) as caught:
+        decode_analysis(data, "runs/saved.json")
+    assert caught.value.source == "runs/saved.json"
+    assert caught.value.problem.startswith("not a servescope analysis (")
+    assert detail in caught.value.problem
+    assert str(caught.value).startswith("runs/saved.json: not a servescope analysis (")
+
+
+def test_wrong_type_deep_inside_names_the_path() -> None:
+    plain = json.loads(encode_analysis(make_doc()))
+    plain["ranks"][0]["phases"]["decode"]["steps"] = "three"
+    with pytest.raises(InputError, match=r"Expected `int`, got `str` - at `\$\.ranks\[0\]\.phases\[\.\.\.\]\.steps`"):
+        decode_analysis(json.dumps(plain).encode(), "x.json")
+
+
+def test_unknown_fields_are_ignored() -> None:
+    """A newer servescope of the same schema version may add fields; this one still reads the file."""
+    data = _with(extra_field={"a": 1})
+    assert decode_analysis(data, "x.json") == make_doc()
+    assert isinstance(msgspec.json.decode(data), dict)
