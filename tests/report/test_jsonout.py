@@ -70,7 +70,8 @@ def test_bad_input_raises_input_error_naming_the_source(data: bytes, detail: str
 def test_wrong_type_deep_inside_names_the_path() -> None:
     plain = json.loads(encode_analysis(make_doc()))
     plain["ranks"][0]["phases"]["decode"]["steps"] = "three"
-    with pytest.raises(InputError, match=r"Expected `int`, got `str` - at `\$\.ranks\[0\]\.phases\[\.\.\.\]\.steps`"):
+    where = r"Expected `int`, got `str` - at `\$\.ranks\[0\]\.phases\[\.\.\.\]\.steps`"
+    with pytest.raises(InputError, match=where):
         decode_analysis(json.dumps(plain).encode(), "x.json")
 
 

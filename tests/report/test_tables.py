@@ -115,9 +115,12 @@ def make_doc() -> AnalysisDoc:
         ranks=[rank1, rank0],
         kernels=[
             KernelRow(rank=0, name=GEMM_KERNEL, category="gemm", kind="kernel", count=130, total_us=10500.0),
-            KernelRow(rank=0, name=NCCL_KERNEL, category="allreduce", kind="kernel", count=80, total_us=7500.0),
-            KernelRow(rank=1, name=NCCL_KERNEL, category="allreduce", kind="kernel", count=60, total_us=4800.0),
-            KernelRow(rank=0, name=ADD_KERNEL, category="attention", kind="kernel", count=40, total_us=3500.0),
+            KernelRow(rank=0, name=NCCL_KERNEL, category="allreduce", kind="kernel",
+                      count=80, total_us=7500.0),
+            KernelRow(rank=1, name=NCCL_KERNEL, category="allreduce", kind="kernel",
+                      count=60, total_us=4800.0),
+            KernelRow(rank=0, name=ADD_KERNEL, category="attention", kind="kernel",
+                      count=40, total_us=3500.0),
             KernelRow(rank=0, name=MEMCPY, category="memcpy", kind="gpu_memcpy", count=2, total_us=500.0),
         ],
         device_totals={"0": {"kernel": DeviceTotal(count=250, total_us=21500.0)}},
@@ -152,11 +155,11 @@ def make_doc() -> AnalysisDoc:
     )
 
 
-def _render(doc: AnalysisDoc, **options: object) -> str:
+def _render(doc: AnalysisDoc, *, top: int = 15, phases: list[str] | None = None, width: int = 120) -> str:
     """The rendered text, each line without the padding rich adds up to the column width."""
     buffer = io.StringIO()
-    console = Console(file=buffer, width=120, color_system=None, force_terminal=False)
-    render_analysis(doc, console, **options)  # type: ignore[arg-type]
+    console = Console(file=buffer, width=width, color_system=None, force_terminal=False)
+    render_analysis(doc, console, top=top, phases=phases)
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
 
 
@@ -213,20 +216,33 @@ rank   category    count   total ms   mean µs   name
    0   allreduce      80      7.500      93.8   ncclDevKernel_AllReduce_Sum_bf16_RING_LL
    1   allreduce      60      4.800      80.0   ncclDevKernel_AllReduce_Sum_bf16_RING_LL
 
-findings
-severity   id                    where                message                           evidence
-────────────────────────────────────────────────────────────────────────────────────────────────────────────────────────
-high       communication-bound   rank 0 · decode      allreduce takes 50.0% of decode   share=50.0%, per_step_us=2000.0,
-                                                      device time on rank 0             calls_per_step=20
-medium     collective-wait       all ranks · decode   rank 0 waits on rank 1 in         wait_us=400.0, slowest_rank=1,
-                                                      collectives                       tokens=N/A
-info       no-request-counts     rank 0 · prefill     prefill steps carry no request
-                                                      counts
+findings: none
 """
 
 
 def test_decode_view_exact_text() -> None:
-    assert _render(make_doc(), phases=["decode"], top=3) == EXPECTED_DECODE_TOP3
+    doc = msgspec.structs.replace(make_doc(), findings=[])
+    assert _render(doc, phases=["decode"], top=3) == EXPECTED_DECODE_TOP3
+
+
+EXPECTED_FINDINGS = """\
+findings
+severity   id                    where                message                 evidence
+────────────────────────────────────────────────────────────────────────────────────────────────────
+high       communication-bound   rank 0 · decode      allreduce takes 50.0%   share=50.0%,
+                                                      of decode device time   per_step_us=2000.0,
+                                                      on rank 0               calls_per_step=20
+medium     collective-wait       all ranks · decode   rank 0 waits on rank    wait_us=400.0,
+                                                      1 in collectives        slowest_rank=1,
+                                                                              tokens=N/A
+info       no-request-counts     rank 0 · prefill     prefill steps carry
+                                                      no request counts
+"""
+
+
+def test_findings_exact_text_high_first() -> None:
+    text = _render(make_doc(), width=100)
+    assert text.endswith("\n\n" + EXPECTED_FINDINGS)
 
 
 EXPECTED_PREFILL_SECTION = """\
@@ -326,8 +342,8 @@ def test_names_are_not_read_as_markup() -> None:
 
 def test_communication_rows_are_red() -> None:
     buffer = io.StringIO()
-    render_analysis(make_doc(), Console(file=buffer, width=120, color_system="standard", force_terminal=True),
-                    phases=["decode"], top=0)
+    console = Console(file=buffer, width=120, color_system="standard", force_terminal=True)
+    render_analysis(make_doc(), console, phases=["decode"], top=0)
     lines = buffer.getvalue().splitlines()
     comm = [line for line in lines if line.startswith("\x1b[31mallreduce")]
     assert len(comm) == 3  # decode on both ranks, and across ranks
@@ -339,10 +355,8 @@ def test_no_findings_says_none() -> None:
     assert _render(msgspec.structs.replace(make_doc(), findings=[])).endswith("\nfindings: none\n")
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"phases": ["decoding"]}, "allowed: decode, mixed, prefill, unknown, empty"),
-    ({"top": -1}, "top must be 0 or more"),
-])
-def test_bad_options_raise_value_error(options: dict[str, object], message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        _render(make_doc(), **options)
+def test_bad_options_raise_value_error() -> None:
+    with pytest.raises(ValueError, match="'decoding'; allowed: decode, mixed, prefill, unknown, empty"):
+        _render(make_doc(), phases=["decoding"])
+    with pytest.raises(ValueError, match="top must be 0 or more, not -1"):
+        _render(make_doc(), top=-1)

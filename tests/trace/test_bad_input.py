@@ -29,6 +29,10 @@ CPU_ONLY = TRACES / "hta" / "cpu_only.pt.trace.json.gz"
 
 GZ_BYTES = SMALL.read_bytes()
 JSON_BYTES = gzip.decompress(GZ_BYTES)
+_SMALL_DOC = json.loads(JSON_BYTES)
+_SMALL_EVENTS: list[dict[str, Any]] = _SMALL_DOC["traceEvents"]
+_SMALL_HEADER = {k: v for k, v in _SMALL_DOC.items() if k != "traceEvents"}
+_SMALL_LIST_BYTES = json.dumps(_SMALL_EVENTS).encode()
 
 
 def _kernel_count_plain(events: list[dict[str, Any]]) -> int:
@@ -117,6 +121,51 @@ def test_gzip_of_nothing(tmp_path: Path) -> None:
     path = tmp_path / "nothing.json.gz"
     path.write_bytes(gzip.compress(b""))
     _assert_names(_read_error(path), path, "empty")
+
+
+_LIBDEFLATE_TRAILER = pytest.mark.xfail(
+    strict=True,
+    reason="reader._load_bytes: libdeflate's fast path trusts the last 4 bytes (ISIZE) as the whole size and "
+    "reads one member; zlib is asked only when libdeflate fails (see the report of test_bad_input)",
+)
+
+
+@_LIBDEFLATE_TRAILER
+def test_gzip_with_zero_padding_reads(tmp_path: Path) -> None:
+    """Zero bytes after the gzip member (tape/block padding) are valid gzip; zlib ignores them."""
+    path = tmp_path / "padded.json.gz"
+    path.write_bytes(GZ_BYTES + b"\0" * 16)
+    assert _kernel_count(read_trace(path)) == _kernel_count_plain(_SMALL_EVENTS)
+
+
+@_LIBDEFLATE_TRAILER
+def test_gzip_with_zeroed_trailer_is_corrupt(tmp_path: Path) -> None:
+    path = tmp_path / "trailer.json.gz"
+    path.write_bytes(GZ_BYTES[:-8] + b"\0" * 8)
+    _assert_names(_read_error(path), path, "corrupt gzip")
+
+
+@_LIBDEFLATE_TRAILER
+def test_multi_member_gzip_reads(tmp_path: Path) -> None:
+    """``cat a.gz b.gz`` is one valid gzip file; every member is part of the trace."""
+    cut = len(JSON_BYTES) // 3
+    path = tmp_path / "members.json.gz"
+    path.write_bytes(gzip.compress(JSON_BYTES[:cut]) + gzip.compress(JSON_BYTES[cut:]))
+    assert _kernel_count(read_trace(path)) == _kernel_count_plain(_SMALL_EVENTS)
+
+
+def test_multi_member_gzip_larger_first_member_reads(tmp_path: Path) -> None:
+    cut = 2 * len(JSON_BYTES) // 3
+    path = tmp_path / "members.json.gz"
+    path.write_bytes(gzip.compress(JSON_BYTES[:cut]) + gzip.compress(JSON_BYTES[cut:]))
+    assert _kernel_count(read_trace(path)) == _kernel_count_plain(_SMALL_EVENTS)
+
+
+@_LIBDEFLATE_TRAILER
+def test_garbage_after_gzip_member_is_corrupt(tmp_path: Path) -> None:
+    path = tmp_path / "tail.json.gz"
+    path.write_bytes(GZ_BYTES + b"junk")
+    _assert_names(_read_error(path), path, "corrupt gzip")
 
 
 # --- not JSON ------------------------------------------------------------------------------------------
@@ -302,10 +351,6 @@ def test_analyze_names_the_bad_file_inside_a_directory(tmp_path: Path) -> None:
 
 # --- fuzz: whatever the bytes, a result or an InputError -----------------------------------------------
 
-_SMALL_DOC = json.loads(JSON_BYTES)
-_SMALL_EVENTS: list[dict[str, Any]] = _SMALL_DOC["traceEvents"]
-_SMALL_HEADER = {k: v for k, v in _SMALL_DOC.items() if k != "traceEvents"}
-_SMALL_LIST_BYTES = json.dumps(_SMALL_EVENTS).encode()
 
 
 @st.composite
@@ -314,10 +359,10 @@ def _mutated(draw: st.DrawFn) -> tuple[str, bytes]:
     suffix = draw(st.sampled_from([".json", ".json.gz"]))
     data = bytearray(JSON_BYTES if suffix == ".json" else GZ_BYTES)
     for _ in range(draw(st.integers(1, 4))):
-        if not data:
+        if len(data) < 2:
             break
         op = draw(st.sampled_from(["truncate", "replace", "delete", "insert", "digits"]))
-        pos = draw(st.integers(1, len(data) - 1)) if len(data) > 1 else 0  # 0 (an empty file) is a test above
+        pos = draw(st.integers(1, len(data) - 1))  # not 0: an empty file has its own test above
         if op == "truncate":
             del data[pos:]
         elif op == "digits":  # numbers change but the JSON stays valid, so analysis sees the result
@@ -440,14 +485,14 @@ def _analyze_one(path: Path) -> object:
     return analyze(AnalyzeRequest(paths=[path]))
 
 
-@settings(_FUZZ, max_examples=40)
+@settings(_FUZZ, max_examples=60)
 @given(_mutated())
 def test_fuzz_analyze_bytes(fuzz_dir: Path, case: tuple[str, bytes]) -> None:
     suffix, data = case
     _result_or_input_error(_analyze_one, _write(fuzz_dir, "analyze" + suffix, data))
 
 
-@settings(_FUZZ, max_examples=60)
+@settings(_FUZZ, max_examples=100)
 @given(_mutated_events())
 def test_fuzz_analyze_values(fuzz_dir: Path, data: bytes) -> None:
     _result_or_input_error(_analyze_one, _write(fuzz_dir, "analyze_values.json", data))
