@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import TRACES, load_events
 from typer.testing import CliRunner
 
+from conftest import TRACES, load_events
 from servescope import __version__
 from servescope.cli import app
 

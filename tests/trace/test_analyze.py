@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TRACES, all_shared_traces, load_events
 
+from conftest import TRACES, all_shared_traces, load_events
 from servescope.core.analysis import AnalysisDoc
 from servescope.trace.analyze import AnalyzeRequest, analyze
 

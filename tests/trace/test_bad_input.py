@@ -231,7 +231,7 @@ def test_truncated_bare_list(tmp_path: Path, cut: str) -> None:
         (b"null", ""),
         (b"true", ""),
         (b'{"traceEvents": {}}', "array"),
-        (b'{"traceEvents": null}', "array"),
+        (b'{"traceEvents": null}', "traceEvents"),
         (b'{"traceEvents": "events"}', "array"),
         (b'{"traceEvents": [1, 2]}', "object"),
     ],

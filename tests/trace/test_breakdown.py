@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import TRACES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import TRACES
 from servescope.trace.analyze import AnalyzeRequest, analyze
 from servescope.trace.breakdown import union_us
 

@@ -6,8 +6,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import TRACES
 
+from conftest import TRACES
 from servescope.core.errors import InputError
 from servescope.trace.analyze import AnalyzeRequest, analyze
 from servescope.trace.ranks import rank_from_name
@@ -15,7 +15,8 @@ from servescope.trace.ranks import rank_from_name
 
 @pytest.mark.parametrize(("name", "rank"), [
     ("rank3.1733.pt.trace.json.gz", 3), ("trace_rank-12.json", 12), ("worker_rank7.json.gz", 7),
-    ("tp1_pp0_rank5.pt.trace.json.gz", 5), ("1733-TP-2.trace.json.gz", 2), ("host_123.async_llm.99.pt.trace.json.gz", None),
+    ("tp1_pp0_rank5.pt.trace.json.gz", 5), ("1733-TP-2.trace.json.gz", 2),
+    ("host_123.async_llm.99.pt.trace.json.gz", None),
     ("plain.json", None),
 ])
 def test_rank_from_name(name: str, rank: int | None) -> None:

@@ -8,8 +8,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
-from conftest import all_shared_traces, load_events
 
+from conftest import all_shared_traces, load_events
 from servescope.trace.reader import KIND_NAMES, read_trace
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")

@@ -19,7 +19,6 @@ import gc
 import gzip
 import re
 import zlib
-from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +83,17 @@ class _Header(msgspec.Struct):
     deviceProperties: list[dict[str, Any]] | None = None  # noqa: N815
 
 
+class _WholeTrace(msgspec.Struct, gc=False):
+    """A trace small enough to decode in one pass (no chunking, no second scan)."""
+
+    traceEvents: list[_Event] | msgspec.UnsetType = msgspec.UNSET  # noqa: N815
+    distributedInfo: dict[str, Any] | None = None  # noqa: N815
+    vllm_version: str | None = None
+    host_name: str | None = None
+    schemaVersion: int | str | None = None  # noqa: N815
+    deviceProperties: list[dict[str, Any]] | None = None  # noqa: N815
+
+
 @dataclass(frozen=True, slots=True)
 class Annotation:
     """A CPU- or GPU-side range someone named: a vLLM step, ``ProfilerStep#3``, ``nccl:all_reduce``."""
@@ -131,43 +141,38 @@ class TraceData:
 
 
 class _Columns:
-    """Growing columns for one table, in typed arrays (no Python object per number)."""
+    """One table growing chunk by chunk: numpy arrays per decoded chunk, joined once at the end."""
 
     def __init__(self) -> None:
-        self.kind = array("b")
-        self.name = array("i")
-        self.ts = array("d")
-        self.dur = array("d")
-        self.corr = array("q")
+        self._parts: list[tuple[npt.NDArray[Any], ...]] = []
         self.tid: list[int | str] = []
         self.pid: list[int | str] = []
         self.msg_bytes: dict[int, int] = {}
         self.collective: dict[int, str] = {}
+        self.rows = 0
 
-    def add(self, kind: int, name_id: int, ev: _Event) -> int:
-        row = len(self.ts)
-        self.kind.append(kind)
-        self.name.append(name_id)
-        self.ts.append(ev.ts)
-        self.dur.append(ev.dur)
-        args = ev.args
-        self.corr.append(args.correlation if args is not None and args.correlation is not None else -1)
-        self.tid.append(ev.tid)
-        self.pid.append(ev.pid)
-        return row
+    def add(self, events: list[_Event], kinds: list[int], name_ids: list[int]) -> int:
+        """Append ``events`` (with their kinds and interned names); returns the first new row."""
+        first, n = self.rows, len(events)
+        corr = [a.correlation if (a := e.args) is not None and a.correlation is not None else -1 for e in events]
+        self._parts.append((
+            np.fromiter(kinds, dtype=np.int8, count=n),
+            np.fromiter(name_ids, dtype=np.int32, count=n),
+            np.fromiter([e.ts for e in events], dtype=np.float64, count=n),
+            np.fromiter([e.dur for e in events], dtype=np.float64, count=n),
+            np.fromiter(corr, dtype=np.int64, count=n),
+        ))
+        self.tid.extend([e.tid for e in events])
+        self.pid.extend([e.pid for e in events])
+        self.rows += n
+        return first
 
     def freeze(self) -> OpTable:
-        return OpTable(
-            kind=np.frombuffer(self.kind, dtype=np.int8).copy(),
-            name=np.frombuffer(self.name, dtype=np.int32).copy(),
-            ts_us=np.frombuffer(self.ts, dtype=np.float64).copy(),
-            dur_us=np.frombuffer(self.dur, dtype=np.float64).copy(),
-            correlation=np.frombuffer(self.corr, dtype=np.int64).copy(),
-            tid=self.tid,
-            pid=self.pid,
-            msg_bytes=self.msg_bytes,
-            collective=self.collective,
-        )
+        dtypes = (np.int8, np.int32, np.float64, np.float64, np.int64)
+        cols = [np.concatenate([p[i] for p in self._parts]) if self._parts else np.zeros(0, dtype=d)
+                for i, d in enumerate(dtypes)]
+        return OpTable(kind=cols[0], name=cols[1], ts_us=cols[2], dur_us=cols[3], correlation=cols[4],
+                       tid=self.tid, pid=self.pid, msg_bytes=self.msg_bytes, collective=self.collective)
 
 
 _DTYPE_BYTES = {
@@ -178,10 +183,9 @@ _DTYPE_BYTES = {
 
 
 class _Collector:
-    """Sorts decoded events into the tables, interning names."""
+    """Sorts decoded events into the tables, interning names (one filtering pass per table)."""
 
     def __init__(self) -> None:
-        self.names: list[str] = []
         self._ids: dict[str, int] = {}
         self.device = _Columns()
         self.cpu_ops = _Columns()
@@ -189,43 +193,48 @@ class _Collector:
         self.annotations: list[Annotation] = []
         self.count = 0
 
-    def _intern(self, name: str) -> int:
-        found = self._ids.get(name)
-        if found is None:
-            found = self._ids[name] = len(self.names)
-            self.names.append(name)
-        return found
+    @property
+    def names(self) -> list[str]:
+        return list(self._ids)  # dicts keep insertion order: position == id
+
+    def _intern(self, events: list[_Event]) -> list[int]:
+        ids = self._ids
+        return [ids.setdefault(e.name, len(ids)) for e in events]
 
     def take(self, events: list[_Event]) -> None:
         self.count += len(events)
-        device_kinds, runtime_cats, annotation_cats = _DEVICE_KINDS, _RUNTIME_CATS, _ANNOTATION_CATS
-        for ev in events:
-            if ev.ph != "X":
-                continue
-            cat = ev.cat
-            kind = device_kinds.get(cat)
-            if kind is not None:
-                row = self.device.add(kind, self._intern(ev.name), ev)
-                args = ev.args
-                if args is not None and args.collective is not None:
-                    self.device.collective[row] = args.collective
-                    if args.in_nelems is not None and args.dtype is not None:
-                        width = _DTYPE_BYTES.get(args.dtype.lower())
-                        if width is not None:
-                            self.device.msg_bytes[row] = args.in_nelems * width
-            elif cat == "cpu_op":
-                if ev.name.startswith("ProfilerStep#"):
-                    self._annotate(ev, on_gpu=False)
-                else:
-                    self.cpu_ops.add(KIND_CPU_OP, self._intern(ev.name), ev)
-            elif cat in runtime_cats:
-                if ev.args is not None and ev.args.correlation is not None:
-                    self.launches.add(-1, self._intern(ev.name), ev)
-            elif cat in annotation_cats:
-                self._annotate(ev, on_gpu=cat == "gpu_user_annotation")
+        timed = [e for e in events if e.ph == "X"]
+        device = [e for e in timed if e.cat in _DEVICE_KINDS]
+        if device:
+            first = self.device.add(device, [_DEVICE_KINDS[e.cat] for e in device], self._intern(device))
+            self._collectives(device, first)
+        cpu = [e for e in timed if e.cat == "cpu_op"]
+        steps = [e for e in cpu if e.name.startswith("ProfilerStep#")]
+        if steps:
+            cpu = [e for e in cpu if not e.name.startswith("ProfilerStep#")]
+            self.annotations.extend(Annotation(e.name, e.ts, e.dur, e.pid, e.tid, False) for e in steps)
+        if cpu:
+            self.cpu_ops.add(cpu, [KIND_CPU_OP] * len(cpu), self._intern(cpu))
+        launches = [e for e in timed if e.cat in _RUNTIME_CATS and e.args is not None
+                    and e.args.correlation is not None]
+        if launches:
+            self.launches.add(launches, [-1] * len(launches), self._intern(launches))
+        self.annotations.extend(
+            Annotation(e.name, e.ts, e.dur, e.pid, e.tid, e.cat == "gpu_user_annotation")
+            for e in timed if e.cat in _ANNOTATION_CATS
+        )
 
-    def _annotate(self, ev: _Event, *, on_gpu: bool) -> None:
-        self.annotations.append(Annotation(ev.name, ev.ts, ev.dur, ev.pid, ev.tid, on_gpu))
+    def _collectives(self, device: list[_Event], first: int) -> None:
+        for offset, ev in enumerate(device):
+            args = ev.args
+            if args is None or args.collective is None:
+                continue
+            row = first + offset
+            self.device.collective[row] = args.collective
+            if args.in_nelems is not None and args.dtype is not None:
+                width = _DTYPE_BYTES.get(args.dtype.lower())
+                if width is not None:
+                    self.device.msg_bytes[row] = args.in_nelems * width
 
 
 def _load_bytes(path: Path) -> bytes:
@@ -327,7 +336,7 @@ def read_trace(path: str | Path) -> TraceData:
 def _read(path: Path) -> TraceData:
     size = path.stat().st_size if path.is_file() else 0
     buf = _load_bytes(path)
-    header = _Header()
+    header: _Header | _WholeTrace = _Header()
     try:
         head = buf.lstrip()[:1]
         if head == b"[":  # bare-list form: the file is the events array
@@ -335,6 +344,13 @@ def _read(path: Path) -> TraceData:
             if not stripped.endswith(b"]"):
                 raise InputError(str(path), "invalid JSON (truncated: the event list has no closing ])")
             sink = _decode_events(stripped, 1, len(stripped) - 1)
+        elif head == b"{" and len(buf) <= _CHUNK_BYTES:
+            header = msgspec.json.decode(buf, type=_WholeTrace)
+            if header.traceEvents is msgspec.UNSET:
+                raise InputError(str(path), "not a profiler trace (no traceEvents)")
+            sink = _Collector()
+            sink.take(header.traceEvents)
+            header.traceEvents = msgspec.UNSET  # the events now live in the columns
         elif head == b"{":
             header = msgspec.json.decode(buf, type=_Header)
             if not len(header.traceEvents):
