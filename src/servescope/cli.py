@@ -146,6 +146,26 @@ def report(
     render_analysis(doc, Console(highlight=False), top=top)
 
 
+@app.command()
+def diff(
+    before: Annotated[Path, typer.Argument(help="Traces (file or directory) or a saved analysis JSON.")],
+    after: Annotated[Path, typer.Argument(help="Traces (file or directory) or a saved analysis JSON.")],
+    phase: Annotated[str, typer.Option("--phase", help="decode, prefill, mixed or unknown.")] = "decode",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the diff document as JSON.")] = False,
+    taxonomy: Annotated[Path | None, typer.Option("--taxonomy", help="Kernel rules file, as for analyze.")] = None,
+) -> None:
+    """Two analyses side by side: time per step by category, before → after, and findings that changed."""
+    from servescope.report.diff import encode_diff, render_diff
+    from servescope.trace.diff import diff_paths
+
+    with _user_errors():
+        doc = diff_paths(before, after, phase=phase, taxonomy=taxonomy)
+    if as_json:
+        sys.stdout.buffer.write(encode_diff(doc))
+        return
+    render_diff(doc, Console(highlight=False))
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

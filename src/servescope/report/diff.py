@@ -1,0 +1,52 @@
+"""Terminal view of a diff document."""
+
+from __future__ import annotations
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from servescope.core.diff import CategoryDelta, DiffDoc
+from servescope.report.tables import format_us
+
+__all__ = ["encode_diff", "render_diff"]
+
+
+def encode_diff(doc: DiffDoc) -> bytes:
+    """The diff document as indented JSON ending in a newline."""
+    return msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n"
+
+
+def _pct(delta: CategoryDelta) -> str:
+    return "N/A" if delta.delta_pct is None else f"{delta.delta_pct:+.1f}%"
+
+
+def _row(table: Table, name: str, d: CategoryDelta) -> None:
+    style = "green" if d.delta_us < 0 else ("red" if d.delta_us > 0 else "")
+    table.add_row(Text(name), format_us(d.before_us), format_us(d.after_us),
+                  Text(f"{d.delta_us:+.1f}", style=style), Text(_pct(d), style=style))
+
+
+def render_diff(doc: DiffDoc, console: Console) -> None:
+    """Per rank: step, busy, idle and each category per step, before → after; then findings that changed."""
+    console.print(Text(f"before: {doc.before}\nafter:  {doc.after}\nphase:  {doc.phase} (µs per step)"))
+    for rank in doc.ranks:
+        table = Table(title=f"rank {rank.rank}: {rank.steps_before} → {rank.steps_after} steps",
+                      title_justify="left", box=None, header_style="bold")
+        for col in ("per step", "before µs", "after µs", "Δ µs", "Δ %"):
+            table.add_column(col, justify="left" if col == "per step" else "right")
+        _row(table, "step (span)", rank.step_us)
+        _row(table, "busy", rank.busy_us)
+        _row(table, "idle", rank.idle_us)
+        for name, delta in rank.categories.items():
+            _row(table, name, delta)
+        console.print(table)
+    for label, ranks in (("only before", doc.ranks_only_before), ("only after", doc.ranks_only_after)):
+        if ranks:
+            console.print(Text(f"ranks {label}: {', '.join(map(str, ranks))}"))
+    for label, findings in (("findings that appeared", doc.findings_appeared),
+                            ("findings that went away", doc.findings_gone)):
+        console.print(Text(f"{label}: {len(findings) or 'none'}", style="bold"))
+        for f in findings:
+            console.print(Text(f"  [{f.severity}] {f.id}: {f.message}"))

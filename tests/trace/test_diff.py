@@ -1,0 +1,87 @@
+"""diff: two runs side by side, figures checked against the traces' own events."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import TRACES, load_events
+from typer.testing import CliRunner
+
+from servescope.cli import app
+from servescope.core.errors import InputError
+from servescope.trace.analyze import AnalyzeRequest, analyze, example_trace_dir
+from servescope.trace.diff import diff_analyses, diff_paths
+
+DECODE = re.compile(r"^execute_context_0\(0\)_generation_[1-9]\d*\(")
+
+
+def _decode_allreduce_per_step(path: Path) -> float:
+    """µs of _C::shm_allreduce per decode step, from the raw events (a leaf op: self time = duration)."""
+    events = load_events(path)
+    windows = [(e["ts"], e["ts"] + e["dur"]) for e in events
+               if e.get("cat") == "user_annotation" and DECODE.match(e["name"])]
+    total = sum(e["dur"] for e in events if e.get("name") == "_C::shm_allreduce"
+                and any(lo <= e["ts"] <= hi for lo, hi in windows))
+    return total / len(windows)
+
+
+@pytest.fixture(scope="module")
+def tp2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tp2")
+    for f in (TRACES / "vllm-cpu").glob("tp2_*"):
+        shutil.copy(f, out / f.name)
+    return out
+
+
+def test_diff_figures_come_from_each_side(tp2_dir: Path) -> None:
+    doc = diff_paths(tp2_dir, example_trace_dir())
+    assert [r.rank for r in doc.ranks] == [0, 1]
+    for rank in doc.ranks:
+        before = _decode_allreduce_per_step(tp2_dir / f"tp2_b4_16tok_rank{rank.rank}.pt.trace.json.gz")
+        after = _decode_allreduce_per_step(example_trace_dir() / f"rank{rank.rank}.pt.trace.json.gz")
+        delta = rank.categories["comm.all_reduce"]
+        assert delta.before_us == pytest.approx(before, rel=1e-6)
+        assert delta.after_us == pytest.approx(after, rel=1e-6)
+        assert delta.delta_us == pytest.approx(after - before, rel=1e-6)
+
+
+def test_diff_of_a_run_with_itself_changes_nothing(tp2_dir: Path) -> None:
+    doc = analyze(AnalyzeRequest(paths=[tp2_dir]))
+    same = diff_analyses(doc, doc)
+    assert not same.findings_appeared and not same.findings_gone
+    assert all(d.delta_us == 0 for r in same.ranks for d in r.categories.values())
+
+
+def test_saved_analysis_and_traces_give_the_same_diff(tp2_dir: Path, tmp_path: Path) -> None:
+    saved = tmp_path / "before.json"
+    assert CliRunner().invoke(app, ["analyze", str(tp2_dir), "-o", str(saved)]).exit_code == 0
+    from_saved = diff_paths(saved, example_trace_dir())
+    from_traces = diff_paths(tp2_dir, example_trace_dir())
+    assert [r.categories for r in from_saved.ranks] == [r.categories for r in from_traces.ranks]
+
+
+def test_findings_that_appear_and_go(tp2_dir: Path) -> None:
+    doc = analyze(AnalyzeRequest(paths=[tp2_dir]))
+    fewer = analyze(AnalyzeRequest(paths=[tp2_dir]))
+    gone = fewer.findings.pop(0)
+    result = diff_analyses(doc, fewer)
+    assert [(f.id, f.rank, f.phase) for f in result.findings_gone] == [(gone.id, gone.rank, gone.phase)]
+    assert result.findings_appeared == []
+
+
+def test_phase_missing_on_both_is_an_input_error(tp2_dir: Path) -> None:
+    doc = analyze(AnalyzeRequest(paths=[tp2_dir]))
+    with pytest.raises(InputError, match="no rank has unknown steps"):
+        diff_analyses(doc, doc, phase="unknown")
+
+
+def test_cli_diff_json(tp2_dir: Path) -> None:
+    result = CliRunner().invoke(app, ["diff", str(tp2_dir), str(example_trace_dir()), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["schema"] == "servescope.diff" and doc["phase"] == "decode"
+    assert {"before_us", "after_us", "delta_us", "delta_pct"} <= set(doc["ranks"][0]["categories"]["comm.all_reduce"])
