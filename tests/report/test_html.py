@@ -69,7 +69,10 @@ def test_names_are_escaped() -> None:
 
 
 def test_colors_are_stable_and_communication_is_red() -> None:
-    assert category_color("allreduce") == CATEGORY_COLORS["allreduce"] == "#d62728"
+    assert category_color("comm.all_reduce") == CATEGORY_COLORS["comm.all_reduce"] == "#d62728"
+    from servescope.trace.taxonomy import load_taxonomy
+
+    assert set(load_taxonomy().categories) <= set(CATEGORY_COLORS)  # every bundled category has its colour
     assert category_color("new_thing", "compute") == category_color("new_thing", "compute")
     red_or_orange = {"#ef3b2c", "#fc9272", "#e6550d", "#fdd0a2", "#99000d", "#f768a1"}
     assert category_color("my_collective", "communication") in red_or_orange

@@ -8,9 +8,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import TRACES, load_events
 from typer.testing import CliRunner
 
+from conftest import TRACES, load_events
 from servescope.cli import app
 from servescope.core.errors import InputError
 from servescope.trace.analyze import AnalyzeRequest, analyze, example_trace_dir

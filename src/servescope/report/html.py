@@ -33,20 +33,14 @@ from servescope.report.tables import (
 __all__ = ["CATEGORY_COLORS", "category_color", "render_analysis_html", "shares_phase"]
 
 # Stable colours by category name: communication in reds/oranges, memory in greys.
-CATEGORY_COLORS: dict[str, str] = {
-    "allreduce": "#d62728", "all_reduce": "#d62728",
-    "allgather": "#ff7f0e", "all_gather": "#ff7f0e",
-    "reduce_scatter": "#e6550d", "reducescatter": "#e6550d",
-    "all_to_all": "#a50f15", "alltoall": "#a50f15",
-    "send_recv": "#fd8d3c", "sendrecv": "#fd8d3c", "p2p": "#fd8d3c",
-    "broadcast": "#fdae6b",
-    "communication": "#cb181d", "collective": "#cb181d", "nccl_other": "#f16913",
-    "gemm": "#1f77b4", "moe_gemm": "#17becf", "moe": "#17becf",
-    "attention": "#2ca02c",
-    "elementwise": "#9467bd", "norm": "#8c564b", "activation": "#e377c2",
-    "sampling": "#bcbd22", "embedding": "#393b79", "quantization": "#6b6ecf",
-    "memcpy": "#7f7f7f", "memset": "#c7c7c7",
-    "other": "#dbdb8d",
+CATEGORY_COLORS: dict[str, str] = {  # keyed by the bundled taxonomy's category names
+    "comm.all_reduce": "#d62728", "comm.all_gather": "#ff7f0e", "comm.reduce_scatter": "#e6550d",
+    "comm.all_to_all": "#a50f15", "comm.send_recv": "#fd8d3c", "comm.other": "#f16913",
+    "gemm": "#1f77b4", "moe": "#17becf", "attention": "#2ca02c", "conv": "#6baed6",
+    "norm": "#8c564b", "rotary": "#c49c94", "activation": "#e377c2", "sampling": "#bcbd22",
+    "quantize": "#6b6ecf", "embedding": "#393b79", "optimizer": "#637939", "indexing": "#9c9ede",
+    "sort_scan": "#b5cf6b", "reduction": "#8c6d31", "elementwise": "#9467bd", "framework": "#aec7e8",
+    "memcpy": "#7f7f7f", "memset": "#c7c7c7", "other": "#dbdb8d",
 }
 _COMM_FALLBACK = ("#ef3b2c", "#fc9272", "#e6550d", "#fdd0a2", "#99000d", "#f768a1")
 _OTHER_FALLBACK = ("#3182bd", "#31a354", "#756bb1", "#636363", "#8c6d31", "#843c39", "#7b4173", "#5254a3")
