@@ -48,14 +48,15 @@ _FORMATTER = _MessageFormatter()
 
 
 def _finding(rule_id: str, rule: dict[str, Any], severity: str, evidence: Evidence, *,
-             rank: int | None, phase: str) -> Finding:
+             rank: int | None, phase: str, cpu: bool = False) -> Finding:
     fields = {**evidence, "phase": _PHASE_WORDS.get(phase, phase)}
-    return Finding(id=rule_id, severity=severity, message=_FORMATTER.format(rule["message"], **fields),
+    template = rule.get("message_cpu", rule["message"]) if cpu else rule["message"]
+    return Finding(id=rule_id, severity=severity, message=_FORMATTER.format(template, **fields),
                    evidence=evidence, rank=rank, phase=phase)
 
 
 def _share_rule(rule_id: str, rule: dict[str, Any], stats: PhaseStats, names: list[str], *, rank: int,
-                phase: str, extra: Evidence) -> Finding | None:
+                phase: str, extra: Evidence, cpu: bool = False) -> Finding | None:
     picked = [stats.categories[n] for n in names if n in stats.categories]
     if not picked:
         return None
@@ -71,7 +72,7 @@ def _share_rule(rule_id: str, rule: dict[str, Any], stats: PhaseStats, names: li
         "mean_call_us": total / (calls * stats.steps) if calls else 0.0,
         "step_us": stats.step_us.mean, **extra,
     }
-    return _finding(rule_id, rule, severity, evidence, rank=rank, phase=phase)
+    return _finding(rule_id, rule, severity, evidence, rank=rank, phase=phase, cpu=cpu)
 
 
 def _top_kernel(kernels: list[KernelRow], rank: int, categories: set[str]) -> str:
@@ -100,7 +101,7 @@ def find_bottlenecks(ranks: list[RankAnalysis], across: list[CrossRankStats], ke
             comm_extra: Evidence = {"median_msg_bytes": int(np.median(sizes)) if sizes else None}
             found = [
                 _share_rule("communication_bound", rules["communication_bound"], stats, comm_categories,
-                            rank=ra.rank, phase=phase, extra=comm_extra),
+                            rank=ra.rank, phase=phase, extra=comm_extra, cpu=ra.work_kind == "cpu_op"),
                 _share_rule("cast_bound", rules["cast_bound"], stats, ["elementwise", "memcpy"], rank=ra.rank,
                             phase=phase,
                             extra={"top_kernel": _top_kernel(kernels, ra.rank, {"elementwise", "memcpy"})}),
