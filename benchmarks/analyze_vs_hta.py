@@ -1,28 +1,21 @@
 """Side-by-side cost of ``servescope analyze`` and HTA on the same traces: wall time and peak RSS.
 
-What it measures, per trace, each run in its own fresh child process (so every figure is that process's own):
+Each measurement is one fresh child process, so its figures are that process's own:
 
-* **HTA** -- ``TraceAnalysis(trace_dir=DIR)`` (the trace symlinked alone into DIR) then
-  ``get_gpu_kernel_breakdown(visualize=False)``, run by the HTA venv's Python (``--hta-python``).
-* **servescope** -- ``servescope analyze TRACE --json -o OUT.json`` (``--servescope``).
-* **plain json** -- ``gzip/open + orjson.loads (json if orjson is missing) + sum of kernel ``dur``, by this
-  Python: the floor any full-parse analyzer pays.
+* HTA: ``TraceAnalysis(trace_dir=DIR)`` (the trace alone, symlinked into DIR) + ``get_gpu_kernel_breakdown``;
+* servescope: ``servescope analyze TRACE --json -o OUT.json``;
+* plain json: open/gunzip + ``orjson.loads`` (``json`` without orjson) + sum of kernel ``dur``, the floor.
 
-Wall time is ``time.perf_counter()`` around the whole process (start-up and imports included); peak RSS is
-``ru_maxrss`` from ``os.wait4`` (the largest single process of the child's tree, e.g. HTA's parser worker, not
-their sum). Each measurement is repeated ``--repeat`` times: median wall, max RSS. A run that exits non-zero,
-produces no output, times out (``--timeout``/``--hta-timeout``) or hits the address-space cap (``--mem-limit-gb``,
-so a runaway parse fails with MemoryError instead of waking the OOM killer) is reported as such, never timed.
-Sizes and RSS are decimal MB (10^6 bytes).
+Wall is ``time.perf_counter()`` around the whole process, start-up included; peak RSS is ``ru_maxrss`` from
+``os.wait4`` (the largest single process of the child's tree). ``--repeat`` runs each: median wall, max RSS.
+A run that exits non-zero, leaves no output, times out, or hits the per-child address-space cap
+(``--mem-limit-gb``, so a runaway parse gets MemoryError rather than the OOM killer) is reported as such,
+never timed. Traces: ``--trace`` (the 35 MB A100 rank trace) and a ~1 GB plain-JSON trace built from it and
+cached in ``--work-dir``: its events repeated, each copy shifted by the span + 1 ms, with ids and step
+numbers offset. Goals: 35 MB -> servescope >=10x faster and <=0.5x HTA's RSS; 1 GB -> <=10 s, <=1.5 GB.
+MB = 10^6 bytes. See benchmarks/README.md.
 
-Traces: the source trace (``--trace``, default the 35 MB A100 rank trace) and a ~1 GB trace built from it
-(cached in ``--work-dir``): its ``traceEvents`` repeated, each copy shifted by the trace's span plus a gap,
-with correlation/External/flow ids and ProfilerStep numbers offset so they stay unique.
-
-Goals: 35 MB trace -- servescope >=10x faster than HTA and <=0.5x its peak RSS;
-~1 GB trace -- servescope in <=10 s and <=1.5 GB peak RSS.
-
-Run:  /work/venv/bin/python benchmarks/analyze_vs_hta.py [--skip-large | --skip-hta-large] [--json-out F]
+Run:  /work/venv/bin/python benchmarks/analyze_vs_hta.py [--skip-large|--skip-hta-large] [--json-out F]
 """
 
 from __future__ import annotations
@@ -48,12 +41,13 @@ from typing import Any
 
 try:
     import orjson
-except ImportError:  # pragma: no cover - depends on the venv
-    orjson = None  # type: ignore[assignment]
+except ImportError:  # depends on the venv
+    orjson = None
 
 DEFAULT_TRACE = "/work/shared/traces/hta/a100_8rank_rank3_nccl.json.gz"
 SMALL_GOAL = (10.0, 0.5)  # speed ratio at least, RSS ratio at most
 LARGE_GOAL = (10.0, 1500.0)  # seconds at most, MB at most
+ID_ARGS = ("correlation", "External id")  # per-event ids in ``args`` that copies offset
 
 HTA_CHILD = """
 import sys
@@ -64,11 +58,8 @@ if by_type.empty or by_kernel.empty:
 print(by_type.to_string())
 """
 PLAIN_CHILD = """
-import gzip, sys
-try:
-    from orjson import loads
-except ImportError:
-    from json import loads
+import gzip, importlib.util, json, sys
+loads = __import__("orjson").loads if importlib.util.find_spec("orjson") else json.loads
 p = sys.argv[1]
 with (gzip.open if p.endswith(".gz") else open)(p, "rb") as f:
     doc = loads(f.read())
@@ -76,13 +67,9 @@ print(sum(e.get("dur", 0) for e in doc["traceEvents"] if e.get("cat") == "kernel
 """
 VERSIONS_CHILD = """
 import json, importlib.metadata as m
-out = {}
-for name in ("holistictraceanalysis", "pandas", "numpy", "orjson", "servescope", "msgspec"):
-    try:
-        out[name] = m.version(name)
-    except m.PackageNotFoundError:
-        pass
-print(json.dumps(out))
+have = {(d.metadata["Name"] or "").lower(): d.version for d in m.distributions()}
+wanted = ("holistictraceanalysis", "pandas", "numpy", "orjson", "servescope", "msgspec")
+print(json.dumps({n: have[n] for n in wanted if n in have}))
 """
 
 Check = Callable[[Path, Path], str | None]  # (stdout file, -o file) -> error or None
@@ -97,21 +84,12 @@ def measure_once(argv: list[str], timeout: float, mem_limit: int, check: Check) 
     with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:
         out, err, result = Path(tmp, "stdout"), Path(tmp, "stderr"), Path(tmp, "result.json")
         argv = [a.replace("{OUT}", str(result)) for a in argv]
-
-        def limit() -> None:
-            resource.setrlimit(resource.RLIMIT_AS, (mem_limit, mem_limit))
-
-        fired = threading.Event()
         with out.open("wb") as fo, err.open("wb") as fe:
             t0 = time.perf_counter()
             proc = subprocess.Popen(argv, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL,
-                                    preexec_fn=limit, start_new_session=True)
-
-            def kill() -> None:
-                fired.set()
-                os.killpg(proc.pid, signal.SIGKILL)
-
-            timer = threading.Timer(timeout, kill)
+                                    preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (mem_limit, mem_limit)),
+                                    start_new_session=True)
+            timer = threading.Timer(timeout, os.killpg, (proc.pid, signal.SIGKILL))
             timer.start()
             _, status, usage = os.wait4(proc.pid, 0)
             wall = time.perf_counter() - t0
@@ -119,7 +97,7 @@ def measure_once(argv: list[str], timeout: float, mem_limit: int, check: Check) 
         proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4 above
         rss_mb = usage.ru_maxrss * 1024 / 1e6
         tail = err.read_text(errors="replace")[-2000:]
-        if fired.is_set():
+        if proc.returncode == -signal.SIGKILL and wall >= timeout:
             state = f"timed out ({timeout:.0f} s)"
         elif "MemoryError" in tail or proc.returncode == -signal.SIGKILL:
             state = f"out of memory ({mem_limit / 2**30:g} GiB cap)"
@@ -137,13 +115,10 @@ def check_stdout(out: Path, _result: Path) -> str | None:
 
 
 def check_json_file(_out: Path, result: Path) -> str | None:
-    if not result.exists() or result.stat().st_size == 0:
-        return "failed (no -o output)"
     try:
-        doc = json.loads(result.read_bytes())
-    except ValueError as e:
-        return f"failed (bad JSON: {e})"
-    return None if doc else "failed (empty JSON)"
+        return None if json.loads(result.read_bytes()) else "failed (empty JSON)"
+    except (OSError, ValueError) as e:
+        return f"failed (no usable -o output: {e})"
 
 
 def measure(name: str, argv: list[str], repeat: int, timeout: float, mem_limit: int, check: Check
@@ -167,17 +142,15 @@ def build_large(src: Path, work_dir: Path, target_bytes: int) -> Path:
     if out.exists():
         print(f"large trace (cached): {out} {out.stat().st_size / 1e6:.0f} MB")
         return out
-    with (gzip.open if src.suffix == ".gz" else open)(src, "rb") as f:
-        doc = json.loads(f.read())
-    events: list[dict[str, Any]] = doc["traceEvents"]
-    meta = [e for e in events if e.get("ph") == "M"]
-    body = [e for e in events if e.get("ph") != "M"]
+    with (gzip.open if src.suffix == ".gz" else open)(src, "rb") as fin:
+        doc = json.loads(fin.read())
+    meta = [e for e in doc["traceEvents"] if e.get("ph") == "M"]  # process/thread names: written once
+    body: list[dict[str, Any]] = [e for e in doc["traceEvents"] if e.get("ph") != "M"]
     start = min(e["ts"] for e in body if "ts" in e)
     end = max(e["ts"] + e.get("dur", 0) for e in body if "ts" in e)
     shift = (end - start) + 1000  # the trace's span plus a 1 ms gap
-    ids = [e["id"] for e in body if isinstance(e.get("id"), int)]
-    for e in body:
-        ids += [v for k, v in e.get("args", {}).items() if k in ("correlation", "External id") and type(v) is int]
+    ids = [e["id"] for e in body if isinstance(e.get("id"), int)] + [
+        v for e in body for k, v in e.get("args", {}).items() if k in ID_ARGS and type(v) is int]
     id_step = max(ids, default=0) + 1
     steps = [int(e["name"][13:]) for e in body if e.get("name", "").startswith("ProfilerStep#")]
     step_step = max(steps, default=0) - min(steps, default=0) + 1  # copies continue the step numbering
@@ -193,8 +166,8 @@ def build_large(src: Path, work_dir: Path, target_bytes: int) -> Path:
             if e2.get("name", "").startswith("ProfilerStep#"):
                 e2["name"] = f"ProfilerStep#{int(e['name'][13:]) + k * step_step}"
             args = e.get("args")
-            if args and ("correlation" in args or "External id" in args):
-                e2["args"] = {a: v + k * id_step if a in ("correlation", "External id") and type(v) is int
+            if args and any(a in args for a in ID_ARGS):
+                e2["args"] = {a: v + k * id_step if a in ID_ARGS and type(v) is int
                               else v for a, v in args.items()}
             parts.append(dumps(e2))
         return ",\n".join(parts)
@@ -214,8 +187,8 @@ def build_large(src: Path, work_dir: Path, target_bytes: int) -> Path:
             f.write((first if k == 0 else copy(k)) + (",\n" if k < copies - 1 else "\n"))
         f.write("  ]\n}\n")
     tmp.rename(out)
-    n = len(meta) + copies * len(body)
-    print(f"large trace built: {out} {out.stat().st_size / 1e6:.0f} MB, {n} events ({copies} copies)")
+    print(f"large trace built: {out} {out.stat().st_size / 1e6:.0f} MB, "
+          f"{len(meta) + copies * len(body)} events ({copies} copies)")
     return out
 
 
@@ -238,89 +211,88 @@ def main() -> int:
     ap.add_argument("--mem-limit-gb", type=float, default=16.0, help="address-space cap for each child")
     ap.add_argument("--json-out", type=Path)
     a = ap.parse_args()
-    mem_limit = int(a.mem_limit_gb * 2**30)
 
     traces = [("small", a.trace)]
     if not a.skip_large:
         traces.append(("large", build_large(a.trace, a.work_dir, int(a.large_gb * 1e9))))
-    results: list[dict[str, Any]] = []
-    for kind, trace in traces:
-        size_mb = trace.stat().st_size / 1e6
-        if trace.suffix == ".gz":
-            with gzip.open(trace, "rb") as f:
-                size_mb = sum(len(b) for b in iter(lambda: f.read(1 << 24), b"")) / 1e6
-        print(f"{trace.name} ({size_mb:.0f} MB of JSON)", flush=True)
-        with trace.open("rb") as f:  # warm the page cache so no tool pays the first read alone
-            while f.read(1 << 24):
-                pass
-        hta_dir = a.work_dir / f"hta-{trace.name}"
-        hta_dir.mkdir(parents=True, exist_ok=True)
-        link = hta_dir / trace.name
-        if not link.is_symlink():
-            link.symlink_to(trace.resolve())
-        row: dict[str, Any] = {"trace": str(trace), "kind": kind, "json_mb": size_mb}
-        if kind == "large" and a.skip_hta_large:
-            row["hta"] = {"status": "skipped", "wall_s": None, "rss_mb": None}
-        else:
-            row["hta"] = measure("HTA", [a.hta_python, "-c", HTA_CHILD, str(hta_dir)],
-                                 a.repeat, a.hta_timeout, mem_limit, check_stdout)
-        row["servescope"] = measure("servescope", [*shlex.split(a.servescope), "analyze", str(trace),
-                                                   "--json", "-o", "{OUT}"],
-                                    a.repeat, a.timeout, mem_limit, check_json_file)
-        row["plain"] = measure("plain json", [sys.executable, "-c", PLAIN_CHILD, str(trace)],
-                               a.repeat, a.timeout, mem_limit, check_stdout)
-        h, s = row["hta"], row["servescope"]
-        row["speed_ratio"] = h["wall_s"] / s["wall_s"] if h["wall_s"] and s["wall_s"] else None
-        row["rss_ratio"] = s["rss_mb"] / h["rss_mb"] if h["rss_mb"] and s["rss_mb"] else None
-        if s["status"] != "ok":
-            goal = "NO (servescope failed)"
-        elif kind == "small":
-            if row["speed_ratio"] is None:
-                goal = f"n/a (HTA {h['status']})"
-            else:
-                met = row["speed_ratio"] >= SMALL_GOAL[0] and row["rss_ratio"] <= SMALL_GOAL[1]
-                goal = ("yes" if met else "NO") + f" (>={SMALL_GOAL[0]:g}x, <={SMALL_GOAL[1]:g}x RSS)"
-        else:
-            met = s["wall_s"] <= LARGE_GOAL[0] and s["rss_mb"] <= LARGE_GOAL[1]
-            goal = ("yes" if met else "NO") + f" (<={LARGE_GOAL[0]:g} s, <={LARGE_GOAL[1]:g} MB)"
-        row["goal"] = goal
-        results.append(row)
+    results = [bench_trace(kind, trace, a, int(a.mem_limit_gb * 2**30)) for kind, trace in traces]
+    print_table(results, a.repeat)
+    if a.json_out:
+        doc = {"machine": machine_info(a.hta_python), "settings": {k: str(v) for k, v in vars(a).items()},
+               "results": results}
+        a.json_out.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"raw figures: {a.json_out}")
+    return 0
+
+
+def bench_trace(kind: str, trace: Path, a: argparse.Namespace, mem_limit: int) -> dict[str, Any]:
+    """All three tools on one trace, plus the ratios and the goal verdict."""
+    size_mb = trace.stat().st_size / 1e6
+    if trace.suffix == ".gz":
+        with gzip.open(trace, "rb") as gz:
+            size_mb = sum(len(b) for b in iter(lambda: gz.read(1 << 24), b"")) / 1e6
+    print(f"{trace.name} ({size_mb:.0f} MB of JSON)", flush=True)
+    subprocess.run(["cat", str(trace)], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
+    hta_dir = a.work_dir / f"hta-{trace.name}"  # HTA loads every trace of a directory: give it this one
+    hta_dir.mkdir(parents=True, exist_ok=True)
+    if not (hta_dir / trace.name).is_symlink():
+        (hta_dir / trace.name).symlink_to(trace.resolve())
+    row: dict[str, Any] = {"trace": str(trace), "kind": kind, "json_mb": size_mb}
+    if kind == "large" and a.skip_hta_large:
+        row["hta"] = {"status": "skipped", "wall_s": None, "rss_mb": None}
+    else:
+        row["hta"] = measure("HTA", [a.hta_python, "-c", HTA_CHILD, str(hta_dir)],
+                             a.repeat, a.hta_timeout, mem_limit, check_stdout)
+    ss_argv = [*shlex.split(a.servescope), "analyze", str(trace), "--json", "-o", "{OUT}"]
+    row["servescope"] = measure("servescope", ss_argv, a.repeat, a.timeout, mem_limit, check_json_file)
+    row["plain"] = measure("plain json", [sys.executable, "-c", PLAIN_CHILD, str(trace)],
+                           a.repeat, a.timeout, mem_limit, check_stdout)
+    h, s = row["hta"], row["servescope"]
+    row["speed_ratio"] = h["wall_s"] / s["wall_s"] if h["wall_s"] and s["wall_s"] else None
+    row["rss_ratio"] = s["rss_mb"] / h["rss_mb"] if h["rss_mb"] and s["rss_mb"] else None
+    if s["status"] != "ok":
+        row["goal"] = "NO (servescope failed)"
+    elif kind == "small" and row["speed_ratio"] is None:
+        row["goal"] = f"n/a (HTA {h['status']})"
+    elif kind == "small":
+        met = row["speed_ratio"] >= SMALL_GOAL[0] and row["rss_ratio"] <= SMALL_GOAL[1]
+        row["goal"] = ("yes" if met else "NO") + f" (>={SMALL_GOAL[0]:g}x, <={SMALL_GOAL[1]:g}x RSS)"
+    else:
+        met = s["wall_s"] <= LARGE_GOAL[0] and s["rss_mb"] <= LARGE_GOAL[1]
+        row["goal"] = ("yes" if met else "NO") + f" (<={LARGE_GOAL[0]:g} s, <={LARGE_GOAL[1]:g} MB)"
+    return row
+
+
+def print_table(results: list[dict[str, Any]], repeat: int) -> None:
+    def cell(m: dict[str, Any], key: str, spec: str) -> str:
+        return fmt(m[key], spec) if m["status"] == "ok" else m["status"]
 
     head = ["trace", "MB", "HTA s", "servescope s", "plain s", "HTA/ss", "HTA MB", "ss MB", "plain MB",
             "ss/HTA RSS", "goal met"]
-    lines = []
+    lines = [head]
     for r in results:
         h, s, p = r["hta"], r["servescope"], r["plain"]
-
-        def cell(m: dict[str, Any], key: str, spec: str) -> str:
-            return fmt(m[key], spec) if m["status"] == "ok" else m["status"]
-
+        speed = fmt(r["speed_ratio"], ".1f") + ("x" if r["speed_ratio"] else "")
         lines.append([Path(r["trace"]).name, f"{r['json_mb']:.0f}", cell(h, "wall_s", ".2f"),
-                      cell(s, "wall_s", ".2f"), cell(p, "wall_s", ".2f"), fmt(r["speed_ratio"], ".1f") + ("x" if r["speed_ratio"] else ""),
-                      cell(h, "rss_mb", ".0f"), cell(s, "rss_mb", ".0f"), cell(p, "rss_mb", ".0f"),
-                      fmt(r["rss_ratio"], ".2f"), r["goal"]])
-    widths = [max(len(x[i]) for x in [head, *lines]) for i in range(len(head))]
+                      cell(s, "wall_s", ".2f"), cell(p, "wall_s", ".2f"), speed, cell(h, "rss_mb", ".0f"),
+                      cell(s, "rss_mb", ".0f"), cell(p, "rss_mb", ".0f"), fmt(r["rss_ratio"], ".2f"), r["goal"]])
+    widths = [max(len(x[i]) for x in lines) for i in range(len(head))]
     print()
-    for line in [head, *lines]:
-        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths))))
-    print(f"\nmedian wall of {a.repeat} runs, max peak RSS; ss = servescope; MB = 10^6 bytes")
+    for line in lines:
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                        for i, (c, w) in enumerate(zip(line, widths, strict=True))))
+    print(f"\nmedian wall of {repeat} runs, max peak RSS; ss = servescope; MB = 10^6 bytes")
 
-    if a.json_out:
-        versions = {}
-        for py in (sys.executable, a.hta_python):
-            res = subprocess.run([py, "-c", VERSIONS_CHILD], capture_output=True, text=True)
-            versions[py] = json.loads(res.stdout) if res.returncode == 0 else {"error": res.stderr[-500:]}
-        mem = next((ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines()
-                    if ln.startswith("MemTotal")), None)
-        machine = {"platform": platform.platform(), "processor": platform.processor(),
-                   "cpu_count": os.cpu_count(), "mem_total_kib": int(mem) if mem else None,
-                   "python": sys.version, "versions": versions,
-                   "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
-        settings = {k: str(v) for k, v in vars(a).items()}
-        a.json_out.write_text(json.dumps({"machine": machine, "settings": settings, "results": results},
-                                         indent=2) + "\n")
-        print(f"raw figures: {a.json_out}")
-    return 0
+
+def machine_info(hta_python: str) -> dict[str, Any]:
+    versions = {}
+    for py in (sys.executable, hta_python):
+        res = subprocess.run([py, "-c", VERSIONS_CHILD], capture_output=True, text=True)
+        versions[py] = json.loads(res.stdout) if res.returncode == 0 else {"error": res.stderr[-500:]}
+    mem = [ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal")]
+    return {"platform": platform.platform(), "processor": platform.processor(), "cpu_count": os.cpu_count(),
+            "mem_total_kib": int(mem[0]) if mem else None, "python": sys.version, "versions": versions,
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
 
 
 if __name__ == "__main__":

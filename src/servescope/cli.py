@@ -23,7 +23,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,  # tracebacks with locals could print secrets
     add_completion=False,
 )
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
+_err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 T = TypeVar("T")
 
 
@@ -81,10 +81,15 @@ def _write_outputs(doc: object, *, json_out: Path | None, html_out: Path | None)
     from servescope.report.html import render_analysis_html
     from servescope.report.jsonout import encode_analysis
 
-    if json_out is not None:
-        write_bytes_atomic(json_out, encode_analysis(doc))  # type: ignore[arg-type]
-    if html_out is not None:
-        write_text_atomic(html_out, render_analysis_html(doc))  # type: ignore[arg-type]
+    target = json_out
+    try:
+        if json_out is not None:
+            write_bytes_atomic(json_out, encode_analysis(doc))  # type: ignore[arg-type]
+        target = html_out
+        if html_out is not None:
+            write_text_atomic(html_out, render_analysis_html(doc))  # type: ignore[arg-type]
+    except OSError as exc:
+        raise InputError(str(target), f"cannot write: {exc.strerror or exc}") from None
 
 
 @app.command()

@@ -122,8 +122,6 @@ def test_path_with_brackets_is_printed_verbatim(tmp_path: Path) -> None:
     _user_error(_analyze(missing), str(missing))
 
 
-@pytest.mark.xfail(strict=True, reason="cli._err prints with rich emoji codes on: ':smile:' in a file name "
-                                       "becomes an emoji, so the message misnames the file")
 def test_path_with_emoji_code_is_printed_verbatim(tmp_path: Path) -> None:
     missing = tmp_path / "run:smile:1.json"
     _user_error(_analyze(missing), str(missing))
@@ -160,19 +158,10 @@ def test_taxonomy_that_is_a_trace(tmp_path: Path) -> None:
     _user_error(_analyze(SMALL, "--taxonomy", SMALL), str(SMALL))
 
 
-_OUTPUT_ERRORS = pytest.mark.xfail(
-    strict=True,
-    reason="cli._write_outputs: an OSError from write_bytes_atomic (target is a directory, parent is a file) "
-    "is not turned into InputError, so the user gets a traceback and exit 1",
-)
-
-
-@_OUTPUT_ERRORS
 def test_output_path_is_a_directory(tmp_path: Path) -> None:
     _user_error(_analyze(SMALL, "-o", tmp_path), str(tmp_path))
 
 
-@_OUTPUT_ERRORS
 def test_html_path_under_a_file(tmp_path: Path) -> None:
     blocker = tmp_path / "report"
     blocker.write_text("a file, not a folder")

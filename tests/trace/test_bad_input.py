@@ -123,14 +123,6 @@ def test_gzip_of_nothing(tmp_path: Path) -> None:
     _assert_names(_read_error(path), path, "empty")
 
 
-_LIBDEFLATE_TRAILER = pytest.mark.xfail(
-    strict=True,
-    reason="reader._load_bytes: libdeflate's fast path trusts the last 4 bytes (ISIZE) as the whole size and "
-    "reads one member; zlib is asked only when libdeflate fails (see the report of test_bad_input)",
-)
-
-
-@_LIBDEFLATE_TRAILER
 def test_gzip_with_zero_padding_reads(tmp_path: Path) -> None:
     """Zero bytes after the gzip member (tape/block padding) are valid gzip; zlib ignores them."""
     path = tmp_path / "padded.json.gz"
@@ -138,14 +130,12 @@ def test_gzip_with_zero_padding_reads(tmp_path: Path) -> None:
     assert _kernel_count(read_trace(path)) == _kernel_count_plain(_SMALL_EVENTS)
 
 
-@_LIBDEFLATE_TRAILER
 def test_gzip_with_zeroed_trailer_is_corrupt(tmp_path: Path) -> None:
     path = tmp_path / "trailer.json.gz"
     path.write_bytes(GZ_BYTES[:-8] + b"\0" * 8)
     _assert_names(_read_error(path), path, "corrupt gzip")
 
 
-@_LIBDEFLATE_TRAILER
 def test_multi_member_gzip_reads(tmp_path: Path) -> None:
     """``cat a.gz b.gz`` is one valid gzip file; every member is part of the trace."""
     cut = len(JSON_BYTES) // 3
@@ -161,7 +151,6 @@ def test_multi_member_gzip_larger_first_member_reads(tmp_path: Path) -> None:
     assert _kernel_count(read_trace(path)) == _kernel_count_plain(_SMALL_EVENTS)
 
 
-@_LIBDEFLATE_TRAILER
 def test_garbage_after_gzip_member_is_corrupt(tmp_path: Path) -> None:
     path = tmp_path / "tail.json.gz"
     path.write_bytes(GZ_BYTES + b"junk")

@@ -247,11 +247,17 @@ def _load_bytes(path: Path) -> bytes:
     except OSError as exc:
         raise InputError(str(path), f"cannot read: {exc.strerror or exc}") from None
     if raw[:2] == b"\x1f\x8b":
-        try:
-            # libdeflate is ~6x faster than zlib; it takes one gzip member whose size fits its trailer.
-            return bytes(deflate.gzip_decompress(raw))
-        except (deflate.DeflateError, ValueError):
-            pass  # several members, > 4 GiB, or damaged: zlib decides, and names the damage
+        # libdeflate is ~6x faster than zlib but sizes its output from the trailer (the last 4 bytes):
+        # use it only when that trailer is plausible, and let zlib decide everything else (padding,
+        # several members, > 4 GiB, damage), since zlib names the problem.
+        declared = int.from_bytes(raw[-4:], "little") if len(raw) >= 18 else 0
+        if declared:
+            try:
+                out = bytes(deflate.gzip_decompress(raw))
+                if len(out) == declared:
+                    return out
+            except (deflate.DeflateError, ValueError):
+                pass
         try:
             return gzip.decompress(raw)
         except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
