@@ -295,7 +295,7 @@ def test_object_and_bare_list_forms_read_alike(tmp_path: Path, source: Path) -> 
 
 
 def test_tiny_valid_trace(tmp_path: Path) -> None:
-    """A trace whose traceEvents array is shorter than the reader's 64-byte probe still reads."""
+    """A one-event trace (an events array shorter than 64 bytes) still reads."""
     kernel = next(ev for ev in load_events(SMALL) if ev.get("cat") == "kernel")
     small = {k: kernel[k] for k in ("ph", "cat", "ts", "dur")}
     path = tmp_path / "tiny.json"

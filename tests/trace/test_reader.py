@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import all_shared_traces, load_events
+from conftest import TRACES, all_shared_traces, load_events
 from servescope.trace.reader import KIND_NAMES, read_trace
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -101,3 +101,43 @@ def test_collective_message_bytes_from_kineto_args() -> None:
     data = read_trace(path)
     assert sorted(data.device.msg_bytes.values()) == sorted(expected)
     assert expected
+
+
+@pytest.mark.parametrize("name", ["hta/nccl_allreduce_2rank_rank0.json.gz",
+                                  "vllm-cpu/tp2_b4_16tok_rank1.pt.trace.json.gz",
+                                  "tracelens/vllm_decode_full_graph_replay.json.gz"])
+@pytest.mark.parametrize("compressed", [True, False])
+def test_streamed_reading_equals_whole(name: str, compressed: bool, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Big traces are decoded block by block from the file; tiny blocks must not change a number."""
+    import servescope.trace.reader as reader
+
+    source = TRACES / name
+    path = source if compressed else tmp_path / "plain.pt.trace.json"
+    if not compressed:
+        path.write_bytes(gzip.decompress(source.read_bytes()))
+    whole = read_trace(path)
+    monkeypatch.setattr(reader, "_CHUNK_BYTES", 32 << 10)
+    monkeypatch.setattr(reader, "_STREAM_GZ_BYTES", 0)
+    assert reader._read_streamed(path, path.stat().st_size) is not None  # the streaming path was taken
+    streamed = read_trace(path)
+    assert streamed.event_count == whole.event_count == len(load_events(source))
+    for table in ("device", "cpu_ops", "launches"):
+        a, b = getattr(whole, table), getattr(streamed, table)
+        assert (a.ts_us == b.ts_us).all() and (a.dur_us == b.dur_us).all()
+        assert [whole.names[i] for i in a.name] == [streamed.names[i] for i in b.name]
+    assert streamed.distributed == whole.distributed
+    assert [x.name for x in streamed.annotations] == [x.name for x in whole.annotations]
+
+
+def test_streaming_a_truncated_gzip_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import servescope.trace.reader as reader
+    from servescope.core.errors import InputError
+
+    raw = (TRACES / "hta/nccl_allreduce_2rank_rank0.json.gz").read_bytes()
+    path = tmp_path / "cut.json.gz"
+    path.write_bytes(raw[: len(raw) // 2])
+    monkeypatch.setattr(reader, "_CHUNK_BYTES", 32 << 10)
+    monkeypatch.setattr(reader, "_STREAM_GZ_BYTES", 0)
+    with pytest.raises(InputError, match="truncated gzip"):
+        read_trace(path)

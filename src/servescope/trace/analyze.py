@@ -97,6 +97,9 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None) -> Ana
     if not workers:
         raise InputError(", ".join(str(t.data.path) for t in traces),
                          "only front-end traces (*.async_llm.*): give the workers' rank traces too")
+    if all(not r.steps and not r.unattributed_us for r in rank_docs):
+        raise InputError(", ".join(str(t.data.path) for t in workers),
+                         "no work to analyze: no kernels, memcpy/memset or cpu_op events")
     across = compare_ranks(per_rank)
     comm = [c for c in taxonomy.categories if taxonomy.is_communication(c)]
     findings = find_bottlenecks(rank_docs, across, kernels, comm, msg_bytes)

@@ -21,7 +21,7 @@ import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Protocol
 
 import deflate
 import msgspec
@@ -274,48 +274,97 @@ def _decode_error(path: Path, exc: msgspec.DecodeError) -> InputError:
 
 
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_LAST_BOUNDARY_WINDOW = 1 << 20
 
 
-def _array_bounds(buf: bytes, raw: msgspec.Raw) -> tuple[int, int]:
-    """Byte range of the elements inside the ``traceEvents`` array whose Raw slice is ``raw``."""
-    view = memoryview(raw)
-    if bytes(view[:1]) != b"[":
-        raise ValueError("traceEvents is not an array")
-    size, probe = len(view), bytes(view[:64])
-    for match in _EVENTS_KEY.finditer(buf):
-        start = match.end() - 1
-        if buf[start : start + len(probe)] == probe and buf[start + size - 1 : start + size] == b"]":
-            return start + 1, start + size - 1
-    raise ValueError("traceEvents array not found")
+class _NotStreamable(Exception):
+    """The streaming path cannot cut this file safely; the whole-buffer path decides."""
 
 
-def _iter_chunks(buf: bytes, start: int, end: int) -> list[tuple[int, int]]:
-    bounds: list[tuple[int, int]] = []
-    pos = start
-    while end - pos > _CHUNK_BYTES:
-        match = _EVENT_BOUNDARY.search(buf, pos + _CHUNK_BYTES, end)
-        if match is None:
+_WHITESPACE = b" \t\r\n"
+
+
+def _last_boundary(buf: bytes) -> tuple[int, int] | None:
+    """(end of the left event, start of the right one) of the last ``}`` ``,`` ``{`` in ``buf``."""
+    pos = len(buf)
+    floor = max(0, pos - 4 * _CHUNK_BYTES)
+    while pos > floor:
+        brace = buf.rfind(b"{", floor, pos)
+        if brace <= 0:
+            return None
+        j = brace - 1
+        while j >= 0 and buf[j] in _WHITESPACE:
+            j -= 1
+        if j >= 0 and buf[j] == 0x2C:  # ","
+            j -= 1
+            while j >= 0 and buf[j] in _WHITESPACE:
+                j -= 1
+            if j >= 0 and buf[j] == 0x7D:  # "}"
+                return j + 1, brace
+        pos = brace
+    return None
+
+
+def _last_events(tail: bytes, decoder: msgspec.json.Decoder[list[_Event]]) -> tuple[list[_Event], bytes]:
+    """The events left in the last bytes of an object-form trace, and the keys after traceEvents.
+
+    The ``]`` that closes traceEvents is the one, counting from the end, whose left side decodes as
+    events and whose right side as the rest of the object (later keys such as Kineto's "INFO" list
+    hold brackets of their own).
+    """
+    pos = len(tail)
+    for _ in range(4096):
+        pos = tail.rfind(b"]", 0, pos)
+        if pos < 0:
             break
-        cut = match.start() + 1  # keep the closing brace with the left chunk
-        bounds.append((pos, cut))
-        pos = match.end() - 1  # the next chunk starts at the opening brace
-    bounds.append((pos, end))
-    return bounds
-
-
-def _decode_events(buf: bytes, start: int, end: int) -> _Collector:
-    decoder = msgspec.json.Decoder(list[_Event])
-    chunks = _iter_chunks(buf, start, end)
-    sink = _Collector()
-    if len(chunks) > 1:
+        rest = tail[pos + 1 :].strip()
+        if rest != b"}" and not (rest.startswith(b",") and _valid_json(b'{"_":0' + rest)):
+            continue
+        body = tail[:pos].strip()
         try:
-            for lo, hi in chunks:
-                sink.take(decoder.decode(b"[" + buf[lo:hi] + b"]"))
-            return sink
+            return (decoder.decode(b"[" + body + b"]") if body else []), tail[pos + 1 :]
         except msgspec.DecodeError:
-            sink = _Collector()  # a boundary fell inside a string or nested array: decode it whole
-    sink.take(decoder.decode(b"[" + buf[start:end] + b"]"))
-    return sink
+            continue
+    raise _NotStreamable("end of traceEvents not found")
+
+
+def _valid_json(data: bytes) -> bool:
+    try:
+        msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return False
+    return True
+
+
+class _Readable(Protocol):
+    def read(self, n: int, /) -> bytes: ...
+
+
+def _stream_events(source: _Readable, sink: _Collector) -> bytes:
+    """Decode the events of an object-form trace block by block; returns the header without events.
+
+    Only one block (``_CHUNK_BYTES``) and its decoded events are in memory at a time.
+    """
+    decoder = msgspec.json.Decoder(list[_Event])
+    pending = source.read(_CHUNK_BYTES)
+    key = _EVENTS_KEY.search(pending)
+    if key is None:
+        raise _NotStreamable("traceEvents not near the start")
+    head, pending = pending[: key.start()], pending[key.end() :]
+    while True:
+        block = source.read(_CHUNK_BYTES)
+        if not block:
+            break
+        pending += block
+        cut = _last_boundary(pending)
+        if cut is None:
+            continue
+        left_end, right_start = cut
+        sink.take(decoder.decode(b"[" + pending[:left_end] + b"]"))
+        pending = pending[right_start:]
+    events, rest = _last_events(pending, decoder)
+    sink.take(events)
+    return head + b'"traceEvents":[]' + rest
 
 
 def read_trace(path: str | Path) -> TraceData:
@@ -339,8 +388,116 @@ def read_trace(path: str | Path) -> TraceData:
             gc.enable()
 
 
+def _array_bounds(buf: bytes, raw: msgspec.Raw) -> tuple[int, int]:
+    """Byte range of the elements inside the ``traceEvents`` array whose Raw slice is ``raw``."""
+    view = memoryview(raw)
+    if bytes(view[:1]) != b"[":
+        raise ValueError("traceEvents is not an array")
+    size, probe = len(view), bytes(view[:64])
+    for match in _EVENTS_KEY.finditer(buf):
+        start = match.end() - 1
+        if buf[start : start + len(probe)] == probe and buf[start + size - 1 : start + size] == b"]":
+            return start + 1, start + size - 1
+    raise ValueError("traceEvents array not found")
+
+
+def _iter_chunks(buf: bytes, start: int, end: int) -> list[tuple[int, int]]:
+    bounds: list[tuple[int, int]] = []
+    pos = start
+    while end - pos > _CHUNK_BYTES:
+        match = _EVENT_BOUNDARY.search(buf, pos + _CHUNK_BYTES, end)
+        if match is None:
+            break
+        bounds.append((pos, match.start() + 1))  # the closing brace stays with the left chunk
+        pos = match.end() - 1  # the next chunk starts at the opening brace
+    bounds.append((pos, end))
+    return bounds
+
+
+def _decode_events(buf: bytes, start: int, end: int) -> _Collector:
+    """Events of ``buf[start:end]`` (the inside of the events array), decoded chunk by chunk."""
+    decoder = msgspec.json.Decoder(list[_Event])
+    chunks = _iter_chunks(buf, start, end)
+    sink = _Collector()
+    if len(chunks) > 1:
+        try:
+            for lo, hi in chunks:
+                sink.take(decoder.decode(b"[" + buf[lo:hi] + b"]"))
+            return sink
+        except msgspec.DecodeError:
+            sink = _Collector()  # a boundary fell inside a string or nested array: decode it whole
+    sink.take(decoder.decode(b"[" + buf[start:end] + b"]"))
+    return sink
+
+
+_STREAM_GZ_BYTES = 16 << 20  # compressed traces above this are decompressed as a stream
+
+
+def _gzip_declared_size(path: Path, size: int) -> int:
+    with path.open("rb") as handle:
+        if handle.read(2) != b"\x1f\x8b":
+            return -1
+        handle.seek(max(size - 4, 0))
+        return int.from_bytes(handle.read(4), "little")
+
+
+def _stream_source(path: Path, size: int) -> BinaryIO | None:
+    """An open byte stream when the trace is big enough to decode block by block, else None."""
+    declared = _gzip_declared_size(path, size) if path.is_file() else -1
+    if declared < 0:
+        return path.open("rb") if size > 2 * _CHUNK_BYTES else None
+    if size > _STREAM_GZ_BYTES or declared > 4 * _CHUNK_BYTES:
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return None
+
+
+def _read_streamed(path: Path, size: int) -> tuple[_Collector, _Header | _WholeTrace] | None:
+    """Sink and header of a big object-form trace read block by block; None when it cannot be."""
+    try:
+        source = _stream_source(path, size)
+    except OSError:
+        return None  # the whole-buffer path names the problem
+    if source is None:
+        return None
+    sink = _Collector()
+    try:
+        with source:
+            first = source.read(1)
+            while first and first in _WHITESPACE:
+                first = source.read(1)
+            if first != b"{":
+                return None
+            rest = _stream_events(_Prefixed(first, source), sink)
+        header = msgspec.json.decode(rest, type=_Header)
+    except (_NotStreamable, msgspec.DecodeError, ValueError):
+        return None  # an odd layout or a damaged file: the whole-buffer path decides, and explains
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        problem = "truncated gzip" if isinstance(exc, EOFError) else f"corrupt gzip ({exc})"
+        raise InputError(str(path), problem) from None
+    return sink, header
+
+
+class _Prefixed:
+    """A byte stream with a few bytes already read put back in front."""
+
+    def __init__(self, prefix: bytes, source: BinaryIO) -> None:
+        self._prefix, self._source = prefix, source
+
+    def read(self, n: int) -> bytes:
+        if self._prefix:
+            out, self._prefix = self._prefix + self._source.read(max(n - len(self._prefix), 0)), b""
+            return out
+        return self._source.read(n)
+
+
 def _read(path: Path) -> TraceData:
     size = path.stat().st_size if path.is_file() else 0
+    streamed = _read_streamed(path, size)
+    sink, header = streamed if streamed is not None else _read_whole(path)
+    return _trace_data(path, size, sink, header)
+
+
+def _read_whole(path: Path) -> tuple[_Collector, _Header | _WholeTrace]:
     buf = _load_bytes(path)
     header: _Header | _WholeTrace = _Header()
     try:
@@ -372,6 +529,10 @@ def _read(path: Path) -> TraceData:
         raise _decode_error(path, exc) from None
     except (ValueError, OverflowError) as exc:  # OverflowError: an id beyond int64
         raise InputError(str(path), f"not a profiler trace ({exc})") from None
+    return sink, header
+
+
+def _trace_data(path: Path, size: int, sink: _Collector, header: _Header | _WholeTrace) -> TraceData:
     if sink.count == 0:
         raise InputError(str(path), "empty trace (traceEvents holds no events)")
     metadata = {k: v for k, v in (("vllm_version", header.vllm_version), ("host_name", header.host_name)) if v}

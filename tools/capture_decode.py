@@ -1,0 +1,494 @@
+"""Capture prefill + decode steps of a random-weight model under torch.profiler, annotated as vLLM does.
+
+Needs only torch and transformers. A Llama-like dense model (``--model dense``) or a Qwen3-MoE-like one
+(``--model moe``) is built from a config with random bfloat16 weights, with a transformers
+``StaticCache`` as its KV cache. One profiled round is a prefill of ``--batch`` requests of
+``--input-tokens`` random tokens, then ``--decode-steps`` decode steps with greedy sampling (argmax kept
+on the device, one synchronize at the end). Each step's host work is wrapped in
+``record_function`` with vLLM's step name (``execute_context_B(B*M)_generation_0(0)`` for the prefill,
+``execute_context_0(0)_generation_B(B)`` per decode step), so servescope gives each step its phase.
+``--cuda-graphs`` captures the decode forward once in a ``torch.cuda.CUDAGraph`` and replays it each
+step; without it every step runs eagerly. Both use the same static cache and the same explicit 4-D
+boolean attention mask, so the two modes launch the same kernels.
+
+Per capture, in ``--out``::
+
+    {model}_b{B}[_graphs]_rank0.pt.trace.json.gz   the trace (export_chrome_trace, gzipped)
+    {model}_b{B}[_graphs]_rank0.truth.json         the profiler's own per-kernel totals
+
+The truth file is read from the live profiler (``kineto_results.events()``), not from the JSON: device
+events (kernels, memcpy, memset) by name, with count and total µs; on a CPU-only run (no device
+events) CPU operators by self time instead, marked ``"work": "cpu_op"``. It also holds the decode step
+wall time (median over a separate, unprofiled round timed with CUDA events). ``--all`` runs the grid
+dense, moe x batch 1, 16, 64 (and graph versions too with ``--cuda-graphs``)::
+
+    python3 tools/capture_decode.py --all --cuda-graphs --out /tmp/captures
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gzip
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+MODELS = ("dense", "moe")
+GRID_BATCHES = (1, 16, 64)
+TRACE_SUFFIX = ".pt.trace.json.gz"
+TRUTH_SUFFIX = ".truth.json"
+DEVICE_KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
+DEFAULTS: dict[str, dict[str, int]] = {
+    "dense": {"layers": 8, "hidden": 2048, "intermediate": 5632, "heads": 16, "kv_heads": 8, "vocab": 32000},
+    "moe": {"layers": 8, "hidden": 2048, "heads": 16, "kv_heads": 4, "vocab": 32000, "experts": 64,
+            "top_k": 8, "moe_intermediate": 768},
+}
+
+
+class UsageError(Exception):
+    """A bad combination of options; printed as one line."""
+
+
+# ------------------------------------------------------------------------------------ pure helpers
+
+
+def step_name(prefill_requests: int, prefill_tokens: int, decode_requests: int, decode_tokens: int) -> str:
+    """vLLM's per-step annotation, ``execute_context_X(Y)_generation_Z(W)``."""
+    return f"execute_context_{prefill_requests}({prefill_tokens})_generation_{decode_requests}({decode_tokens})"
+
+
+def prefill_step_name(batch: int, input_tokens: int) -> str:
+    """Name of a prefill step of ``batch`` requests of ``input_tokens`` tokens each."""
+    return step_name(batch, batch * input_tokens, 0, 0)
+
+
+def decode_step_name(batch: int) -> str:
+    """Name of a decode step of ``batch`` requests, one token each."""
+    return step_name(0, 0, batch, batch)
+
+
+def capture_stem(model: str, batch: int, graphs: bool) -> str:
+    """File stem of one capture: ``{model}_b{B}[_graphs]_rank0`` (rank0 so servescope takes it as rank 0)."""
+    return f"{model}_b{batch}{'_graphs' if graphs else ''}_rank0"
+
+
+def device_kind(activity: str | None, name: str) -> str:
+    """``kernel``, ``gpu_memcpy`` or ``gpu_memset``: from the Kineto activity type, else from the name."""
+    if activity in DEVICE_KINDS:
+        return activity
+    if name.startswith("Memcpy"):
+        return "gpu_memcpy"
+    if name.startswith("Memset"):
+        return "gpu_memset"
+    return "kernel"
+
+
+def totals_by_name(rows: Iterable[tuple[str, str, float]]) -> dict[str, dict[str, Any]]:
+    """``{name: {"kind", "count", "total_us"}}`` of (name, kind, µs) rows, the largest total first."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, kind, dur_us in rows:
+        entry = out.setdefault(name, {"kind": kind, "count": 0, "total_us": 0.0})
+        entry["count"] += 1
+        entry["total_us"] += dur_us
+    for entry in out.values():
+        entry["total_us"] = round(entry["total_us"], 3)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["total_us"]))
+
+
+def cpu_self_times(ops: Sequence[tuple[str, int, float, float]]) -> list[tuple[str, float]]:
+    """(name, self µs) of CPU ops given as (name, thread, start µs, duration µs).
+
+    Self time is an op's duration less that of the ops nested directly inside it on the same thread
+    (the rule servescope applies to traces without device events).
+    """
+    self_us = [dur for _, _, _, dur in ops]
+    by_thread: dict[int, list[int]] = defaultdict(list)
+    for i, (_, tid, _, _) in enumerate(ops):
+        by_thread[tid].append(i)
+    for rows in by_thread.values():
+        rows.sort(key=lambda r: (ops[r][2], -ops[r][3]))
+        stack: list[int] = []
+        for row in rows:
+            start = ops[row][2]
+            while stack and ops[stack[-1]][2] + ops[stack[-1]][3] <= start:
+                stack.pop()
+            if stack:
+                self_us[stack[-1]] -= ops[row][3]
+            stack.append(row)
+    return [(op[0], max(s, 0.0)) for op, s in zip(ops, self_us, strict=True)]
+
+
+def build_truth(*, work: str, kernels: dict[str, dict[str, Any]], batch: int, input_tokens: int,
+                decode_steps: int, cuda_graphs: bool, model: dict[str, Any], wall_ms: list[float],
+                **extra: Any) -> dict[str, Any]:
+    """The truth document of one capture (kernels from the live profiler, steps, setup, timings)."""
+    return {
+        "work": work,
+        "kernels": kernels,
+        "device_total_us": round(sum(k["total_us"] for k in kernels.values()), 3),
+        "event_count": sum(k["count"] for k in kernels.values()),
+        "steps": {"prefill": 1, "decode": decode_steps},
+        "step_names": {"prefill": prefill_step_name(batch, input_tokens), "decode": decode_step_name(batch)},
+        "batch": batch,
+        "input_tokens": input_tokens,
+        "cuda_graphs": cuda_graphs,
+        "wall_ms_per_decode_step": round(statistics.median(wall_ms), 4) if wall_ms else None,
+        "wall_ms_decode_steps": [round(x, 4) for x in wall_ms],
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        **extra,
+        "model": model,
+    }
+
+
+def write_truth(path: Path, truth: dict[str, Any]) -> None:
+    """Write a truth document as indented JSON (values JSON cannot hold are written as strings)."""
+    path.write_text(json.dumps(truth, indent=1, default=str) + "\n", encoding="utf-8")
+
+
+def gzip_file(src: Path, dst: Path) -> int:
+    """Gzip ``src`` into ``dst``; returns the compressed size in bytes."""
+    with open(src, "rb") as fin, gzip.open(dst, "wb", compresslevel=6) as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)
+    return dst.stat().st_size
+
+
+# ------------------------------------------------------------------------------ torch + transformers
+
+
+@dataclass(frozen=True)
+class Options:
+    """One capture's settings."""
+
+    model: str
+    batch: int
+    input_tokens: int
+    decode_steps: int
+    device: str
+    cuda_graphs: bool
+    warmup: int
+    out: Path
+    sizes: dict[str, int]
+    experts_impl: str
+    seed: int
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's and torch's generators (all devices)."""
+    import torch
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def build_config(model: str, sizes: dict[str, int], max_len: int, experts_impl: str) -> Any:
+    """A LlamaConfig (dense) or Qwen3MoeConfig (moe) of the given sizes, sdpa attention, bfloat16."""
+    import transformers
+
+    common = dict(hidden_size=sizes["hidden"], num_hidden_layers=sizes["layers"],
+                  num_attention_heads=sizes["heads"], num_key_value_heads=sizes["kv_heads"],
+                  vocab_size=sizes["vocab"], max_position_embeddings=max(4096, max_len),
+                  tie_word_embeddings=False, attn_implementation="sdpa")
+    if model == "dense":
+        return transformers.LlamaConfig(intermediate_size=sizes["intermediate"], **common)
+    return transformers.Qwen3MoeConfig(num_experts=sizes["experts"], num_experts_per_tok=sizes["top_k"],
+                                       moe_intermediate_size=sizes["moe_intermediate"],
+                                       intermediate_size=4 * sizes["moe_intermediate"],
+                                       experts_implementation=experts_impl, **common)
+
+
+def build_model(opts: Options, max_len: int) -> Any:
+    """The random-weight model on the device, in eval mode (weights initialised on the device itself)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    seed_everything(opts.seed)
+    config = build_config(opts.model, opts.sizes, max_len, opts.experts_impl)
+    with torch.device(opts.device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model = model.to(opts.device).eval()
+    if opts.model == "moe" and hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation(opts.experts_impl)
+    return model
+
+
+class Session:
+    """One batch on one model: static KV cache, static decode buffers, and (optionally) the decode graph."""
+
+    def __init__(self, model: Any, opts: Options) -> None:
+        import torch
+        from transformers import StaticCache
+
+        self.torch, self.model, self.opts = torch, model, opts
+        b, m, dev = opts.batch, opts.input_tokens, opts.device
+        self.max_len = m + opts.decode_steps
+        self.cache = StaticCache(config=model.config, max_cache_len=self.max_len)
+        gen = torch.Generator().manual_seed(opts.seed)
+        self.prompt = torch.randint(0, model.config.vocab_size, (b, m), generator=gen).to(dev)
+        kv = torch.arange(self.max_len, device=dev)
+        causal = kv[None, :] <= torch.arange(m, device=dev)[:, None]  # [M, max_len]
+        self.prefill_mask = causal[None, None].expand(b, 1, m, self.max_len).contiguous()
+        self.prefill_pos = torch.arange(m, device=dev)[None].expand(b, m).contiguous()
+        self.mask = torch.zeros(b, 1, 1, self.max_len, dtype=torch.bool, device=dev)
+        self.pos = torch.zeros(b, 1, dtype=torch.long, device=dev)
+        self.ids = torch.zeros(b, 1, dtype=torch.long, device=dev)
+        self.graph: Any = None
+        self.graph_logits: Any = None
+
+    def prefill(self) -> None:
+        """Reset the cache in place, run the prompt, sample the first token, set up the decode mask."""
+        self.cache.reset()
+        out = self.model(input_ids=self.prompt, attention_mask=self.prefill_mask, position_ids=self.prefill_pos,
+                         past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        self.ids.copy_(out.logits[:, -1].argmax(-1, keepdim=True))
+        self.mask.zero_()
+        self.mask[..., : self.opts.input_tokens] = True
+
+    def _forward(self) -> Any:
+        return self.model(input_ids=self.ids, attention_mask=self.mask, position_ids=self.pos,
+                          past_key_values=self.cache, use_cache=True).logits
+
+    def decode(self, k: int) -> None:
+        """Decode step ``k``: its position into the mask and position ids, forward (or replay), argmax."""
+        p = self.opts.input_tokens + k
+        self.mask[..., p] = True
+        self.pos.fill_(p)
+        if self.graph is not None:
+            self.graph.replay()
+            logits = self.graph_logits
+        else:
+            logits = self._forward()
+        self.ids.copy_(logits[:, -1].argmax(-1, keepdim=True))
+
+    def capture_graph(self) -> None:
+        """Warm the decode forward up on a side stream, then capture it once into a CUDA graph."""
+        torch = self.torch
+        self.prefill()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for k in range(2):
+                self.decode(k)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.graph_logits = self._forward()
+        self.graph = graph
+        torch.cuda.synchronize()
+
+    def run_round(self, annotate: bool = False) -> None:
+        """A prefill then every decode step, each in its vLLM step annotation when ``annotate``."""
+        from torch.profiler import record_function
+
+        b, m = self.opts.batch, self.opts.input_tokens
+        if annotate:
+            with record_function(prefill_step_name(b, m)):
+                self.prefill()
+            name = decode_step_name(b)
+            for k in range(self.opts.decode_steps):
+                with record_function(name):
+                    self.decode(k)
+        else:
+            self.prefill()
+            for k in range(self.opts.decode_steps):
+                self.decode(k)
+
+    def timed_round(self) -> tuple[list[float], float]:
+        """Decode step times (ms, CUDA events or perf_counter on CPU) and the prefill's, of one round."""
+        torch, cuda = self.torch, self.opts.device.startswith("cuda")
+        steps = self.opts.decode_steps
+        if not cuda:
+            t0 = time.perf_counter()
+            self.prefill()
+            marks = [time.perf_counter()]
+            for k in range(steps):
+                self.decode(k)
+                marks.append(time.perf_counter())
+            return [1e3 * (b - a) for a, b in zip(marks, marks[1:], strict=False)], 1e3 * (marks[0] - t0)
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 2)]
+        events[0].record()
+        self.prefill()
+        events[1].record()
+        for k in range(steps):
+            self.decode(k)
+            events[k + 2].record()
+        torch.cuda.synchronize()
+        ms = [events[i].elapsed_time(events[i + 1]) for i in range(1, steps + 1)]
+        return ms, events[0].elapsed_time(events[1])
+
+
+def live_work(prof: Any) -> tuple[str, dict[str, dict[str, Any]]]:
+    """The live profiler's device events by name, or its CPU ops by self time when it has no device events."""
+    import torch
+
+    events = prof.profiler.kineto_results.events()
+    device_rows: list[tuple[str, str, float]] = []
+    cpu_ops: list[tuple[str, int, float, float]] = []
+    for ev in events:
+        activity = ev.activity_type() if hasattr(ev, "activity_type") else None
+        activity = activity if isinstance(activity, str) else None
+        if ev.device_type() == torch.autograd.DeviceType.CUDA:
+            if ev.is_user_annotation() or activity not in (None, *DEVICE_KINDS):
+                continue  # gpu_user_annotation ranges, syncs: not work
+            device_rows.append((ev.name(), device_kind(activity, ev.name()), ev.duration_ns() / 1e3))
+        elif activity == "cpu_op" or (activity is None and not ev.is_user_annotation()):
+            cpu_ops.append((ev.name(), ev.start_thread_id(), ev.start_ns() / 1e3, ev.duration_ns() / 1e3))
+    if device_rows:
+        return "device", totals_by_name(device_rows)
+    return "cpu_op", totals_by_name((n, "cpu_op", s) for n, s in cpu_self_times(cpu_ops))
+
+
+def capture(model: Any, opts: Options) -> dict[str, Any]:
+    """Warm up, profile one annotated round, time one more; write the trace and truth files."""
+    import torch
+    import transformers
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = opts.device.startswith("cuda")
+    seed_everything(opts.seed)
+    session = Session(model, opts)
+    if opts.cuda_graphs:
+        session.capture_graph()
+    for _ in range(opts.warmup):
+        session.run_round()
+    if cuda:
+        torch.cuda.synchronize()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities, record_shapes=False, with_stack=False) as prof:
+        session.run_round(annotate=True)
+        if cuda:
+            torch.cuda.synchronize()
+    work, kernels = live_work(prof)
+    stem = capture_stem(opts.model, opts.batch, opts.cuda_graphs)
+    trace_path = opts.out / f"{stem}{TRACE_SUFFIX}"
+    with tempfile.TemporaryDirectory(dir=opts.out) as tmp:
+        raw = Path(tmp) / f"{stem}.pt.trace.json"
+        prof.export_chrome_trace(str(raw))
+        raw_bytes = raw.stat().st_size
+        gz_bytes = gzip_file(raw, trace_path)
+    wall_ms, prefill_ms = session.timed_round()
+    config = model.config.to_dict()
+    truth = build_truth(
+        work=work, kernels=kernels, batch=opts.batch, input_tokens=opts.input_tokens,
+        decode_steps=opts.decode_steps, cuda_graphs=opts.cuda_graphs, model=config, wall_ms=wall_ms,
+        wall_ms_prefill=round(prefill_ms, 4), model_kind=opts.model,
+        architecture=type(model).__name__,
+        experts_implementation=getattr(model.config, "_experts_implementation", None) if opts.model == "moe" else None,
+        attn_implementation=getattr(model.config, "_attn_implementation", None),
+        device=torch.cuda.get_device_name(opts.device) if cuda else (platform.processor() or "cpu"),
+        torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version(),
+        warmup_rounds=opts.warmup, seed=opts.seed, trace_file=trace_path.name,
+        trace_bytes_gz=gz_bytes, trace_bytes_json=raw_bytes,
+    )
+    truth_path = opts.out / f"{stem}{TRUTH_SUFFIX}"
+    write_truth(truth_path, truth)
+    del session
+    if cuda:
+        torch.cuda.empty_cache()
+    return truth
+
+
+def summary_line(truth: dict[str, Any]) -> str:
+    """One line per capture: what, trace size, device events, decode step time."""
+    mode = "graphs" if truth["cuda_graphs"] else "eager"
+    return (f"{truth['model_kind']:5s} b{truth['batch']:<3d} {mode:6s} trace {truth['trace_bytes_gz'] / 1e6:6.2f} MB gz "
+            f"({truth['trace_bytes_json'] / 1e6:5.1f} MB json)  {truth['event_count']:6d} {truth['work']} events  "
+            f"decode {truth['wall_ms_per_decode_step']:.3f} ms/step  prefill {truth['wall_ms_prefill']:.2f} ms  "
+            f"-> {truth['trace_file']}")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Command-line options."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=MODELS, default="dense")
+    p.add_argument("--batch", type=int, default=1, help="requests per step (default 1)")
+    p.add_argument("--input-tokens", type=int, default=128, help="prompt tokens per request (default 128)")
+    p.add_argument("--decode-steps", type=int, default=16, help="decode steps profiled (default 16)")
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--cuda-graphs", action="store_true", help="replay the decode forward from a CUDA graph")
+    p.add_argument("--warmup", type=int, default=2, help="unprofiled prefill+decode rounds first (default 2)")
+    p.add_argument("--all", action="store_true",
+                   help="grid: dense, moe x batch 1, 16, 64, eager (+ graphs with --cuda-graphs)")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--experts-impl", default="grouped_mm", choices=("grouped_mm", "batched_mm", "eager"),
+                   help="transformers experts implementation of the moe model (default grouped_mm)")
+    p.add_argument("--seed", type=int, default=0)
+    for key in ("layers", "hidden", "intermediate", "heads", "kv_heads", "vocab", "experts", "top_k",
+                "moe_intermediate"):
+        shown = ", ".join(f"{m} {DEFAULTS[m][key]}" for m in MODELS if key in DEFAULTS[m])
+        p.add_argument(f"--{key.replace('_', '-')}", type=int, default=None, help=f"default: {shown}")
+    return p.parse_args(argv)
+
+
+def plan(args: argparse.Namespace, device: str) -> list[Options]:
+    """Every capture the arguments ask for, in order."""
+    for key in ("batch", "input_tokens", "decode_steps"):
+        if getattr(args, key) < 1:
+            raise UsageError(f"--{key.replace('_', '-')} must be at least 1")
+    if args.warmup < 0:
+        raise UsageError("--warmup must be at least 0")
+    if args.cuda_graphs and not device.startswith("cuda"):
+        raise UsageError(f"--cuda-graphs needs a CUDA device (this run's device is {device})")
+    models = MODELS if args.all else (args.model,)
+    if args.cuda_graphs and args.experts_impl == "eager" and "moe" in models:
+        raise UsageError("--experts-impl eager syncs on the host (nonzero, per-expert loop): no CUDA graph")
+    out: list[Options] = []
+    for model in models:
+        sizes = {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in DEFAULTS[model].items()}
+        base = Options(model=model, batch=args.batch, input_tokens=args.input_tokens,
+                       decode_steps=args.decode_steps, device=device, cuda_graphs=False, warmup=args.warmup,
+                       out=args.out, sizes=sizes, experts_impl=args.experts_impl, seed=args.seed)
+        batches = GRID_BATCHES if args.all else (args.batch,)
+        modes = ((False, True) if args.cuda_graphs else (False,)) if args.all else (args.cuda_graphs,)
+        out.extend(replace(base, batch=b, cuda_graphs=g) for b in batches for g in modes)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the captures asked for; one summary line per capture on stdout."""
+    args = parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("capture_decode: error: needs torch and transformers in this interpreter", file=sys.stderr)
+        return 2
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        captures = plan(args, device)
+    except UsageError as exc:
+        print(f"capture_decode: error: {exc}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    t0 = time.perf_counter()
+    built: tuple[str, Any] | None = None
+    with torch.inference_mode():
+        for opts in captures:
+            if built is None or built[0] != opts.model:
+                built = None
+                if device.startswith("cuda"):
+                    torch.cuda.empty_cache()
+                built = (opts.model, build_model(opts, opts.input_tokens + opts.decode_steps))
+            truth = capture(built[1], opts)
+            print(summary_line(truth), flush=True)
+    print(f"{len(captures)} capture(s) in {time.perf_counter() - t0:.1f} s -> {args.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
