@@ -405,7 +405,8 @@ def capture(model: Any, opts: Options) -> dict[str, Any]:
 def summary_line(truth: dict[str, Any]) -> str:
     """One line per capture: what, trace size, device events, decode step time."""
     mode = "graphs" if truth["cuda_graphs"] else "eager"
-    return (f"{truth['model_kind']:5s} b{truth['batch']:<3d} {mode:6s} trace {truth['trace_bytes_gz'] / 1e6:6.2f} MB gz "
+    return (f"{truth['model_kind']:5s} b{truth['batch']:<3d} {mode:6s} "
+            f"trace {truth['trace_bytes_gz'] / 1e6:6.2f} MB gz "
             f"({truth['trace_bytes_json'] / 1e6:5.1f} MB json)  {truth['event_count']:6d} {truth['work']} events  "
             f"decode {truth['wall_ms_per_decode_step']:.3f} ms/step  prefill {truth['wall_ms_prefill']:.2f} ms  "
             f"-> {truth['trace_file']}")
@@ -477,6 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     t0 = time.perf_counter()
     built: tuple[str, Any] | None = None
+    failed: list[str] = []
     with torch.inference_mode():
         for opts in captures:
             if built is None or built[0] != opts.model:
@@ -484,10 +486,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if device.startswith("cuda"):
                     torch.cuda.empty_cache()
                 built = (opts.model, build_model(opts, opts.input_tokens + opts.decode_steps))
-            truth = capture(built[1], opts)
-            print(summary_line(truth), flush=True)
-    print(f"{len(captures)} capture(s) in {time.perf_counter() - t0:.1f} s -> {args.out}", flush=True)
-    return 0
+            stem = capture_stem(opts.model, opts.batch, opts.cuda_graphs)
+            try:
+                print(summary_line(capture(built[1], opts)), flush=True)
+            except Exception as exc:  # one failed capture must not lose the rest of the grid
+                if not args.all:
+                    raise
+                failed.append(stem)
+                print(f"{stem}: FAILED {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                      flush=True)
+    done = len(captures) - len(failed)
+    print(f"{done}/{len(captures)} capture(s) in {time.perf_counter() - t0:.1f} s -> {args.out}"
+          + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -107,7 +107,8 @@ def test_collective_message_bytes_from_kineto_args() -> None:
                                   "vllm-cpu/tp2_b4_16tok_rank1.pt.trace.json.gz",
                                   "tracelens/vllm_decode_full_graph_replay.json.gz"])
 @pytest.mark.parametrize("compressed", [True, False])
-def test_streamed_reading_equals_whole(name: str, compressed: bool, tmp_path: Path,
+@pytest.mark.parametrize("inflate_as_stream", [True, False])
+def test_streamed_reading_equals_whole(name: str, compressed: bool, inflate_as_stream: bool, tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Big traces are decoded block by block from the file; tiny blocks must not change a number."""
     import servescope.trace.reader as reader
@@ -118,7 +119,8 @@ def test_streamed_reading_equals_whole(name: str, compressed: bool, tmp_path: Pa
         path.write_bytes(gzip.decompress(source.read_bytes()))
     whole = read_trace(path)
     monkeypatch.setattr(reader, "_CHUNK_BYTES", 32 << 10)
-    monkeypatch.setattr(reader, "_STREAM_GZ_BYTES", 0)
+    monkeypatch.setattr(reader, "_WHOLE_LIMIT", 64 << 10)
+    monkeypatch.setattr(reader, "_STREAM_GZ_BYTES", 0 if inflate_as_stream else 1 << 40)
     assert reader._read_streamed(path, path.stat().st_size) is not None  # the streaming path was taken
     streamed = read_trace(path)
     assert streamed.event_count == whole.event_count == len(load_events(source))
@@ -138,6 +140,7 @@ def test_streaming_a_truncated_gzip_names_it(tmp_path: Path, monkeypatch: pytest
     path = tmp_path / "cut.json.gz"
     path.write_bytes(raw[: len(raw) // 2])
     monkeypatch.setattr(reader, "_CHUNK_BYTES", 32 << 10)
+    monkeypatch.setattr(reader, "_WHOLE_LIMIT", 64 << 10)
     monkeypatch.setattr(reader, "_STREAM_GZ_BYTES", 0)
     with pytest.raises(InputError, match="truncated gzip"):
         read_trace(path)

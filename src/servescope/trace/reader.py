@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import gzip
+import io
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -47,7 +48,7 @@ KIND_NAMES = ("kernel", "gpu_memcpy", "gpu_memset", "cpu_op")
 _DEVICE_KINDS = {"kernel": KIND_KERNEL, "gpu_memcpy": KIND_MEMCPY, "gpu_memset": KIND_MEMSET}
 _RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver", "runtime"})
 _ANNOTATION_CATS = frozenset({"user_annotation", "gpu_user_annotation"})
-_CHUNK_BYTES = 48 << 20
+_CHUNK_BYTES = 8 << 20  # one block of events in memory at a time when streaming
 # Boundary between two events of the traceEvents array. A split that lands inside a string or a nested
 # array makes a chunk fail to decode, and then the whole array is decoded at once instead.
 _EVENT_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
@@ -430,7 +431,10 @@ def _decode_events(buf: bytes, start: int, end: int) -> _Collector:
     return sink
 
 
-_STREAM_GZ_BYTES = 16 << 20  # compressed traces above this are decompressed as a stream
+_STREAM_GZ_BYTES = 64 << 20  # compressed traces above this are decompressed as a stream
+# Below this many bytes of JSON, one decode of the whole file is fastest and its objects are few;
+# above it, events are decoded a block at a time so memory stays flat.
+_WHOLE_LIMIT = 128 << 20
 
 
 def _gzip_declared_size(path: Path, size: int) -> int:
@@ -445,9 +449,13 @@ def _stream_source(path: Path, size: int) -> BinaryIO | None:
     """An open byte stream when the trace is big enough to decode block by block, else None."""
     declared = _gzip_declared_size(path, size) if path.is_file() else -1
     if declared < 0:
-        return path.open("rb") if size > 2 * _CHUNK_BYTES else None
-    if size > _STREAM_GZ_BYTES or declared > 4 * _CHUNK_BYTES:
+        return path.open("rb") if size > _WHOLE_LIMIT else None
+    if size > _STREAM_GZ_BYTES or declared > 8 * _WHOLE_LIMIT:
         return gzip.open(path, "rb")  # type: ignore[return-value]
+    if declared > _WHOLE_LIMIT:
+        # Small enough to inflate at once with libdeflate (fast), big enough that its events are
+        # better decoded a block at a time than all at once.
+        return io.BytesIO(_load_bytes(path))
     return None
 
 
