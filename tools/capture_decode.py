@@ -1,26 +1,20 @@
 """Capture prefill + decode steps of a random-weight model under torch.profiler, annotated as vLLM does.
 
-Needs only torch and transformers. A Llama-like dense model (``--model dense``) or a Qwen3-MoE-like one
-(``--model moe``) is built from a config with random bfloat16 weights, with a transformers
-``StaticCache`` as its KV cache. One profiled round is a prefill of ``--batch`` requests of
-``--input-tokens`` random tokens, then ``--decode-steps`` decode steps with greedy sampling (argmax kept
-on the device, one synchronize at the end). Each step's host work is wrapped in
-``record_function`` with vLLM's step name (``execute_context_B(B*M)_generation_0(0)`` for the prefill,
-``execute_context_0(0)_generation_B(B)`` per decode step), so servescope gives each step its phase.
-``--cuda-graphs`` captures the decode forward once in a ``torch.cuda.CUDAGraph`` and replays it each
-step; without it every step runs eagerly. Both use the same static cache and the same explicit 4-D
-boolean attention mask, so the two modes launch the same kernels.
+Needs only torch and transformers. ``--model dense`` is a Llama-like ``LlamaConfig``, ``--model moe`` a
+Qwen3-MoE-like ``Qwen3MoeConfig`` (transformers' fused experts, ``grouped_mm`` by default), built with
+random bfloat16 weights and a transformers ``StaticCache``. One round is a prefill of ``--batch``
+requests of ``--input-tokens`` random tokens, then ``--decode-steps`` decode steps, greedy (argmax kept
+on the device; one synchronize at the end). Each step's host work runs inside ``record_function`` with
+vLLM's step name: ``execute_context_B(B*M)_generation_0(0)`` for the prefill and
+``execute_context_0(0)_generation_B(B)`` per decode step. ``--cuda-graphs`` captures the decode forward
+once in a ``torch.cuda.CUDAGraph`` and replays it every step; both modes use the same static cache and
+explicit 4-D boolean attention masks, so they launch the same kernels.
 
-Per capture, in ``--out``::
-
-    {model}_b{B}[_graphs]_rank0.pt.trace.json.gz   the trace (export_chrome_trace, gzipped)
-    {model}_b{B}[_graphs]_rank0.truth.json         the profiler's own per-kernel totals
-
-The truth file is read from the live profiler (``kineto_results.events()``), not from the JSON: device
-events (kernels, memcpy, memset) by name, with count and total µs; on a CPU-only run (no device
-events) CPU operators by self time instead, marked ``"work": "cpu_op"``. It also holds the decode step
-wall time (median over a separate, unprofiled round timed with CUDA events). ``--all`` runs the grid
-dense, moe x batch 1, 16, 64 (and graph versions too with ``--cuda-graphs``)::
+Per capture, in ``--out``: ``{model}_b{B}[_graphs]_rank0.pt.trace.json.gz`` (``export_chrome_trace``,
+gzipped) and ``{same stem}.truth.json``: the live profiler's own totals (``kineto_results.events()``,
+not the JSON) of device events (kernels, memcpy, memset) by name; on a CPU-only run, of CPU ops by self
+time (``"work": "cpu_op"``); plus the decode step wall time, median of an unprofiled round timed with
+CUDA events. ``--all`` runs dense, moe x batch 1, 16, 64 (graph versions too with ``--cuda-graphs``)::
 
     python3 tools/capture_decode.py --all --cuda-graphs --out /tmp/captures
 """
@@ -28,10 +22,10 @@ dense, moe x batch 1, 16, 64 (and graph versions too with ``--cuda-graphs``)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import gzip
 import json
-import os
 import platform
 import random
 import shutil
@@ -39,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -50,9 +45,9 @@ GRID_BATCHES = (1, 16, 64)
 TRACE_SUFFIX = ".pt.trace.json.gz"
 TRUTH_SUFFIX = ".truth.json"
 DEVICE_KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
-DEFAULTS: dict[str, dict[str, int]] = {
+DEFAULTS: dict[str, dict[str, int]] = {  # moe has 4 layers so an eager trace stays under ~1.5 MB gz
     "dense": {"layers": 8, "hidden": 2048, "intermediate": 5632, "heads": 16, "kv_heads": 8, "vocab": 32000},
-    "moe": {"layers": 8, "hidden": 2048, "heads": 16, "kv_heads": 4, "vocab": 32000, "experts": 64,
+    "moe": {"layers": 4, "hidden": 2048, "heads": 16, "kv_heads": 4, "vocab": 32000, "experts": 64,
             "top_k": 8, "moe_intermediate": 768},
 }
 
@@ -80,19 +75,15 @@ def decode_step_name(batch: int) -> str:
 
 
 def capture_stem(model: str, batch: int, graphs: bool) -> str:
-    """File stem of one capture: ``{model}_b{B}[_graphs]_rank0`` (rank0 so servescope takes it as rank 0)."""
+    """File stem of one capture, ``{model}_b{B}[_graphs]_rank0`` (rank0: servescope takes it as rank 0)."""
     return f"{model}_b{batch}{'_graphs' if graphs else ''}_rank0"
 
 
 def device_kind(activity: str | None, name: str) -> str:
-    """``kernel``, ``gpu_memcpy`` or ``gpu_memset``: from the Kineto activity type, else from the name."""
+    """``kernel``, ``gpu_memcpy`` or ``gpu_memset``: the Kineto activity type, else read off the name."""
     if activity in DEVICE_KINDS:
         return activity
-    if name.startswith("Memcpy"):
-        return "gpu_memcpy"
-    if name.startswith("Memset"):
-        return "gpu_memset"
-    return "kernel"
+    return "gpu_memcpy" if name.startswith("Memcpy") else "gpu_memset" if name.startswith("Memset") else "kernel"
 
 
 def totals_by_name(rows: Iterable[tuple[str, str, float]]) -> dict[str, dict[str, Any]]:
@@ -110,19 +101,18 @@ def totals_by_name(rows: Iterable[tuple[str, str, float]]) -> dict[str, dict[str
 def cpu_self_times(ops: Sequence[tuple[str, int, float, float]]) -> list[tuple[str, float]]:
     """(name, self µs) of CPU ops given as (name, thread, start µs, duration µs).
 
-    Self time is an op's duration less that of the ops nested directly inside it on the same thread
-    (the rule servescope applies to traces without device events).
+    An op's self time is its duration less that of the ops nested directly inside it on the same thread
+    (servescope's rule for traces without device events).
     """
-    self_us = [dur for _, _, _, dur in ops]
+    self_us = [op[3] for op in ops]
     by_thread: dict[int, list[int]] = defaultdict(list)
-    for i, (_, tid, _, _) in enumerate(ops):
-        by_thread[tid].append(i)
+    for i, op in enumerate(ops):
+        by_thread[op[1]].append(i)
     for rows in by_thread.values():
-        rows.sort(key=lambda r: (ops[r][2], -ops[r][3]))
+        rows.sort(key=lambda r: (ops[r][2], -ops[r][3]))  # a parent opens before a child starting with it
         stack: list[int] = []
         for row in rows:
-            start = ops[row][2]
-            while stack and ops[stack[-1]][2] + ops[stack[-1]][3] <= start:
+            while stack and ops[stack[-1]][2] + ops[stack[-1]][3] <= ops[row][2]:
                 stack.pop()
             if stack:
                 self_us[stack[-1]] -= ops[row][3]
@@ -133,7 +123,7 @@ def cpu_self_times(ops: Sequence[tuple[str, int, float, float]]) -> list[tuple[s
 def build_truth(*, work: str, kernels: dict[str, dict[str, Any]], batch: int, input_tokens: int,
                 decode_steps: int, cuda_graphs: bool, model: dict[str, Any], wall_ms: list[float],
                 **extra: Any) -> dict[str, Any]:
-    """The truth document of one capture (kernels from the live profiler, steps, setup, timings)."""
+    """The truth document of one capture: work totals from the live profiler, steps, setup, timings."""
     return {
         "work": work,
         "kernels": kernels,
@@ -153,7 +143,7 @@ def build_truth(*, work: str, kernels: dict[str, dict[str, Any]], batch: int, in
 
 
 def write_truth(path: Path, truth: dict[str, Any]) -> None:
-    """Write a truth document as indented JSON (values JSON cannot hold are written as strings)."""
+    """Write a truth document as indented JSON (values JSON cannot hold, such as dtypes, as strings)."""
     path.write_text(json.dumps(truth, indent=1, default=str) + "\n", encoding="utf-8")
 
 
@@ -162,6 +152,15 @@ def gzip_file(src: Path, dst: Path) -> int:
     with open(src, "rb") as fin, gzip.open(dst, "wb", compresslevel=6) as fout:
         shutil.copyfileobj(fin, fout, 1 << 20)
     return dst.stat().st_size
+
+
+def summary_line(truth: dict[str, Any]) -> str:
+    """One line per capture: what, trace size, work events, decode step and prefill time."""
+    mode = "graphs" if truth["cuda_graphs"] else "eager"
+    return (f"{truth['model_kind']:5s} b{truth['batch']:<3d} {mode:6s} trace {truth['trace_bytes_gz'] / 1e6:5.2f} MB gz"
+            f" ({truth['trace_bytes_json'] / 1e6:5.1f} MB json) {truth['event_count']:6d} {truth['work']} events"
+            f"  decode {truth['wall_ms_per_decode_step']:.3f} ms/step  prefill {truth['wall_ms_prefill']:.2f} ms"
+            f"  -> {truth['trace_file']}")
 
 
 # ------------------------------------------------------------------------------ torch + transformers
@@ -185,7 +184,7 @@ class Options:
 
 
 def seed_everything(seed: int) -> None:
-    """Seed Python's and torch's generators (all devices)."""
+    """Seed Python's and torch's generators (every device)."""
     import torch
 
     random.seed(seed)
@@ -194,52 +193,46 @@ def seed_everything(seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
 
 
-def build_config(model: str, sizes: dict[str, int], max_len: int, experts_impl: str) -> Any:
-    """A LlamaConfig (dense) or Qwen3MoeConfig (moe) of the given sizes, sdpa attention, bfloat16."""
+def build_model(opts: Options) -> Any:
+    """The random-weight model (sdpa attention, bfloat16), initialised on the device itself, in eval mode."""
+    import torch
     import transformers
 
-    common = dict(hidden_size=sizes["hidden"], num_hidden_layers=sizes["layers"],
-                  num_attention_heads=sizes["heads"], num_key_value_heads=sizes["kv_heads"],
-                  vocab_size=sizes["vocab"], max_position_embeddings=max(4096, max_len),
-                  tie_word_embeddings=False, attn_implementation="sdpa")
-    if model == "dense":
-        return transformers.LlamaConfig(intermediate_size=sizes["intermediate"], **common)
-    return transformers.Qwen3MoeConfig(num_experts=sizes["experts"], num_experts_per_tok=sizes["top_k"],
-                                       moe_intermediate_size=sizes["moe_intermediate"],
-                                       intermediate_size=4 * sizes["moe_intermediate"],
-                                       experts_implementation=experts_impl, **common)
-
-
-def build_model(opts: Options, max_len: int) -> Any:
-    """The random-weight model on the device, in eval mode (weights initialised on the device itself)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
+    s = opts.sizes
+    common = dict(hidden_size=s["hidden"], num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
+                  num_key_value_heads=s["kv_heads"], vocab_size=s["vocab"], tie_word_embeddings=False,
+                  max_position_embeddings=max(4096, opts.input_tokens + opts.decode_steps),
+                  attn_implementation="sdpa")
+    if opts.model == "dense":
+        config = transformers.LlamaConfig(intermediate_size=s["intermediate"], **common)
+    else:
+        config = transformers.Qwen3MoeConfig(
+            num_experts=s["experts"], num_experts_per_tok=s["top_k"], moe_intermediate_size=s["moe_intermediate"],
+            intermediate_size=4 * s["moe_intermediate"], experts_implementation=opts.experts_impl, **common)
     seed_everything(opts.seed)
-    config = build_config(opts.model, opts.sizes, max_len, opts.experts_impl)
     with torch.device(opts.device):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model = model.to(opts.device).eval()
-    if opts.model == "moe" and hasattr(model, "set_experts_implementation"):
-        model.set_experts_implementation(opts.experts_impl)
-    return model
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    return model.to(opts.device).eval()
 
 
 class Session:
-    """One batch on one model: static KV cache, static decode buffers, and (optionally) the decode graph."""
+    """One batch on one model: its static KV cache, static decode buffers and, optionally, the decode graph."""
 
     def __init__(self, model: Any, opts: Options) -> None:
         import torch
-        from transformers import StaticCache
+        import transformers
 
         self.torch, self.model, self.opts = torch, model, opts
         b, m, dev = opts.batch, opts.input_tokens, opts.device
         self.max_len = m + opts.decode_steps
-        self.cache = StaticCache(config=model.config, max_cache_len=self.max_len)
+        try:
+            self.cache = transformers.StaticCache(config=model.config, max_cache_len=self.max_len)
+        except TypeError:  # transformers 4.x wanted the shape up front
+            self.cache = transformers.StaticCache(config=model.config, max_batch_size=b, max_cache_len=self.max_len,
+                                                  device=dev, dtype=torch.bfloat16)
         gen = torch.Generator().manual_seed(opts.seed)
         self.prompt = torch.randint(0, model.config.vocab_size, (b, m), generator=gen).to(dev)
-        kv = torch.arange(self.max_len, device=dev)
-        causal = kv[None, :] <= torch.arange(m, device=dev)[:, None]  # [M, max_len]
+        causal = torch.arange(self.max_len, device=dev)[None, :] <= torch.arange(m, device=dev)[:, None]
         self.prefill_mask = causal[None, None].expand(b, 1, m, self.max_len).contiguous()
         self.prefill_pos = torch.arange(m, device=dev)[None].expand(b, m).contiguous()
         self.mask = torch.zeros(b, 1, 1, self.max_len, dtype=torch.bool, device=dev)
@@ -249,7 +242,7 @@ class Session:
         self.graph_logits: Any = None
 
     def prefill(self) -> None:
-        """Reset the cache in place, run the prompt, sample the first token, set up the decode mask."""
+        """Reset the cache in place, run the prompts, sample each first token, open the decode mask."""
         self.cache.reset()
         out = self.model(input_ids=self.prompt, attention_mask=self.prefill_mask, position_ids=self.prefill_pos,
                          past_key_values=self.cache, use_cache=True, logits_to_keep=1)
@@ -262,7 +255,7 @@ class Session:
                           past_key_values=self.cache, use_cache=True).logits
 
     def decode(self, k: int) -> None:
-        """Decode step ``k``: its position into the mask and position ids, forward (or replay), argmax."""
+        """Decode step ``k``: its position into mask and position ids (device fills), forward or replay, argmax."""
         p = self.opts.input_tokens + k
         self.mask[..., p] = True
         self.pos.fill_(p)
@@ -274,7 +267,7 @@ class Session:
         self.ids.copy_(logits[:, -1].argmax(-1, keepdim=True))
 
     def capture_graph(self) -> None:
-        """Warm the decode forward up on a side stream, then capture it once into a CUDA graph."""
+        """Warm the decode forward up on a side stream, then capture it once (every round resets the cache)."""
         torch = self.torch
         self.prefill()
         stream = torch.cuda.Stream()
@@ -291,55 +284,49 @@ class Session:
         torch.cuda.synchronize()
 
     def run_round(self, annotate: bool = False) -> None:
-        """A prefill then every decode step, each in its vLLM step annotation when ``annotate``."""
+        """A prefill, then every decode step; each in its vLLM step annotation when ``annotate``."""
         from torch.profiler import record_function
 
-        b, m = self.opts.batch, self.opts.input_tokens
-        if annotate:
-            with record_function(prefill_step_name(b, m)):
-                self.prefill()
-            name = decode_step_name(b)
-            for k in range(self.opts.decode_steps):
-                with record_function(name):
-                    self.decode(k)
-        else:
+        def scope(name: str) -> Any:
+            return record_function(name) if annotate else contextlib.nullcontext()
+
+        with scope(prefill_step_name(self.opts.batch, self.opts.input_tokens)):
             self.prefill()
-            for k in range(self.opts.decode_steps):
+        for k in range(self.opts.decode_steps):
+            with scope(decode_step_name(self.opts.batch)):
                 self.decode(k)
 
     def timed_round(self) -> tuple[list[float], float]:
-        """Decode step times (ms, CUDA events or perf_counter on CPU) and the prefill's, of one round."""
+        """(each decode step's ms, the prefill's ms) of one unprofiled round: CUDA events, or perf_counter."""
         torch, cuda = self.torch, self.opts.device.startswith("cuda")
-        steps = self.opts.decode_steps
-        if not cuda:
-            t0 = time.perf_counter()
-            self.prefill()
-            marks = [time.perf_counter()]
-            for k in range(steps):
-                self.decode(k)
-                marks.append(time.perf_counter())
-            return [1e3 * (b - a) for a, b in zip(marks, marks[1:], strict=False)], 1e3 * (marks[0] - t0)
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 2)]
-        events[0].record()
+
+        def mark() -> Any:
+            if not cuda:
+                return time.perf_counter()
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+
+        marks = [mark()]
         self.prefill()
-        events[1].record()
-        for k in range(steps):
+        marks.append(mark())
+        for k in range(self.opts.decode_steps):
             self.decode(k)
-            events[k + 2].record()
-        torch.cuda.synchronize()
-        ms = [events[i].elapsed_time(events[i + 1]) for i in range(1, steps + 1)]
-        return ms, events[0].elapsed_time(events[1])
+            marks.append(mark())
+        if cuda:
+            torch.cuda.synchronize()
+        ms = [a.elapsed_time(b) if cuda else 1e3 * (b - a) for a, b in zip(marks, marks[1:], strict=False)]
+        return ms[1:], ms[0]
 
 
 def live_work(prof: Any) -> tuple[str, dict[str, dict[str, Any]]]:
-    """The live profiler's device events by name, or its CPU ops by self time when it has no device events."""
+    """The live profiler's device events by name; its CPU ops by self time when it has no device events."""
     import torch
 
-    events = prof.profiler.kineto_results.events()
     device_rows: list[tuple[str, str, float]] = []
     cpu_ops: list[tuple[str, int, float, float]] = []
-    for ev in events:
-        activity = ev.activity_type() if hasattr(ev, "activity_type") else None
+    for ev in prof.profiler.kineto_results.events():
+        activity = ev.activity_type() if hasattr(ev, "activity_type") else None  # torch >= 2.13
         activity = activity if isinstance(activity, str) else None
         if ev.device_type() == torch.autograd.DeviceType.CUDA:
             if ev.is_user_annotation() or activity not in (None, *DEVICE_KINDS):
@@ -349,11 +336,11 @@ def live_work(prof: Any) -> tuple[str, dict[str, dict[str, Any]]]:
             cpu_ops.append((ev.name(), ev.start_thread_id(), ev.start_ns() / 1e3, ev.duration_ns() / 1e3))
     if device_rows:
         return "device", totals_by_name(device_rows)
-    return "cpu_op", totals_by_name((n, "cpu_op", s) for n, s in cpu_self_times(cpu_ops))
+    return "cpu_op", totals_by_name((name, "cpu_op", us) for name, us in cpu_self_times(cpu_ops))
 
 
 def capture(model: Any, opts: Options) -> dict[str, Any]:
-    """Warm up, profile one annotated round, time one more; write the trace and truth files."""
+    """Warm up, profile one annotated round, time one more; write the trace and the truth file."""
     import torch
     import transformers
     from torch.profiler import ProfilerActivity, profile
@@ -378,44 +365,29 @@ def capture(model: Any, opts: Options) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=opts.out) as tmp:
         raw = Path(tmp) / f"{stem}.pt.trace.json"
         prof.export_chrome_trace(str(raw))
-        raw_bytes = raw.stat().st_size
-        gz_bytes = gzip_file(raw, trace_path)
+        raw_bytes, gz_bytes = raw.stat().st_size, gzip_file(raw, trace_path)
     wall_ms, prefill_ms = session.timed_round()
-    config = model.config.to_dict()
     truth = build_truth(
         work=work, kernels=kernels, batch=opts.batch, input_tokens=opts.input_tokens,
-        decode_steps=opts.decode_steps, cuda_graphs=opts.cuda_graphs, model=config, wall_ms=wall_ms,
-        wall_ms_prefill=round(prefill_ms, 4), model_kind=opts.model,
-        architecture=type(model).__name__,
+        decode_steps=opts.decode_steps, cuda_graphs=opts.cuda_graphs, model=model.config.to_dict(),
+        wall_ms=wall_ms, wall_ms_prefill=round(prefill_ms, 4), model_kind=opts.model,
+        architecture=type(model).__name__, attn_implementation=getattr(model.config, "_attn_implementation", None),
         experts_implementation=getattr(model.config, "_experts_implementation", None) if opts.model == "moe" else None,
-        attn_implementation=getattr(model.config, "_attn_implementation", None),
         device=torch.cuda.get_device_name(opts.device) if cuda else (platform.processor() or "cpu"),
         torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version(),
         warmup_rounds=opts.warmup, seed=opts.seed, trace_file=trace_path.name,
         trace_bytes_gz=gz_bytes, trace_bytes_json=raw_bytes,
     )
-    truth_path = opts.out / f"{stem}{TRUTH_SUFFIX}"
-    write_truth(truth_path, truth)
-    del session
-    if cuda:
-        torch.cuda.empty_cache()
+    write_truth(opts.out / f"{stem}{TRUTH_SUFFIX}", truth)
     return truth
 
 
-def summary_line(truth: dict[str, Any]) -> str:
-    """One line per capture: what, trace size, device events, decode step time."""
-    mode = "graphs" if truth["cuda_graphs"] else "eager"
-    return (f"{truth['model_kind']:5s} b{truth['batch']:<3d} {mode:6s} "
-            f"trace {truth['trace_bytes_gz'] / 1e6:6.2f} MB gz "
-            f"({truth['trace_bytes_json'] / 1e6:5.1f} MB json)  {truth['event_count']:6d} {truth['work']} events  "
-            f"decode {truth['wall_ms_per_decode_step']:.3f} ms/step  prefill {truth['wall_ms_prefill']:.2f} ms  "
-            f"-> {truth['trace_file']}")
+# ------------------------------------------------------------------------------------------ command
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Command-line options."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--model", choices=MODELS, default="dense")
     p.add_argument("--batch", type=int, default=1, help="requests per step (default 1)")
     p.add_argument("--input-tokens", type=int, default=128, help="prompt tokens per request (default 128)")
@@ -423,8 +395,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--cuda-graphs", action="store_true", help="replay the decode forward from a CUDA graph")
     p.add_argument("--warmup", type=int, default=2, help="unprofiled prefill+decode rounds first (default 2)")
-    p.add_argument("--all", action="store_true",
-                   help="grid: dense, moe x batch 1, 16, 64, eager (+ graphs with --cuda-graphs)")
+    p.add_argument("--all", action="store_true", help="dense, moe x batch 1, 16, 64; eager, + graphs with --cuda-graphs")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--experts-impl", default="grouped_mm", choices=("grouped_mm", "batched_mm", "eager"),
                    help="transformers experts implementation of the moe model (default grouped_mm)")
@@ -437,7 +408,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def plan(args: argparse.Namespace, device: str) -> list[Options]:
-    """Every capture the arguments ask for, in order."""
+    """Every capture the arguments ask for, in order (grouped by model, so each model is built once)."""
     for key in ("batch", "input_tokens", "decode_steps"):
         if getattr(args, key) < 1:
             raise UsageError(f"--{key.replace('_', '-')} must be at least 1")
@@ -447,15 +418,15 @@ def plan(args: argparse.Namespace, device: str) -> list[Options]:
         raise UsageError(f"--cuda-graphs needs a CUDA device (this run's device is {device})")
     models = MODELS if args.all else (args.model,)
     if args.cuda_graphs and args.experts_impl == "eager" and "moe" in models:
-        raise UsageError("--experts-impl eager syncs on the host (nonzero, per-expert loop): no CUDA graph")
+        raise UsageError("--experts-impl eager syncs on the host (nonzero, per-expert loop): it cannot be graphed")
+    batches = GRID_BATCHES if args.all else (args.batch,)
+    modes = ((False, True) if args.cuda_graphs else (False,)) if args.all else (args.cuda_graphs,)
     out: list[Options] = []
     for model in models:
-        sizes = {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in DEFAULTS[model].items()}
+        sizes = {k: v if getattr(args, k) is None else getattr(args, k) for k, v in DEFAULTS[model].items()}
         base = Options(model=model, batch=args.batch, input_tokens=args.input_tokens,
                        decode_steps=args.decode_steps, device=device, cuda_graphs=False, warmup=args.warmup,
                        out=args.out, sizes=sizes, experts_impl=args.experts_impl, seed=args.seed)
-        batches = GRID_BATCHES if args.all else (args.batch,)
-        modes = ((False, True) if args.cuda_graphs else (False,)) if args.all else (args.cuda_graphs,)
         out.extend(replace(base, batch=b, cuda_graphs=g) for b in batches for g in modes)
     return out
 
@@ -466,7 +437,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import torch
     except ImportError:
-        print("capture_decode: error: needs torch and transformers in this interpreter", file=sys.stderr)
+        print("capture_decode: error: this interpreter has no torch (torch and transformers are needed)",
+              file=sys.stderr)
         return 2
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -474,30 +446,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"capture_decode: error: {exc}", file=sys.stderr)
         return 2
+    warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle.*")
     args.out.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    t0 = time.perf_counter()
+    t0, failed = time.perf_counter(), []
     built: tuple[str, Any] | None = None
-    failed: list[str] = []
     with torch.inference_mode():
         for opts in captures:
             if built is None or built[0] != opts.model:
-                built = None
+                built = None  # free the last model first
                 if device.startswith("cuda"):
                     torch.cuda.empty_cache()
-                built = (opts.model, build_model(opts, opts.input_tokens + opts.decode_steps))
-            stem = capture_stem(opts.model, opts.batch, opts.cuda_graphs)
+                built = (opts.model, build_model(opts))
             try:
                 print(summary_line(capture(built[1], opts)), flush=True)
-            except Exception as exc:  # one failed capture must not lose the rest of the grid
+            except Exception as exc:  # in a grid, one failed capture must not lose the others
                 if not args.all:
                     raise
-                failed.append(stem)
-                print(f"{stem}: FAILED {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                      flush=True)
-    done = len(captures) - len(failed)
-    print(f"{done}/{len(captures)} capture(s) in {time.perf_counter() - t0:.1f} s -> {args.out}"
-          + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
+                failed.append(capture_stem(opts.model, opts.batch, opts.cuda_graphs))
+                print(f"{failed[-1]}: FAILED {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}", flush=True)
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
+    print(f"{len(captures) - len(failed)}/{len(captures)} capture(s) in {time.perf_counter() - t0:.1f} s"
+          f" -> {args.out}" + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
     return 1 if failed else 0
 
 

@@ -238,7 +238,10 @@ class _Collector:
                     self.device.msg_bytes[row] = args.in_nelems * width
 
 
-def _load_bytes(path: Path) -> bytes:
+_Buffer = bytes | bytearray  # libdeflate inflates into a bytearray; copying it would double the peak
+
+
+def _load_bytes(path: Path) -> _Buffer:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -254,7 +257,7 @@ def _load_bytes(path: Path) -> bytes:
         declared = int.from_bytes(raw[-4:], "little") if len(raw) >= 18 else 0
         if declared:
             try:
-                out = bytes(deflate.gzip_decompress(raw))
+                out = deflate.gzip_decompress(raw)
                 if len(out) == declared:
                     return out
             except (deflate.DeflateError, ValueError):
@@ -275,6 +278,7 @@ def _decode_error(path: Path, exc: msgspec.DecodeError) -> InputError:
 
 
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_NON_SPACE = re.compile(rb"\S")
 _LAST_BOUNDARY_WINDOW = 1 << 20
 
 
@@ -389,7 +393,7 @@ def read_trace(path: str | Path) -> TraceData:
             gc.enable()
 
 
-def _array_bounds(buf: bytes, raw: msgspec.Raw) -> tuple[int, int]:
+def _array_bounds(buf: _Buffer, raw: msgspec.Raw) -> tuple[int, int]:
     """Byte range of the elements inside the ``traceEvents`` array whose Raw slice is ``raw``."""
     view = memoryview(raw)
     if bytes(view[:1]) != b"[":
@@ -402,7 +406,7 @@ def _array_bounds(buf: bytes, raw: msgspec.Raw) -> tuple[int, int]:
     raise ValueError("traceEvents array not found")
 
 
-def _iter_chunks(buf: bytes, start: int, end: int) -> list[tuple[int, int]]:
+def _iter_chunks(buf: _Buffer, start: int, end: int) -> list[tuple[int, int]]:
     bounds: list[tuple[int, int]] = []
     pos = start
     while end - pos > _CHUNK_BYTES:
@@ -415,7 +419,7 @@ def _iter_chunks(buf: bytes, start: int, end: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def _decode_events(buf: bytes, start: int, end: int) -> _Collector:
+def _decode_events(buf: _Buffer, start: int, end: int) -> _Collector:
     """Events of ``buf[start:end]`` (the inside of the events array), decoded chunk by chunk."""
     decoder = msgspec.json.Decoder(list[_Event])
     chunks = _iter_chunks(buf, start, end)
@@ -509,12 +513,15 @@ def _read_whole(path: Path) -> tuple[_Collector, _Header | _WholeTrace]:
     buf = _load_bytes(path)
     header: _Header | _WholeTrace = _Header()
     try:
-        head = buf.lstrip()[:1]
+        first = _NON_SPACE.search(buf)
+        head = buf[first.start() : first.start() + 1] if first else b""
         if head == b"[":  # bare-list form: the file is the events array
-            stripped = buf.strip()
-            if not stripped.endswith(b"]"):
+            last = len(buf) - 1
+            while last > 0 and buf[last] in _WHITESPACE:
+                last -= 1
+            if buf[last : last + 1] != b"]":
                 raise InputError(str(path), "invalid JSON (truncated: the event list has no closing ])")
-            sink = _decode_events(stripped, 1, len(stripped) - 1)
+            sink = _decode_events(buf, first.start() + 1 if first else 1, last)
         elif head == b"{" and len(buf) <= _CHUNK_BYTES:
             header = msgspec.json.decode(buf, type=_WholeTrace)
             if header.traceEvents is msgspec.UNSET:
@@ -528,7 +535,7 @@ def _read_whole(path: Path) -> tuple[_Collector, _Header | _WholeTrace]:
                 raise InputError(str(path), "not a profiler trace (no traceEvents)")
             lo, hi = _array_bounds(buf, header.traceEvents)
             sink = _decode_events(buf, lo, hi)
-        elif not buf.strip():
+        elif first is None:
             raise InputError(str(path), "empty file")
         else:
             msgspec.json.decode(buf)  # raises DecodeError (invalid JSON) unless it is a JSON scalar
