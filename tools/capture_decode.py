@@ -1,22 +1,16 @@
 """Capture prefill + decode steps of a random-weight model under torch.profiler, annotated as vLLM does.
 
-Needs only torch and transformers. ``--model dense`` is a Llama-like ``LlamaConfig``, ``--model moe`` a
-Qwen3-MoE-like ``Qwen3MoeConfig`` (transformers' fused experts, ``grouped_mm`` by default), built with
-random bfloat16 weights and a transformers ``StaticCache``. One round is a prefill of ``--batch``
-requests of ``--input-tokens`` random tokens, then ``--decode-steps`` decode steps, greedy (argmax kept
-on the device; one synchronize at the end). Each step's host work runs inside ``record_function`` with
-vLLM's step name: ``execute_context_B(B*M)_generation_0(0)`` for the prefill and
-``execute_context_0(0)_generation_B(B)`` per decode step. ``--cuda-graphs`` captures the decode forward
-once in a ``torch.cuda.CUDAGraph`` and replays it every step; both modes use the same static cache and
-explicit 4-D boolean attention masks, so they launch the same kernels.
+Needs only torch and transformers. ``--model dense``: a Llama-like ``LlamaConfig``; ``moe``: a Qwen3-MoE-like
+``Qwen3MoeConfig`` (transformers' fused experts, ``grouped_mm`` by default); random bf16 weights; a
+transformers ``StaticCache``. A round: a prefill of ``--batch`` x ``--input-tokens`` random tokens, then
+``--decode-steps`` greedy steps (argmax stays on the device, one sync at the end), each step's host work in
+``record_function`` under vLLM's step name. ``--cuda-graphs`` captures the decode forward once in a
+``torch.cuda.CUDAGraph`` and replays it; both modes share the static cache and explicit 4-D bool masks, so
+they launch the same kernels. Writes ``{model}_b{B}[_graphs]_rank0.pt.trace.json.gz`` and ``{stem}.truth.json``:
+the live profiler's own totals (``kineto_results.events()``) of device events by name (CPU ops by self time
+on a CPU-only run) and the median decode step time of a separate unprofiled round (CUDA events)::
 
-Per capture, in ``--out``: ``{model}_b{B}[_graphs]_rank0.pt.trace.json.gz`` (``export_chrome_trace``,
-gzipped) and ``{same stem}.truth.json``: the live profiler's own totals (``kineto_results.events()``,
-not the JSON) of device events (kernels, memcpy, memset) by name; on a CPU-only run, of CPU ops by self
-time (``"work": "cpu_op"``); plus the decode step wall time, median of an unprofiled round timed with
-CUDA events. ``--all`` runs dense, moe x batch 1, 16, 64 (graph versions too with ``--cuda-graphs``)::
-
-    python3 tools/capture_decode.py --all --cuda-graphs --out /tmp/captures
+    python3 tools/capture_decode.py --all --cuda-graphs --out /tmp/captures   # the grid: dense, moe x b 1, 16, 64
 """
 
 from __future__ import annotations
@@ -42,8 +36,7 @@ from typing import Any
 
 MODELS = ("dense", "moe")
 GRID_BATCHES = (1, 16, 64)
-TRACE_SUFFIX = ".pt.trace.json.gz"
-TRUTH_SUFFIX = ".truth.json"
+TRACE_SUFFIX, TRUTH_SUFFIX = ".pt.trace.json.gz", ".truth.json"
 DEVICE_KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
 DEFAULTS: dict[str, dict[str, int]] = {  # moe has 4 layers so an eager trace stays under ~1.5 MB gz
     "dense": {"layers": 8, "hidden": 2048, "intermediate": 5632, "heads": 16, "kv_heads": 8, "vocab": 32000},
@@ -52,38 +45,19 @@ DEFAULTS: dict[str, dict[str, int]] = {  # moe has 4 layers so an eager trace st
 }
 
 
-class UsageError(Exception):
-    """A bad combination of options; printed as one line."""
-
-
-# ------------------------------------------------------------------------------------ pure helpers
-
-
-def step_name(prefill_requests: int, prefill_tokens: int, decode_requests: int, decode_tokens: int) -> str:
-    """vLLM's per-step annotation, ``execute_context_X(Y)_generation_Z(W)``."""
-    return f"execute_context_{prefill_requests}({prefill_tokens})_generation_{decode_requests}({decode_tokens})"
-
-
 def prefill_step_name(batch: int, input_tokens: int) -> str:
-    """Name of a prefill step of ``batch`` requests of ``input_tokens`` tokens each."""
-    return step_name(batch, batch * input_tokens, 0, 0)
+    """vLLM's name (``execute_context_X(Y)_generation_Z(W)``) of a prefill of ``batch`` x ``input_tokens``."""
+    return f"execute_context_{batch}({batch * input_tokens})_generation_0(0)"
 
 
 def decode_step_name(batch: int) -> str:
-    """Name of a decode step of ``batch`` requests, one token each."""
-    return step_name(0, 0, batch, batch)
+    """vLLM's name of a decode step of ``batch`` requests, one token each."""
+    return f"execute_context_0(0)_generation_{batch}({batch})"
 
 
 def capture_stem(model: str, batch: int, graphs: bool) -> str:
     """File stem of one capture, ``{model}_b{B}[_graphs]_rank0`` (rank0: servescope takes it as rank 0)."""
     return f"{model}_b{batch}{'_graphs' if graphs else ''}_rank0"
-
-
-def device_kind(activity: str | None, name: str) -> str:
-    """``kernel``, ``gpu_memcpy`` or ``gpu_memset``: the Kineto activity type, else read off the name."""
-    if activity in DEVICE_KINDS:
-        return activity
-    return "gpu_memcpy" if name.startswith("Memcpy") else "gpu_memset" if name.startswith("Memset") else "kernel"
 
 
 def totals_by_name(rows: Iterable[tuple[str, str, float]]) -> dict[str, dict[str, Any]]:
@@ -99,11 +73,7 @@ def totals_by_name(rows: Iterable[tuple[str, str, float]]) -> dict[str, dict[str
 
 
 def cpu_self_times(ops: Sequence[tuple[str, int, float, float]]) -> list[tuple[str, float]]:
-    """(name, self µs) of CPU ops given as (name, thread, start µs, duration µs).
-
-    An op's self time is its duration less that of the ops nested directly inside it on the same thread
-    (servescope's rule for traces without device events).
-    """
+    """(name, self µs) of (name, thread, start µs, µs) CPU ops: less direct children's (servescope's rule)."""
     self_us = [op[3] for op in ops]
     by_thread: dict[int, list[int]] = defaultdict(list)
     for i, op in enumerate(ops):
@@ -125,33 +95,21 @@ def build_truth(*, work: str, kernels: dict[str, dict[str, Any]], batch: int, in
                 **extra: Any) -> dict[str, Any]:
     """The truth document of one capture: work totals from the live profiler, steps, setup, timings."""
     return {
-        "work": work,
-        "kernels": kernels,
+        "work": work, "kernels": kernels,
         "device_total_us": round(sum(k["total_us"] for k in kernels.values()), 3),
         "event_count": sum(k["count"] for k in kernels.values()),
         "steps": {"prefill": 1, "decode": decode_steps},
         "step_names": {"prefill": prefill_step_name(batch, input_tokens), "decode": decode_step_name(batch)},
-        "batch": batch,
-        "input_tokens": input_tokens,
-        "cuda_graphs": cuda_graphs,
+        "batch": batch, "input_tokens": input_tokens, "cuda_graphs": cuda_graphs,
         "wall_ms_per_decode_step": round(statistics.median(wall_ms), 4) if wall_ms else None,
         "wall_ms_decode_steps": [round(x, 4) for x in wall_ms],
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        **extra,
-        "model": model,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), **extra, "model": model,
     }
 
 
 def write_truth(path: Path, truth: dict[str, Any]) -> None:
     """Write a truth document as indented JSON (values JSON cannot hold, such as dtypes, as strings)."""
     path.write_text(json.dumps(truth, indent=1, default=str) + "\n", encoding="utf-8")
-
-
-def gzip_file(src: Path, dst: Path) -> int:
-    """Gzip ``src`` into ``dst``; returns the compressed size in bytes."""
-    with open(src, "rb") as fin, gzip.open(dst, "wb", compresslevel=6) as fout:
-        shutil.copyfileobj(fin, fout, 1 << 20)
-    return dst.stat().st_size
 
 
 def summary_line(truth: dict[str, Any]) -> str:
@@ -161,9 +119,6 @@ def summary_line(truth: dict[str, Any]) -> str:
             f" ({truth['trace_bytes_json'] / 1e6:5.1f} MB json) {truth['event_count']:6d} {truth['work']} events"
             f"  decode {truth['wall_ms_per_decode_step']:.3f} ms/step  prefill {truth['wall_ms_prefill']:.2f} ms"
             f"  -> {truth['trace_file']}")
-
-
-# ------------------------------------------------------------------------------ torch + transformers
 
 
 @dataclass(frozen=True)
@@ -183,21 +138,10 @@ class Options:
     seed: int
 
 
-def seed_everything(seed: int) -> None:
-    """Seed Python's and torch's generators (every device)."""
-    import torch
-
-    random.seed(seed)
-    torch.manual_seed(seed)
-    if torch.cuda.is_available():
-        torch.cuda.manual_seed_all(seed)
-
-
 def build_model(opts: Options) -> Any:
     """The random-weight model (sdpa attention, bfloat16), initialised on the device itself, in eval mode."""
     import torch
     import transformers
-
     s = opts.sizes
     common = dict(hidden_size=s["hidden"], num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
                   num_key_value_heads=s["kv_heads"], vocab_size=s["vocab"], tie_word_embeddings=False,
@@ -209,7 +153,8 @@ def build_model(opts: Options) -> Any:
         config = transformers.Qwen3MoeConfig(
             num_experts=s["experts"], num_experts_per_tok=s["top_k"], moe_intermediate_size=s["moe_intermediate"],
             intermediate_size=4 * s["moe_intermediate"], experts_implementation=opts.experts_impl, **common)
-    seed_everything(opts.seed)
+    random.seed(opts.seed)
+    torch.manual_seed(opts.seed)  # every device's generator
     with torch.device(opts.device):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     return model.to(opts.device).eval()
@@ -221,15 +166,10 @@ class Session:
     def __init__(self, model: Any, opts: Options) -> None:
         import torch
         import transformers
-
         self.torch, self.model, self.opts = torch, model, opts
         b, m, dev = opts.batch, opts.input_tokens, opts.device
         self.max_len = m + opts.decode_steps
-        try:
-            self.cache = transformers.StaticCache(config=model.config, max_cache_len=self.max_len)
-        except TypeError:  # transformers 4.x wanted the shape up front
-            self.cache = transformers.StaticCache(config=model.config, max_batch_size=b, max_cache_len=self.max_len,
-                                                  device=dev, dtype=torch.bfloat16)
+        self.cache = transformers.StaticCache(config=model.config, max_cache_len=self.max_len)  # lazily allocated
         gen = torch.Generator().manual_seed(opts.seed)
         self.prompt = torch.randint(0, model.config.vocab_size, (b, m), generator=gen).to(dev)
         causal = torch.arange(self.max_len, device=dev)[None, :] <= torch.arange(m, device=dev)[:, None]
@@ -286,7 +226,6 @@ class Session:
     def run_round(self, annotate: bool = False) -> None:
         """A prefill, then every decode step; each in its vLLM step annotation when ``annotate``."""
         from torch.profiler import record_function
-
         def scope(name: str) -> Any:
             return record_function(name) if annotate else contextlib.nullcontext()
 
@@ -322,16 +261,15 @@ class Session:
 def live_work(prof: Any) -> tuple[str, dict[str, dict[str, Any]]]:
     """The live profiler's device events by name; its CPU ops by self time when it has no device events."""
     import torch
-
     device_rows: list[tuple[str, str, float]] = []
     cpu_ops: list[tuple[str, int, float, float]] = []
     for ev in prof.profiler.kineto_results.events():
-        activity = ev.activity_type() if hasattr(ev, "activity_type") else None  # torch >= 2.13
-        activity = activity if isinstance(activity, str) else None
-        if ev.device_type() == torch.autograd.DeviceType.CUDA:
+        activity = ev.activity_type() if hasattr(ev, "activity_type") else None  # a str since torch 2.13
+        if ev.device_type() == torch.autograd.DeviceType.CUDA:  # kernels, memcpy, memset, gpu annotations
             if ev.is_user_annotation() or activity not in (None, *DEVICE_KINDS):
                 continue  # gpu_user_annotation ranges, syncs: not work
-            device_rows.append((ev.name(), device_kind(activity, ev.name()), ev.duration_ns() / 1e3))
+            kind = activity or {"Memcpy": "gpu_memcpy", "Memset": "gpu_memset"}.get(ev.name()[:6], "kernel")
+            device_rows.append((ev.name(), kind, ev.duration_ns() / 1e3))
         elif activity == "cpu_op" or (activity is None and not ev.is_user_annotation()):
             cpu_ops.append((ev.name(), ev.start_thread_id(), ev.start_ns() / 1e3, ev.duration_ns() / 1e3))
     if device_rows:
@@ -344,9 +282,7 @@ def capture(model: Any, opts: Options) -> dict[str, Any]:
     import torch
     import transformers
     from torch.profiler import ProfilerActivity, profile
-
     cuda = opts.device.startswith("cuda")
-    seed_everything(opts.seed)
     session = Session(model, opts)
     if opts.cuda_graphs:
         session.capture_graph()
@@ -365,7 +301,9 @@ def capture(model: Any, opts: Options) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=opts.out) as tmp:
         raw = Path(tmp) / f"{stem}.pt.trace.json"
         prof.export_chrome_trace(str(raw))
-        raw_bytes, gz_bytes = raw.stat().st_size, gzip_file(raw, trace_path)
+        with open(raw, "rb") as fin, gzip.open(trace_path, "wb", compresslevel=6) as fout:
+            shutil.copyfileobj(fin, fout, 1 << 20)
+        raw_bytes, gz_bytes = raw.stat().st_size, trace_path.stat().st_size
     wall_ms, prefill_ms = session.timed_round()
     truth = build_truth(
         work=work, kernels=kernels, batch=opts.batch, input_tokens=opts.input_tokens,
@@ -382,9 +320,6 @@ def capture(model: Any, opts: Options) -> dict[str, Any]:
     return truth
 
 
-# ------------------------------------------------------------------------------------------ command
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Command-line options."""
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
@@ -395,7 +330,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--cuda-graphs", action="store_true", help="replay the decode forward from a CUDA graph")
     p.add_argument("--warmup", type=int, default=2, help="unprofiled prefill+decode rounds first (default 2)")
-    p.add_argument("--all", action="store_true", help="dense, moe x batch 1, 16, 64; eager, + graphs with --cuda-graphs")
+    p.add_argument("--all", action="store_true", help="dense, moe x batch 1, 16, 64; eager (+ graphs: --cuda-graphs)")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--experts-impl", default="grouped_mm", choices=("grouped_mm", "batched_mm", "eager"),
                    help="transformers experts implementation of the moe model (default grouped_mm)")
@@ -408,17 +343,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def plan(args: argparse.Namespace, device: str) -> list[Options]:
-    """Every capture the arguments ask for, in order (grouped by model, so each model is built once)."""
-    for key in ("batch", "input_tokens", "decode_steps"):
-        if getattr(args, key) < 1:
-            raise UsageError(f"--{key.replace('_', '-')} must be at least 1")
-    if args.warmup < 0:
-        raise UsageError("--warmup must be at least 0")
-    if args.cuda_graphs and not device.startswith("cuda"):
-        raise UsageError(f"--cuda-graphs needs a CUDA device (this run's device is {device})")
+    """Every capture the arguments ask for, grouped by model; SystemExit (one line) for a bad combination."""
+    bad = None
     models = MODELS if args.all else (args.model,)
-    if args.cuda_graphs and args.experts_impl == "eager" and "moe" in models:
-        raise UsageError("--experts-impl eager syncs on the host (nonzero, per-expert loop): it cannot be graphed")
+    if min(args.batch, args.input_tokens, args.decode_steps) < 1 or args.warmup < 0:
+        bad = "--batch, --input-tokens and --decode-steps must be at least 1, --warmup at least 0"
+    elif args.cuda_graphs and not device.startswith("cuda"):
+        bad = f"--cuda-graphs needs a CUDA device (this run's device is {device})"
+    elif args.cuda_graphs and args.experts_impl == "eager" and "moe" in models:
+        bad = "--experts-impl eager syncs on the host (nonzero, a loop over experts): it cannot be graphed"
+    if bad:
+        raise SystemExit(f"capture_decode: error: {bad}")
     batches = GRID_BATCHES if args.all else (args.batch,)
     modes = ((False, True) if args.cuda_graphs else (False,)) if args.all else (args.cuda_graphs,)
     out: list[Options] = []
@@ -434,18 +369,9 @@ def plan(args: argparse.Namespace, device: str) -> list[Options]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the captures asked for; one summary line per capture on stdout."""
     args = parse_args(argv)
-    try:
-        import torch
-    except ImportError:
-        print("capture_decode: error: this interpreter has no torch (torch and transformers are needed)",
-              file=sys.stderr)
-        return 2
+    import torch
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        captures = plan(args, device)
-    except UsageError as exc:
-        print(f"capture_decode: error: {exc}", file=sys.stderr)
-        return 2
+    captures = plan(args, device)
     warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle.*")
     args.out.mkdir(parents=True, exist_ok=True)
     t0, failed = time.perf_counter(), []
@@ -454,8 +380,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         for opts in captures:
             if built is None or built[0] != opts.model:
                 built = None  # free the last model first
-                if device.startswith("cuda"):
-                    torch.cuda.empty_cache()
                 built = (opts.model, build_model(opts))
             try:
                 print(summary_line(capture(built[1], opts)), flush=True)

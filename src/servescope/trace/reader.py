@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import gc
 import gzip
-import io
+import queue
 import re
+import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +49,7 @@ KIND_NAMES = ("kernel", "gpu_memcpy", "gpu_memset", "cpu_op")
 _DEVICE_KINDS = {"kernel": KIND_KERNEL, "gpu_memcpy": KIND_MEMCPY, "gpu_memset": KIND_MEMSET}
 _RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver", "runtime"})
 _ANNOTATION_CATS = frozenset({"user_annotation", "gpu_user_annotation"})
-_CHUNK_BYTES = 8 << 20  # one block of events in memory at a time when streaming
+_CHUNK_BYTES = 2 << 20  # one block of events in memory at a time when streaming
 # Boundary between two events of the traceEvents array. A split that lands inside a string or a nested
 # array makes a chunk fail to decode, and then the whole array is decoded at once instead.
 _EVENT_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
@@ -449,17 +450,63 @@ def _gzip_declared_size(path: Path, size: int) -> int:
         return int.from_bytes(handle.read(4), "little")
 
 
-def _stream_source(path: Path, size: int) -> BinaryIO | None:
+class _InflateAhead:
+    """A gzip file inflated by a helper thread, a block ahead of the reader.
+
+    zlib releases the GIL while it inflates, so on two cores the inflating overlaps the decoding, and
+    only a few blocks of JSON are in memory at once instead of the whole file.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._blocks: queue.Queue[bytes | BaseException] = queue.Queue(maxsize=2)
+        self._pending = b""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._inflate, args=(path,), daemon=True)
+        self._thread.start()
+
+    def _inflate(self, path: Path) -> None:
+        try:
+            with gzip.open(path, "rb") as source:
+                while not self._stop.is_set():
+                    block = source.read(_CHUNK_BYTES)
+                    self._blocks.put(block)
+                    if not block:
+                        return
+        except BaseException as exc:  # handed to the reader, which raises it on its own thread
+            self._blocks.put(exc)
+
+    def read(self, n: int) -> bytes:
+        while len(self._pending) < n:
+            block = self._blocks.get()
+            if isinstance(block, BaseException):
+                raise block
+            if not block:
+                self._blocks.put(block)  # stay at the end for later reads
+                break
+            self._pending += block
+        out, self._pending = self._pending[:n], self._pending[n:]
+        return out
+
+    def __enter__(self) -> _InflateAhead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                self._blocks.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        self._thread.join()
+
+
+def _stream_source(path: Path, size: int) -> BinaryIO | _InflateAhead | None:
     """An open byte stream when the trace is big enough to decode block by block, else None."""
     declared = _gzip_declared_size(path, size) if path.is_file() else -1
     if declared < 0:
         return path.open("rb") if size > _WHOLE_LIMIT else None
-    if size > _STREAM_GZ_BYTES or declared > 8 * _WHOLE_LIMIT:
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    if declared > _WHOLE_LIMIT:
-        # Small enough to inflate at once with libdeflate (fast), big enough that its events are
-        # better decoded a block at a time than all at once.
-        return io.BytesIO(_load_bytes(path))
+    if size > _STREAM_GZ_BYTES or declared > 2 * _CHUNK_BYTES:
+        return _InflateAhead(path)
     return None
 
 
@@ -492,7 +539,7 @@ def _read_streamed(path: Path, size: int) -> tuple[_Collector, _Header | _WholeT
 class _Prefixed:
     """A byte stream with a few bytes already read put back in front."""
 
-    def __init__(self, prefix: bytes, source: BinaryIO) -> None:
+    def __init__(self, prefix: bytes, source: _Readable) -> None:
         self._prefix, self._source = prefix, source
 
     def read(self, n: int) -> bytes:
