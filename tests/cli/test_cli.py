@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from conftest import TRACES, load_events
@@ -95,3 +96,15 @@ def test_console_script_is_installed() -> None:
     assert exe is not None
     proc = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0 and proc.stdout.startswith("servescope ")
+
+
+def test_capture_decode_without_torch_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    result = runner.invoke(app, ["capture", "decode", "--out", "x"])
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines()[0].startswith("servescope: error: capture decode needs torch")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.output

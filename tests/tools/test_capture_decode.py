@@ -1,4 +1,4 @@
-"""tools/capture_decode.py's torch-free helpers: step names servescope parses, file names, truth totals.
+"""src/servescope/bench/capture_decode.py's torch-free helpers: step names servescope parses, file names, truth totals.
 
 The script imports torch and transformers only inside functions, so it loads here without them; the
 capture itself needs torch and is exercised by hand (tools/README.md), not in CI.
@@ -18,7 +18,7 @@ import pytest
 from servescope.trace.ranks import rank_from_name
 from servescope.trace.steps import parse_vllm_step
 
-SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "capture_decode.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "src" / "servescope" / "bench" / "capture_decode.py"
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""GPU decode captures made on a lent H200 with tools/capture_decode.py, checked against the profiler's own totals.
+"""GPU decode captures made on a lent H200 (`servescope capture decode`), checked against the profiler's totals.
 
 Each ``*.truth.json`` beside a trace holds the per-kernel count and device time that the live
 torch.profiler object reported during the capture (not read back from the exported JSON).

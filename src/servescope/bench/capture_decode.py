@@ -10,7 +10,7 @@ they launch the same kernels. Writes ``{model}_b{B}[_graphs]_rank0.pt.trace.json
 the live profiler's own totals (``kineto_results.events()``) of device events by name (CPU ops by self time
 on a CPU-only run) and the median decode step time of a separate unprofiled round (CUDA events)::
 
-    python3 tools/capture_decode.py --all --cuda-graphs --out /tmp/captures   # the grid: dense, moe x b 1, 16, 64
+    python3 src/servescope/bench/capture_decode.py --all --cuda-graphs --out /tmp/captures  # dense, moe x b 1, 16, 64
 """
 
 from __future__ import annotations
