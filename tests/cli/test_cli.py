@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import TRACES, load_events
 from servescope import __version__
 from servescope.cli import app
+from tracefiles import TRACES, load_events
 
 runner = CliRunner()
 REQUIRED_KEYS = {"servescope_version", "traces", "ranks", "kernels", "device_totals", "findings"}

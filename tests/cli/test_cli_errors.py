@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from conftest import TRACES
 from servescope.cli import app
+from tracefiles import TRACES
 
 runner = CliRunner()
 SMALL = TRACES / "tracelens" / "sglang_qwen3-8b_decode_graph_replay.json.gz"

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from conftest import TRACES, all_shared_traces, load_events
 from servescope.core.analysis import AnalysisDoc
 from servescope.trace.analyze import AnalyzeRequest, analyze
+from tracefiles import TRACES, all_shared_traces, load_events
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 VLLM_STEP = re.compile(r"^execute(_\d+)?_context_(\d+)\(.*\)_generation_(\d+)\(")

@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from conftest import TRACES, load_events
 from servescope.core.errors import InputError
 from servescope.trace.analyze import AnalyzeRequest, analyze
 from servescope.trace.reader import KIND_KERNEL, TraceData, read_trace
+from tracefiles import TRACES, load_events
 
 SMALL = TRACES / "tracelens" / "sglang_qwen3-8b_decode_graph_replay.json.gz"  # 36 KB gz, 0.6 MB JSON
 VLLM = TRACES / "tracelens" / "vllm_decode_full_graph_replay.json.gz"

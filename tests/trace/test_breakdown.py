@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import TRACES
 from servescope.trace.analyze import AnalyzeRequest, analyze
 from servescope.trace.breakdown import union_us
+from tracefiles import TRACES
 
 
 def _brute_union(intervals: list[tuple[float, float]]) -> float:

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import TRACES, load_events
 from servescope.cli import app
 from servescope.core.errors import InputError
 from servescope.trace.analyze import AnalyzeRequest, analyze, example_trace_dir
 from servescope.trace.diff import diff_analyses, diff_paths
+from tracefiles import TRACES, load_events
 
 DECODE = re.compile(r"^execute_context_0\(0\)_generation_[1-9]\d*\(")
 

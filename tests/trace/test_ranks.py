@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TRACES
 from servescope.core.errors import InputError
 from servescope.trace.analyze import AnalyzeRequest, analyze
 from servescope.trace.ranks import rank_from_name
+from tracefiles import TRACES
 
 
 @pytest.mark.parametrize(("name", "rank"), [

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TRACES, all_shared_traces, load_events
 from servescope.trace.reader import KIND_NAMES, read_trace
+from tracefiles import TRACES, all_shared_traces, load_events
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import all_shared_traces, load_events
 from servescope.core.errors import InputError
 from servescope.trace.reader import KIND_NAMES, read_trace
 from servescope.trace.taxonomy import CATEGORY_OTHER, Taxonomy, load_taxonomy
 from servescope.trace.work import select_work
+from tracefiles import all_shared_traces, load_events
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 # The API server's own trace: Python functions only, no operator or kernel runs in that process.

@@ -265,7 +265,7 @@ def live_work(prof: Any) -> tuple[str, dict[str, dict[str, Any]]]:
     cpu_ops: list[tuple[str, int, float, float]] = []
     for ev in prof.profiler.kineto_results.events():
         activity = ev.activity_type() if hasattr(ev, "activity_type") else None  # a str since torch 2.13
-        if ev.device_type() == torch.autograd.DeviceType.CUDA:  # kernels, memcpy, memset, gpu annotations
+        if ev.device_type() == torch.autograd.DeviceType.CUDA:  # type: ignore[attr-defined]  # device work
             if ev.is_user_annotation() or activity not in (None, *DEVICE_KINDS):
                 continue  # gpu_user_annotation ranges, syncs: not work
             kind = activity or {"Memcpy": "gpu_memcpy", "Memset": "gpu_memset"}.get(ev.name()[:6], "kernel")

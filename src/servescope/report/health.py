@@ -1,0 +1,63 @@
+"""Terminal and JSON views of a health result (``servescope health``); both read only the document."""
+
+from __future__ import annotations
+
+import msgspec
+from rich.console import Console
+from rich.text import Text
+
+from servescope.core.errors import InputError
+from servescope.core.health import HEALTH_SCHEMA, HealthResult
+
+__all__ = ["decode_health", "encode_health", "render_health"]
+
+_NA = "N/A"
+_PHASE_STYLE = {"ready": "bold green", "loading": "yellow", "unreachable": "yellow", "not ready": "yellow",
+                "crashed": "bold red", "engine dead": "bold red"}
+
+
+def encode_health(result: HealthResult) -> bytes:
+    """The result as indented UTF-8 JSON ending in a newline; ``None`` is ``null``."""
+    return msgspec.json.format(msgspec.json.encode(result), indent=2) + b"\n"
+
+
+def decode_health(data: bytes, source: str) -> HealthResult:
+    """A health result saved by :func:`encode_health`.
+
+    Raises:
+        InputError: ``data`` is not a ``servescope.health`` document.
+    """
+    try:
+        result = msgspec.json.decode(data, type=HealthResult)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise InputError(source, f"not a servescope health result ({exc})") from None
+    if result.schema != HEALTH_SCHEMA:
+        raise InputError(source, f"not a servescope health result (schema is {result.schema!r})")
+    return result
+
+
+def render_health(result: HealthResult, console: Console) -> None:
+    """A headline (URL, phase, model, elapsed), one row per check, the process, and the log tail."""
+    head = Text()
+    head.append(f"{result.url}: ")
+    head.append(result.phase, style=_PHASE_STYLE.get(result.phase, ""))
+    if result.model is not None:
+        mml = _NA if result.max_model_len is None else str(result.max_model_len)
+        head.append(f"  model {result.model}  max_model_len {mml}")
+    verb = "waited" if result.waited else "took"
+    head.append(f"  ({verb} {result.elapsed_s:.1f} s{', timed out' if result.timed_out else ''})")
+    console.print(head)
+    mark_w = max((2 if c.ok else 4 for c in result.checks), default=2)
+    name_w = max((len(c.name) for c in result.checks), default=0)
+    for check in result.checks:
+        line = Text()
+        line.append(("ok" if check.ok else "FAIL").ljust(mark_w), style="green" if check.ok else "red")
+        line.append(f"  {check.name.ljust(name_w)}  {check.detail}")
+        console.print(line)
+    if result.process is not None and result.process.detail:
+        console.print(Text(f"process: {result.process.detail}"))
+    if result.log_tail:
+        console.print(Text(f"last {len(result.log_tail)} log lines" +
+                           (f" of {result.log_path}:" if result.log_path else ":"), style="bold"))
+        for log_line in result.log_tail:
+            console.print(Text(f"  {log_line}"), overflow="fold")

@@ -1,0 +1,325 @@
+"""Is an OpenAI-compatible server ready? Three checks, and a wait that tells *loading* from *dead*.
+
+Ready means all of:
+
+1. ``GET /health`` answers 200 (``curl -s -o /dev/null -w '%{http_code}' URL/health``);
+2. ``GET /v1/models`` lists a model (its ``id`` and, on vLLM, ``max_model_len``);
+3. a 1-token ``POST /v1/completions`` (``max_tokens: 1``) succeeds.
+
+While vLLM loads a model, its port refuses connections: it binds the port at start but listens only once
+the engine is up (``vllm/entrypoints/launchers/launcher.py``, vLLM 0.32). A refused connection alone
+cannot tell *still loading* from *dead*; the process can. :func:`wait_until_ready` therefore looks at
+both: refused + process alive = ``loading``; refused + process gone (or a zombie, or the unit failed) =
+``crashed``, returned at once with the last lines of the log; ``/health`` 503 = ``engine dead``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from servescope import __version__
+from servescope.core.errors import InputError
+from servescope.core.health import Check, HealthResult, ProcessInfo
+from servescope.server.client import ApiKey, ServerClient, normalize_base_url
+from servescope.server.errors import ServerFailed, ServerTimeout, ServerUnreachable
+from servescope.server.process import (
+    process_start_ticks,
+    read_log_tail,
+    read_process,
+    read_unit,
+    read_unit_log_tail,
+)
+
+__all__ = [
+    "CHECK_TIMEOUT_S",
+    "WAIT_TIMEOUT_S",
+    "ProgressCallback",
+    "check_health",
+    "check_health_async",
+    "wait_until_ready",
+    "wait_until_ready_async",
+]
+
+ProgressCallback = Callable[[float, str, "str | None"], None]
+"""Called after each poll with (elapsed_s, phase, newest log line or None)."""
+
+CHECK_TIMEOUT_S = 10.0
+"""Default seconds per request for a single check."""
+WAIT_TIMEOUT_S = 1800.0
+"""Default seconds to wait in all: a 1T-parameter model takes ~30 minutes to load."""
+_PROMPT = "Hello"
+_LOG_LINES = 20
+_MIN_REQUEST_TIMEOUT_S = 1.0
+
+
+@dataclass
+class _Watch:
+    """What to watch beside the port: a pid (with its start time, against pid reuse), a unit, a log."""
+
+    pid: int | None = None
+    unit: str | None = None
+    log_path: Path | None = None
+    start_ticks: int | None = None
+    secrets: tuple[str | None, ...] = ()
+    last: ProcessInfo | None = field(default=None)
+
+    @property
+    def knows_process(self) -> bool:
+        return self.pid is not None or self.unit is not None
+
+    def process(self) -> ProcessInfo | None:
+        if self.unit is not None:
+            self.last = read_unit(self.unit)
+        elif self.pid is not None:
+            self.last = read_process(self.pid, start_ticks=self.start_ticks)
+        return self.last
+
+    def log_tail(self, lines: int = _LOG_LINES) -> list[str]:
+        if self.log_path is not None:
+            return read_log_tail(self.log_path, lines=lines, secrets=self.secrets)
+        if self.unit is not None:
+            return read_unit_log_tail(self.unit, lines=lines, secrets=self.secrets)
+        return []
+
+    def newest_log_line(self) -> str | None:
+        tail = self.log_tail(1)
+        return tail[-1] if tail else None
+
+
+@dataclass
+class _Poll:
+    phase: str
+    checks: list[Check]
+    model: str | None = None
+    max_model_len: int | None = None
+    final: bool = False  # waiting longer cannot help (crashed, engine dead)
+
+
+def _as_key(api_key: ApiKey | str | None) -> ApiKey | None:
+    if isinstance(api_key, str):
+        return ApiKey(api_key, "--api-key") if api_key else None
+    return api_key
+
+
+def _skipped(*names: str, why: str) -> list[Check]:
+    return [Check(name=name, ok=False, detail=f"not run: {why}") for name in names]
+
+
+async def _probe(client: ServerClient, request_timeout_s: float) -> _Poll:
+    """One round of the three checks. Raises ServerUnreachable / ServerTimeout when nothing answers."""
+    status = await client.get_status("/health")
+    if status == 503:
+        return _Poll("engine dead", [Check(name="health", ok=False, detail="HTTP 503: the engine is dead "
+                                           "(vLLM answers 503 once its engine core has failed)"),
+                                     *_skipped("models", "completion", why="/health answered 503")], final=True)
+    checks = [Check(name="health", ok=status == 200,
+                    detail="HTTP 200" if status == 200 else f"HTTP {status} (want 200)")]
+    try:
+        listing = await client.get_json("/v1/models")
+    except (ServerFailed, ServerTimeout) as exc:
+        return _Poll("not ready", [*checks, Check(name="models", ok=False, detail=exc.problem),
+                                   *_skipped("completion", why="no model listed")])
+    models = listing.get("data") if isinstance(listing, dict) else None
+    if not isinstance(models, list) or not models or not isinstance(models[0], dict) or "id" not in models[0]:
+        return _Poll("not ready", [*checks, Check(name="models", ok=False, detail="/v1/models lists no model"),
+                                   *_skipped("completion", why="no model listed")])
+    model_id = str(models[0]["id"])
+    raw_len = models[0].get("max_model_len")
+    max_len = raw_len if isinstance(raw_len, int) and not isinstance(raw_len, bool) else None
+    others = f" (+{len(models) - 1} more)" if len(models) > 1 else ""
+    checks.append(Check(name="models", ok=True, detail=f"{model_id}{others}, max_model_len "
+                                                       f"{max_len if max_len is not None else 'N/A'}"))
+    body = {"model": model_id, "prompt": _PROMPT, "max_tokens": 1, "temperature": 0.0}
+    started = time.monotonic()
+    try:
+        answer = await client.post_json("/v1/completions", body, read_timeout_s=request_timeout_s)
+    except (ServerFailed, ServerTimeout) as exc:
+        checks.append(Check(name="completion", ok=False, detail=exc.problem))
+        return _Poll("not ready", checks, model_id, max_len)
+    took_s = time.monotonic() - started
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    if not isinstance(choices, list) or not choices:
+        checks.append(Check(name="completion", ok=False, detail="the answer has no choices"))
+        return _Poll("not ready", checks, model_id, max_len)
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    checks.append(Check(name="completion", ok=True,
+                        detail=f"{tokens if tokens is not None else 'N/A'} token in {took_s:.2f} s"))
+    ready = all(c.ok for c in checks)
+    return _Poll("ready" if ready else "not ready", checks, model_id, max_len)
+
+
+def _unanswered(exc: ServerUnreachable | ServerTimeout, watch: _Watch) -> _Poll:
+    """A poll where nothing answered: the process says loading, crashed, or (without one) unreachable."""
+    why = exc.problem
+    proc = watch.process()
+    if proc is None:
+        phase, final = "unreachable", False
+        detail = f"{why} (give --pid or --unit to tell loading from dead)"
+    elif proc.alive:
+        phase, final = "loading", False
+        detail = f"{why}; {proc.detail}"
+    else:
+        phase, final = "crashed", True
+        detail = f"{why}; {proc.detail}"
+    return _Poll(phase, [Check(name="health", ok=False, detail=detail),
+                         *_skipped("models", "completion", why="/health did not answer")], final=final)
+
+
+def _result(url: str, poll: _Poll, watch: _Watch, *, elapsed_s: float, waited: bool, timed_out: bool,
+            api_key: ApiKey | None) -> HealthResult:
+    ready = poll.phase == "ready"
+    return HealthResult(
+        servescope_version=__version__,
+        checked_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        url=url, ready=ready, phase=poll.phase, model=poll.model, max_model_len=poll.max_model_len,
+        elapsed_s=round(elapsed_s, 3), waited=waited, timed_out=timed_out and not ready, checks=poll.checks,
+        process=watch.last, log_path=str(watch.log_path) if watch.log_path is not None else None,
+        log_tail=[] if ready else watch.log_tail(),
+        api_key_source=api_key.source if api_key is not None else None,
+    )
+
+
+def _make_watch(pid: int | None, unit: str | None, log_path: Path | str | None,
+                api_key: ApiKey | None) -> _Watch:
+    if pid is not None and unit is not None:
+        raise InputError("--pid/--unit", "give one of --pid and --unit, not both")
+    if pid is not None and pid <= 0:
+        raise InputError("--pid", f"not a process id: {pid}")
+    if unit is not None:
+        read_unit(unit)  # fail now, not at the first refused connection, when systemd cannot answer
+    return _Watch(pid=pid, unit=unit, log_path=Path(log_path) if log_path is not None else None,
+                  start_ticks=process_start_ticks(pid) if pid is not None else None,
+                  secrets=(api_key.reveal() if api_key is not None else None,))
+
+
+async def check_health_async(url: str, *, api_key: ApiKey | str | None = None, timeout_s: float = CHECK_TIMEOUT_S,
+                             pid: int | None = None, unit: str | None = None,
+                             log_path: Path | str | None = None) -> HealthResult:
+    """The async form of :func:`check_health`."""
+    if not timeout_s > 0:
+        raise InputError("--timeout", f"a single check needs a timeout > 0 s (got {timeout_s:g})")
+    key = _as_key(api_key)
+    base = normalize_base_url(url)
+    watch = _make_watch(pid, unit, log_path, key)
+    started = time.monotonic()
+    async with ServerClient(base, api_key=key, connect_timeout_s=min(timeout_s, 5.0),
+                            read_timeout_s=timeout_s) as client:
+        try:
+            poll = await _probe(client, timeout_s)
+            watch.process()
+        except (ServerUnreachable, ServerTimeout) as exc:
+            if not watch.knows_process:
+                raise
+            poll = _unanswered(exc, watch)
+    return _result(base, poll, watch, elapsed_s=time.monotonic() - started, waited=False, timed_out=False,
+                   api_key=key)
+
+
+def check_health(url: str, *, api_key: ApiKey | str | None = None, timeout_s: float = CHECK_TIMEOUT_S,
+                 pid: int | None = None, unit: str | None = None,
+                 log_path: Path | str | None = None) -> HealthResult:
+    """Readiness of the server at ``url`` now: one round of the three checks, no waiting.
+
+    Args:
+        url: ``http(s)://HOST:PORT`` of an OpenAI-compatible server (vLLM, SGLang).
+        api_key: sent as a bearer token; see :func:`~servescope.server.client.resolve_api_key`.
+        timeout_s: seconds each request may take.
+        pid, unit: the server's process or systemd unit; with one, a refused connection becomes a
+            ``loading`` / ``crashed`` result instead of an error.
+        log_path: the server's log, whose last lines go into a not-ready result.
+
+    Raises:
+        InputError: a malformed URL, or ``--pid`` and ``--unit`` together.
+        ServerUnreachable: nothing answered (connection refused, unknown host) and no pid/unit was given.
+        AuthRequired, EndpointNotFound, NotOpenAICompatible: the server cannot be checked as it is.
+
+    Example:
+        >>> result = check_health("http://127.0.0.1:8000")  # doctest: +SKIP
+        >>> result.ready, result.model, result.max_model_len  # doctest: +SKIP
+        (True, 'tiny-llama', 256)
+    """
+    return asyncio.run(check_health_async(url, api_key=api_key, timeout_s=timeout_s, pid=pid, unit=unit,
+                                          log_path=log_path))
+
+
+async def wait_until_ready_async(
+    url: str, *, timeout_s: float, poll_s: float = 1.0, api_key: ApiKey | str | None = None,
+    pid: int | None = None, log_path: Path | str | None = None, unit: str | None = None,
+    request_timeout_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, progress: ProgressCallback | None = None,
+) -> HealthResult:
+    """The async form of :func:`wait_until_ready`."""
+    if timeout_s < 0 or poll_s <= 0:
+        raise InputError("--timeout", f"timeout must be >= 0 and poll interval > 0 (got {timeout_s}, {poll_s})")
+    key = _as_key(api_key)
+    base = normalize_base_url(url)
+    watch = _make_watch(pid, unit, log_path, key)
+    start = clock()
+    deadline = start + timeout_s
+    async with ServerClient(base, api_key=key, connect_timeout_s=min(request_timeout_s, 5.0),
+                            read_timeout_s=request_timeout_s) as client:
+        while True:
+            left_s = deadline - clock()
+            try:
+                poll = await _probe(client, max(_MIN_REQUEST_TIMEOUT_S, min(request_timeout_s, left_s)))
+                watch.process()
+            except ServerUnreachable as exc:
+                if not exc.refused:
+                    raise  # an unknown host or a network error does not heal by waiting
+                poll = _unanswered(exc, watch)
+            except ServerTimeout as exc:
+                poll = _unanswered(exc, watch)
+            elapsed_s = clock() - start
+            if progress is not None:
+                progress(elapsed_s, poll.phase, watch.newest_log_line())
+            timed_out = clock() >= deadline
+            if poll.phase == "ready" or poll.final or timed_out:
+                return _result(base, poll, watch, elapsed_s=elapsed_s, waited=True, timed_out=timed_out,
+                               api_key=key)
+            await sleep(max(0.0, min(poll_s, deadline - clock())))
+
+
+def wait_until_ready(
+    url: str, *, timeout_s: float, poll_s: float = 1.0, api_key: ApiKey | str | None = None,
+    pid: int | None = None, log_path: Path | str | None = None, unit: str | None = None,
+    request_timeout_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, progress: ProgressCallback | None = None,
+) -> HealthResult:
+    """Poll the server at ``url`` until it is ready, it is dead, or ``timeout_s`` seconds have passed.
+
+    Returns at once, not ready, when the process (``pid``) or unit is gone while the port refuses
+    connections (``crashed``) or when ``/health`` answers 503 (``engine dead``). Without ``pid`` or
+    ``unit`` a refused port reads ``unreachable`` and is polled until the timeout, since it cannot be
+    told from a loading one. Not-ready results carry the last 20 lines of ``log_path`` (or the unit's
+    journal), with secrets redacted.
+
+    Args:
+        timeout_s: seconds to wait in all, on ``clock``; 0 polls once.
+        poll_s: seconds between polls.
+        pid: the server's process id, read from ``/proc/PID/stat`` (a zombie counts as gone).
+        unit: a systemd unit, read with ``systemctl show -p MainPID,ActiveState,SubState NAME``.
+        request_timeout_s: the longest any one request may take (never past the deadline, but >= 1 s).
+        clock, sleep: a monotonic clock and an async sleep (tests may inject their own).
+        progress: called after each poll with (elapsed_s, phase, newest log line or None).
+
+    Raises:
+        InputError: a malformed URL, bad ``timeout_s``/``poll_s``, ``pid`` and ``unit`` together, or
+            ``unit`` given where systemd cannot answer.
+        ServerUnreachable: the host cannot be resolved or another non-refusal network error.
+        AuthRequired, EndpointNotFound, NotOpenAICompatible: waiting cannot fix these.
+
+    Example:
+        >>> r = wait_until_ready("http://127.0.0.1:8000", timeout_s=1800, pid=4242,
+        ...                      log_path="/var/log/vllm.log")  # doctest: +SKIP
+        >>> r.phase  # doctest: +SKIP
+        'ready'
+    """
+    return asyncio.run(wait_until_ready_async(
+        url, timeout_s=timeout_s, poll_s=poll_s, api_key=api_key, pid=pid, log_path=log_path, unit=unit,
+        request_timeout_s=request_timeout_s, clock=clock, sleep=sleep, progress=progress))

@@ -1,0 +1,138 @@
+"""Is the server process alive? One query for ``/proc/PID`` and one for a systemd unit, plus its log tail.
+
+Shell twins::
+
+    cat /proc/PID/stat                      # field 3: state (Z = zombie), field 22: start time
+    systemctl show -p MainPID,ActiveState,SubState NAME
+    journalctl -u NAME -n 20 --no-pager -o cat
+    tail -n 20 LOG
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from servescope.core.errors import InputError
+from servescope.core.health import ProcessInfo
+from servescope.server.redact import redact
+
+__all__ = ["process_start_ticks", "read_log_tail", "read_process", "read_unit", "read_unit_log_tail"]
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_TAIL_BYTES = 64 * 1024
+_UNIT_TIMEOUT_S = 10.0
+Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
+
+
+def read_process(pid: int, *, proc: Path = Path("/proc"), start_ticks: int | None = None) -> ProcessInfo:
+    """The state of process ``pid`` from ``/proc/PID/stat``; a zombie or a missing pid is not alive.
+
+    Args:
+        start_ticks: the process start time (``stat`` field 22) seen earlier; a different one means
+            the pid was reused by another process, so the one we watched is gone.
+    """
+    try:
+        stat = (proc / str(pid) / "stat").read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return ProcessInfo(pid=pid, alive=False, detail=f"no process {pid}")
+    except OSError as exc:
+        return ProcessInfo(pid=pid, alive=False, detail=f"cannot read /proc/{pid}/stat: {exc.strerror}")
+    # comm (field 2) may hold spaces and parentheses: split after the last ")".
+    fields = stat[stat.rindex(")") + 2:].split()
+    state = fields[0]
+    ticks = int(fields[19]) if len(fields) > 19 else None
+    if start_ticks is not None and ticks is not None and ticks != start_ticks:
+        return ProcessInfo(pid=pid, alive=False, detail=f"process {pid} exited (the pid now belongs to another)")
+    if state in ("Z", "X"):
+        status = int(fields[49]) if len(fields) > 49 else None  # field 52, exit_code (Linux 3.5+)
+        return ProcessInfo(pid=pid, alive=False, state=state, exit_status=status,
+                           detail=f"process {pid} exited ({_describe_wait_status(status)}; a zombie)")
+    return ProcessInfo(pid=pid, alive=True, state=state, detail=f"process {pid} is running (state {state})")
+
+
+def process_start_ticks(pid: int, *, proc: Path = Path("/proc")) -> int | None:
+    """``/proc/PID/stat`` field 22 (start time in clock ticks), or None when the process is gone."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+def _describe_wait_status(status: int | None) -> str:
+    if status is None:
+        return "exit status not available"
+    if status & 0x7F:
+        return f"killed by signal {status & 0x7F}"
+    return f"exit code {(status >> 8) & 0xFF}"
+
+
+def _run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=_UNIT_TIMEOUT_S, check=False)
+
+
+def read_unit(unit: str, *, run: Runner = _run) -> ProcessInfo:
+    """The state of systemd unit ``unit``: alive while ``activating``/``active`` (or reloading).
+
+    ``failed``, ``inactive`` and ``deactivating`` count as not alive (a stopped or crashed server).
+
+    Raises:
+        InputError: systemctl is not installed, or cannot answer (no systemd as init, no such bus).
+    """
+    if shutil.which("systemctl") is None:
+        raise InputError("--unit", "systemctl not found: --unit needs systemd; use --pid PID instead")
+    try:
+        done = run(["systemctl", "show", "-p", "MainPID,ActiveState,SubState,LoadState", unit])
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise InputError("--unit", f"systemctl show {unit} failed: {exc}") from None
+    if done.returncode != 0:
+        why = " ".join((done.stderr or done.stdout).split()) or f"exit code {done.returncode}"
+        raise InputError("--unit", f"systemctl show {unit} failed: {why}")
+    props = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    if props.get("LoadState") == "not-found":
+        raise InputError("--unit", f"no systemd unit {unit!r}")
+    active, sub = props.get("ActiveState", ""), props.get("SubState", "")
+    pid = int(props.get("MainPID", "0") or 0) or None
+    alive = active in ("active", "activating", "reloading")
+    return ProcessInfo(pid=pid, alive=alive, state=f"{active}/{sub}", unit=unit,
+                       detail=f"unit {unit} is {active} ({sub})" + (f", main pid {pid}" if pid else ""))
+
+
+def read_log_tail(path: Path, *, lines: int = 20, secrets: Sequence[str | None] = ()) -> list[str]:
+    """The last ``lines`` non-empty lines of the log file ``path``, without colour codes, redacted.
+
+    Reads only the file's last 64 KiB; a missing or unreadable log gives ``[]``.
+    """
+    try:
+        with path.open("rb") as handle:
+            size = handle.seek(0, 2)
+            handle.seek(max(0, size - _TAIL_BYTES))
+            data = handle.read()
+    except OSError:
+        return []
+    return _clean(data.decode("utf-8", "replace").replace("\r", "\n").splitlines(), lines, secrets)
+
+
+def read_unit_log_tail(unit: str, *, lines: int = 20, secrets: Sequence[str | None] = (),
+                       run: Runner = _run) -> list[str]:
+    """The last ``lines`` journal lines of ``unit`` (``journalctl -u``), or ``[]`` when there is no journal."""
+    if shutil.which("journalctl") is None:
+        return []
+    try:
+        done = run(["journalctl", "-u", unit, "-n", str(lines), "--no-pager", "-o", "cat"])
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if done.returncode != 0:
+        return []
+    return _clean(done.stdout.splitlines(), lines, secrets)
+
+
+def _clean(raw: Sequence[str], lines: int, secrets: Sequence[str | None]) -> list[str]:
+    kept = [redact(_ANSI.sub("", line).rstrip(), secrets) for line in raw]
+    kept = [line for line in kept if line.strip()]
+    return kept[-lines:] if lines > 0 else []
