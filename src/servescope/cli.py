@@ -192,6 +192,137 @@ def capture_decode(ctx: typer.Context) -> None:
     raise typer.Exit(tool.main(list(ctx.args)))
 
 
+@app.command()
+def health(
+    url: Annotated[str, typer.Argument(help="The server, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine).")],
+    wait: Annotated[bool, typer.Option("--wait", help="Poll until ready; stop at once if the process or unit "
+                                       "exits.")] = False,
+    timeout: Annotated[float | None, typer.Option("--timeout", min=0.0, show_default=False,
+                                                  help="Seconds to wait in all with --wait (default 1800), "
+                                                  "else per request (default 10).")] = None,
+    poll: Annotated[float, typer.Option("--poll", min=0.1, help="Seconds between polls with --wait.")] = 2.0,
+    pid: Annotated[int | None, typer.Option("--pid", min=1, help="The server's process id: tells loading "
+                                            "from crashed.")] = None,
+    unit: Annotated[str | None, typer.Option("--unit", help="The server's systemd unit (instead of --pid).")] = None,
+    log: Annotated[Path | None, typer.Option("--log", help="The server's log; its last lines show when it is "
+                                             "not ready.")] = None,
+    api_key: Annotated[str | None, typer.Option("--api-key", show_default=False,
+                                                help="Bearer key; else $SERVESCOPE_API_KEY, else "
+                                                "$OPENAI_API_KEY. Never printed.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the health result as JSON.")] = False,
+) -> None:
+    """Is the server ready? /health 200, /v1/models lists a model, and a 1-token completion works.
+
+    Exit 0 when ready, 1 when not (crashed, engine dead, still loading at the timeout), 2 for bad input or
+    a server that cannot be checked (unreachable without --wait, wrong API key, not OpenAI-compatible).
+    """
+    from servescope.report.health import encode_health, render_health
+    from servescope.server.client import resolve_api_key
+    from servescope.server.health import CHECK_TIMEOUT_S, WAIT_TIMEOUT_S, check_health, wait_until_ready
+
+    with _user_errors():
+        key = resolve_api_key(api_key)
+        if wait:
+            def waiting(bar: _BarProgress | None) -> object:
+                def show(elapsed_s: float, phase: str, line: str | None) -> None:
+                    if bar is not None:
+                        bar.advance(f"{elapsed_s:.0f} s  {phase}  {line or ''}")
+                return wait_until_ready(url, timeout_s=WAIT_TIMEOUT_S if timeout is None else timeout, poll_s=poll,
+                                        api_key=key, pid=pid, unit=unit, log_path=log, progress=show)
+
+            result = _with_progress(as_json, waiting)
+        else:
+            result = check_health(url, api_key=key, timeout_s=CHECK_TIMEOUT_S if timeout is None else timeout,
+                                  pid=pid, unit=unit, log_path=log)
+    if as_json:
+        sys.stdout.buffer.write(encode_health(result))  # type: ignore[arg-type]
+    else:
+        render_health(result, Console(highlight=False))  # type: ignore[arg-type]
+    if not result.ready:  # type: ignore[attr-defined]
+        raise typer.Exit(1)
+
+
+gpu_app = typer.Typer(help="GPUs: inventory, memory holders, waiting for memory to be free.", no_args_is_help=True)
+app.add_typer(gpu_app, name="gpu")
+
+
+@gpu_app.command("list")
+def gpu_list(
+    prefer: Annotated[str, typer.Option("--prefer", help="nvml or nvidia-smi (the other is the fallback).")] = "nvml",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the snapshot as JSON.")] = False,
+) -> None:
+    """GPUs, their memory, PCIe link and the processes holding memory (NVML, else nvidia-smi)."""
+    from servescope.gpu.errors import GpuUnavailable
+    from servescope.gpu.inventory import take_snapshot
+    from servescope.report.gpu import encode_dataclass, render_snapshot
+
+    try:
+        snapshot = take_snapshot(prefer=prefer)
+    except (GpuUnavailable, ValueError) as exc:
+        _fail(str(exc))
+    if as_json:
+        sys.stdout.buffer.write(encode_dataclass(snapshot))
+    else:
+        render_snapshot(snapshot, Console(highlight=False))
+
+
+@gpu_app.command("wait-free")
+def gpu_wait_free(
+    max_used_mib: Annotated[int, typer.Option("--max-used-mib", min=0, help="Free means every GPU uses less.")],
+    timeout: Annotated[float, typer.Option("--timeout", min=0.0, help="Seconds before giving up (exit 1).")],
+    poll: Annotated[float, typer.Option("--poll", min=0.1, help="Seconds between checks.")] = 2.0,
+) -> None:
+    """Wait until GPU memory is free (for ExecStartPre); exit 1 naming who still holds it at the timeout."""
+    from servescope.gpu.errors import GpuUnavailable
+    from servescope.gpu.inventory import wait_until_gpu_memory_free
+
+    try:
+        result = wait_until_gpu_memory_free(max_used_mib, timeout, poll)
+    except GpuUnavailable as exc:
+        _fail(str(exc))
+    typer.echo(result.describe())
+    if not result.ready:
+        raise typer.Exit(1)
+
+
+bench_app = typer.Typer(help="Measurements that feed plan: GEMMs at a model's decode shapes.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("gemm")
+def bench_gemm(
+    model: Annotated[str, typer.Option("--model", help="A preset (kimi-k2.5, deepseek-v3, qwen3-235b-a22b, "
+                                       "llama-3-70b) or a HF config.json.")],
+    tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel ranks (per-rank shapes).")] = 1,
+    batch: Annotated[str, typer.Option("--batch", help="Decode batch sizes, comma-separated.")] = "1,16,64",
+    device: Annotated[str, typer.Option("--device", help="auto, cuda or cpu.")] = "auto",
+    iters: Annotated[int, typer.Option("--iters", min=1, help="Timed samples per shape.")] = 50,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the JSON result here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Time the model's per-rank decode GEMMs; TFLOP/s and GB/s against ceilings measured in the same run."""
+    from servescope.bench.gemm import run_gemm_bench
+    from servescope.core.atomic import write_text_atomic
+    from servescope.core.gemm import gemm_doc_to_json
+    from servescope.plan.model import gemm_shapes, load_model_arch
+    from servescope.report.gpu import render_gemm
+
+    with _user_errors():
+        try:
+            batches = [int(b) for b in batch.split(",") if b.strip()]
+        except ValueError:
+            raise InputError("--batch", f"not a comma-separated list of integers: {batch!r}") from None
+        arch = load_model_arch(model)
+        shapes = [s for b in batches for s in gemm_shapes(arch, tp=tp, batch=b)]
+        doc = run_gemm_bench(shapes, device=device, iters=iters)
+        if output is not None:
+            write_text_atomic(output, gemm_doc_to_json(doc))
+    if as_json:
+        sys.stdout.write(gemm_doc_to_json(doc) + "\n")
+    else:
+        render_gemm(doc, Console(highlight=False))
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

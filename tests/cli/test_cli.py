@@ -108,3 +108,33 @@ def test_capture_decode_without_torch_is_one_line(monkeypatch: pytest.MonkeyPatc
     assert result.stderr.strip().splitlines()[0].startswith("servescope: error: capture decode needs torch")
     assert len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.output
+
+
+def test_gpu_list_without_a_gpu_is_one_line() -> None:
+    result = runner.invoke(app, ["gpu", "list"])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("servescope: error: no GPU query works here")
+
+
+def test_health_on_a_dead_port_is_one_line() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = runner.invoke(app, ["health", f"http://127.0.0.1:{port}"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"servescope: error: http://127.0.0.1:{port}/health: connection refused"
+
+
+def test_bench_gemm_cli_writes_a_result(tmp_path: Path) -> None:
+    out = tmp_path / "gemm.json"
+    result = runner.invoke(app, ["bench", "gemm", "--model", "llama-3-70b", "--tp", "8", "--batch", "1",
+                                 "--iters", "2", "--device", "cpu", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    timings = doc["timings"]
+    assert {(t["m"], t["k"]) for t in timings} >= {(1, 8192)}
+    for t in timings:
+        assert t["tflops"] == pytest.approx(2 * t["m"] * t["n"] * t["k"] / t["median_s"] / 1e12, rel=1e-6)
