@@ -63,17 +63,15 @@ def union_us(start: npt.NDArray[np.float64], end: npt.NDArray[np.float64]) -> fl
 
 def _category_of_names(data: TraceData, table_names: npt.NDArray[np.int32], kinds: npt.NDArray[np.int8],
                        taxonomy: Taxonomy, categories: list[str]) -> npt.NDArray[np.int32]:
+    """Category index of every row, classifying each distinct (name, kind) once."""
     index = {name: i for i, name in enumerate(categories)}
-    cache: dict[tuple[int, int], int] = {}
-    out = np.empty(len(table_names), dtype=np.int32)
-    for i, (name_id, kind) in enumerate(zip(table_names.tolist(), kinds.tolist(), strict=True)):
-        key = (name_id, kind)
-        found = cache.get(key)
-        if found is None:
-            category = taxonomy.classify(data.names[name_id], KIND_NAMES[kind])
-            found = cache[key] = index[category]
-        out[i] = found
-    return out
+    key = table_names.astype(np.int64) * 8 + kinds.astype(np.int64)
+    distinct, inverse = np.unique(key, return_inverse=True)
+    of_distinct = np.array(
+        [index[taxonomy.classify(data.names[int(k) // 8], KIND_NAMES[int(k) % 8])] for k in distinct.tolist()],
+        dtype=np.int32,
+    )
+    return of_distinct[inverse] if len(key) else np.zeros(0, dtype=np.int32)
 
 
 def _median(values: Sequence[float]) -> float:

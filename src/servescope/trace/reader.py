@@ -2,7 +2,7 @@
 
 Only what analysis needs is kept, in compact columns with interned names:
 
-* device work: ``kernel``, ``gpu_memcpy``, ``gpu_memset`` events (their correlation ids, stream and the
+* device work: ``kernel``, ``gpu_memcpy``, ``gpu_memset`` events (their correlation ids and the
   collective size args newer Kineto puts on NCCL kernels);
 * runtime events (``cuda_runtime`` / ``cuda_driver``, HIP too) with a correlation id: the CPU-side launch
   of each kernel, one ``cudaGraphLaunch`` for all kernels of a graph replay;
@@ -57,12 +57,9 @@ _EVENT_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 
 class _Args(msgspec.Struct, gc=False):  # no cycles: skip GC tracking of 1e6 objects
     correlation: int | None = None
-    external_id: int | None = msgspec.field(default=None, name="External id")
-    stream: int | str | None = None
     collective: str | None = msgspec.field(default=None, name="Collective name")
     in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
     dtype: str | None = None
-    group_size: int | None = msgspec.field(default=None, name="Group size")
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -120,7 +117,6 @@ class OpTable:
     tid: list[int | str]
     pid: list[int | str]
     msg_bytes: dict[int, int] = field(default_factory=dict)  # row -> bytes, for collectives that record it
-    collective: dict[int, str] = field(default_factory=dict)  # row -> Kineto's "Collective name"
 
     def __len__(self) -> int:
         return int(self.ts_us.shape[0])
@@ -150,7 +146,6 @@ class _Columns:
         self.tid: list[int | str] = []
         self.pid: list[int | str] = []
         self.msg_bytes: dict[int, int] = {}
-        self.collective: dict[int, str] = {}
         self.rows = 0
 
     def add(self, events: list[_Event], kinds: list[int], name_ids: list[int]) -> int:
@@ -174,7 +169,7 @@ class _Columns:
         cols = [np.concatenate([p[i] for p in self._parts]) if self._parts else np.zeros(0, dtype=d)
                 for i, d in enumerate(dtypes)]
         return OpTable(kind=cols[0], name=cols[1], ts_us=cols[2], dur_us=cols[3], correlation=cols[4],
-                       tid=self.tid, pid=self.pid, msg_bytes=self.msg_bytes, collective=self.collective)
+                       tid=self.tid, pid=self.pid, msg_bytes=self.msg_bytes)
 
 
 _DTYPE_BYTES = {
@@ -232,7 +227,6 @@ class _Collector:
             if args is None or args.collective is None:
                 continue
             row = first + offset
-            self.device.collective[row] = args.collective
             if args.in_nelems is not None and args.dtype is not None:
                 width = _DTYPE_BYTES.get(args.dtype.lower())
                 if width is not None:
