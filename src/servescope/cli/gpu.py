@@ -1,0 +1,52 @@
+"""gpu list / wait-free: the GPUs of this machine."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from servescope.cli.common import fail, gpu_app
+
+
+@gpu_app.command("list")
+def gpu_list(
+    prefer: Annotated[str, typer.Option("--prefer", help="nvml or nvidia-smi (the other is the fallback).")] = "nvml",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the snapshot as JSON.")] = False,
+) -> None:
+    """GPUs, their memory, PCIe link and the processes holding memory (NVML, else nvidia-smi)."""
+    from servescope.gpu.errors import GpuUnavailable
+    from servescope.gpu.inventory import take_snapshot
+    from servescope.report.gpu import encode_dataclass, render_snapshot
+
+    try:
+        snapshot = take_snapshot(prefer=prefer)
+    except (GpuUnavailable, ValueError) as exc:
+        fail(str(exc))
+    if as_json:
+        sys.stdout.buffer.write(encode_dataclass(snapshot))
+    else:
+        render_snapshot(snapshot, Console(highlight=False))
+
+
+@gpu_app.command("wait-free")
+def gpu_wait_free(
+    max_used_mib: Annotated[int, typer.Option("--max-used-mib", min=0, help="Free means every GPU uses less.")],
+    timeout: Annotated[float, typer.Option("--timeout", min=0.0, help="Seconds before giving up (exit 1).")],
+    poll: Annotated[float, typer.Option("--poll", min=0.1, help="Seconds between checks.")] = 2.0,
+) -> None:
+    """Wait until GPU memory is free (for ExecStartPre); exit 1 naming who still holds it at the timeout."""
+    from servescope.gpu.errors import GpuUnavailable
+    from servescope.gpu.inventory import wait_until_gpu_memory_free
+
+    try:
+        result = wait_until_gpu_memory_free(max_used_mib, timeout, poll)
+    except GpuUnavailable as exc:
+        fail(str(exc))
+    typer.echo(result.describe())
+    if not result.ready:
+        raise typer.Exit(1)
+
+

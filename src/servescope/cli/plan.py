@@ -1,0 +1,3 @@
+"""plan: what another parallel layout would cost."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""profile: capture a live server's decode steps and analyze them."""
+
+from __future__ import annotations

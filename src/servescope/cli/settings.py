@@ -1,0 +1,3 @@
+"""settings: the complete effective configuration of a deployed server."""
+
+from __future__ import annotations
