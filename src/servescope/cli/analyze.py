@@ -1,55 +1,83 @@
-"""analyze, report, diff: traces in, breakdowns out."""
+"""analyze, report, diff: traces in, breakdowns out.
+
+Each command is a plain function and its flags, declared once (:class:`~servescope.cli.common.Flag`);
+:func:`register` makes the typer commands from them. ``servescope analyze`` is the command people time,
+so ``main()`` runs it without typer when its flags are plain (:func:`run_analyze_fast`): this module
+imports nothing heavy at import time.
+"""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING
 
-import typer
-from rich.console import Console
-
-from servescope.cli.common import app, fail, user_errors, with_progress
+from servescope.cli.common import Flag, fail, run_without_typer, user_errors, with_progress
 from servescope.core.errors import InputError
+
+if TYPE_CHECKING:
+    import typer
+
+__all__ = ["ANALYZE_FLAGS", "DIFF_FLAGS", "REPORT_FLAGS", "analyze", "diff", "register", "report",
+           "run_analyze_fast"]
+
+_TOP = Flag("top", ("--top",), int, "Kernels to list.", default=15, min=0)
+_HTML = Flag("html", ("--html",), Path | None, "Write a self-contained HTML report here.", default=None)
+
+ANALYZE_FLAGS = (
+    Flag("paths", (), list[Path] | None, "Trace files or directories (.json, .json.gz).", default=None,
+         show_default=False),
+    Flag("example", ("--example",), bool, "Analyze the bundled example capture.", default=False),
+    Flag("as_json", ("--json",), bool, "Print the analysis document as JSON.", default=False),
+    Flag("output", ("--output", "-o"), Path | None, "Write the JSON document here.", default=None),
+    _HTML,
+    Flag("taxonomy", ("--taxonomy",), Path | None, "TOML file of kernel rules that override the bundled "
+         "taxonomy.", default=None),
+    Flag("step_gap_us", ("--step-gap-us",), float | None, "Idle gap that separates steps when a trace has no "
+         "step annotations.", default=None, min=0.0),
+    _TOP,
+)
+REPORT_FLAGS = (
+    Flag("analysis", (), Path, "A saved `analyze -o` / `--json` document."),
+    _HTML,
+    _TOP,
+)
+DIFF_FLAGS = (
+    Flag("before", (), Path, "Traces (file or directory) or a saved analysis JSON."),
+    Flag("after", (), Path, "Traces (file or directory) or a saved analysis JSON."),
+    Flag("phase", ("--phase",), str, "decode, prefill, mixed or unknown.", default="decode"),
+    Flag("as_json", ("--json",), bool, "Print the diff document as JSON.", default=False),
+    Flag("taxonomy", ("--taxonomy",), Path | None, "Kernel rules file, as for analyze.", default=None),
+)
 
 
 def write_outputs(doc: object, *, json_out: Path | None, html_out: Path | None) -> None:
     from servescope.core.atomic import write_bytes_atomic, write_text_atomic
-    from servescope.report.html import render_analysis_html
-    from servescope.report.jsonout import encode_analysis
 
     target = json_out
     try:
         if json_out is not None:
+            from servescope.report.jsonout import encode_analysis
+
             write_bytes_atomic(json_out, encode_analysis(doc))  # type: ignore[arg-type]
         target = html_out
         if html_out is not None:
+            from servescope.report.html import render_analysis_html
+
             write_text_atomic(html_out, render_analysis_html(doc))  # type: ignore[arg-type]
     except OSError as exc:
         raise InputError(str(target), f"cannot write: {exc.strerror or exc}") from None
 
 
-@app.command()
-def analyze(
-    paths: Annotated[list[Path] | None, typer.Argument(help="Trace files or directories (.json, .json.gz).",
-                                                       show_default=False)] = None,
-    example: Annotated[bool, typer.Option("--example", help="Analyze the bundled example capture.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the analysis document as JSON.")] = False,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the JSON document here.")] = None,
-    html: Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
-    taxonomy: Annotated[Path | None, typer.Option("--taxonomy", help="TOML file of kernel rules that "
-                                                  "override the bundled taxonomy.")] = None,
-    step_gap_us: Annotated[float | None, typer.Option("--step-gap-us", min=0.0, help="Idle gap that separates "
-                                                      "steps when a trace has no step annotations.")] = None,
-    top: Annotated[int, typer.Option("--top", min=0, help="Kernels to list.")] = 15,
-) -> None:
+def analyze(paths: list[Path] | None, example: bool, as_json: bool, output: Path | None, html: Path | None,
+            taxonomy: Path | None, step_gap_us: float | None, top: int) -> None:
     """Where each step's time goes, per rank and phase, and what the bottleneck is.
 
     Reads torch.profiler traces as vLLM, SGLang and plain PyTorch write them (one file per rank; vLLM's
     front-end trace is recognised), finds the steps, and breaks their device time down by category.
     """
     from servescope.report.jsonout import encode_analysis
-    from servescope.report.tables import render_analysis
     from servescope.trace.analyze import AnalyzeRequest, example_trace_dir
     from servescope.trace.analyze import analyze as run_analysis
 
@@ -65,16 +93,17 @@ def analyze(
     if as_json:
         sys.stdout.buffer.write(encode_analysis(doc) + b"\n")
         return
+    from rich.console import Console
+
+    from servescope.report.tables import render_analysis
+
     render_analysis(doc, Console(highlight=False), top=top)
 
 
-@app.command()
-def report(
-    analysis: Annotated[Path, typer.Argument(help="A saved `analyze -o` / `--json` document.")],
-    html: Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
-    top: Annotated[int, typer.Option("--top", min=0, help="Kernels to list.")] = 15,
-) -> None:
+def report(analysis: Path, html: Path | None, top: int) -> None:
     """Re-render a saved analysis (tables, HTML) without reading the traces again."""
+    from rich.console import Console
+
     from servescope.report.jsonout import decode_analysis
     from servescope.report.tables import render_analysis
 
@@ -88,15 +117,10 @@ def report(
     render_analysis(doc, Console(highlight=False), top=top)
 
 
-@app.command()
-def diff(
-    before: Annotated[Path, typer.Argument(help="Traces (file or directory) or a saved analysis JSON.")],
-    after: Annotated[Path, typer.Argument(help="Traces (file or directory) or a saved analysis JSON.")],
-    phase: Annotated[str, typer.Option("--phase", help="decode, prefill, mixed or unknown.")] = "decode",
-    as_json: Annotated[bool, typer.Option("--json", help="Print the diff document as JSON.")] = False,
-    taxonomy: Annotated[Path | None, typer.Option("--taxonomy", help="Kernel rules file, as for analyze.")] = None,
-) -> None:
+def diff(before: Path, after: Path, phase: str, as_json: bool, taxonomy: Path | None) -> None:
     """Two analyses side by side: time per step by category, before → after, and findings that changed."""
+    from rich.console import Console
+
     from servescope.report.diff import encode_diff, render_diff
     from servescope.trace.diff import diff_paths
 
@@ -108,3 +132,15 @@ def diff(
     render_diff(doc, Console(highlight=False))
 
 
+def register(app: typer.Typer) -> None:
+    """Add analyze, report and diff to the root app."""
+    from servescope.cli.common import register as add
+
+    add(app, analyze, ANALYZE_FLAGS)
+    add(app, report, REPORT_FLAGS)
+    add(app, diff, DIFF_FLAGS)
+
+
+def run_analyze_fast(argv: Sequence[str]) -> bool:
+    """``servescope analyze ARGS`` without typer when ARGS are plain; False leaves it to typer."""
+    return run_without_typer(analyze, ANALYZE_FLAGS, argv)
