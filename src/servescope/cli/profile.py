@@ -1,3 +1,77 @@
 """profile: capture a live server's decode steps and analyze them."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from servescope.cli.common import app, user_errors
+from servescope.core.errors import InputError
+
+
+@app.command()
+def profile(
+    url: Annotated[str, typer.Argument(help="The server, e.g. http://127.0.0.1:8000.")],
+    batch: Annotated[int, typer.Option("--batch", help="Concurrent requests in the profiled window.")] = 1,
+    output_tokens: Annotated[int, typer.Option("--output-tokens", help="Tokens each request generates "
+                                               "(ignore_eos).")] = 32,
+    input_tokens: Annotated[int, typer.Option("--input-tokens", help="Prompt length in tokens.")] = 32,
+    trace_dir: Annotated[Path | None, typer.Option("--trace-dir", help="The server's torch_profiler_dir "
+                                                   "(found from the local process when not given).")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Model name (default: the first listed).")] = None,
+    api_key: Annotated[str | None, typer.Option("--api-key", help="Bearer key (or $SERVESCOPE_API_KEY / "
+                                                "$OPENAI_API_KEY).", show_default=False)] = None,
+    trace_timeout: Annotated[float, typer.Option("--trace-timeout", help="Seconds to wait for complete "
+                                                 "trace files.")] = 120.0,
+    warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="Send one unprofiled batch first "
+                                         "(2 tokens each) so the profiled one meets a warm server.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the analysis document plus trace_files.")] = False,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the JSON document here.")] = None,
+    html: Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
+    top: Annotated[int, typer.Option("--top", min=0, help="Kernels to list.")] = 15,
+) -> None:
+    """Profile B concurrent requests × N tokens on a live vLLM server and print the decode breakdown.
+
+    POST /start_profile, the requests, POST /stop_profile, waits for the new trace files (one per rank
+    plus the front end) to be complete, then analyzes exactly those files.
+    """
+    from servescope.core.atomic import write_bytes_atomic, write_text_atomic
+    from servescope.report.html import render_analysis_html
+    from servescope.report.profile import encode_profile, render_capture
+    from servescope.report.tables import render_analysis
+    from servescope.server.client import resolve_api_key
+    from servescope.server.profile import ProfileRequest, capture_profile
+    from servescope.trace.analyze import AnalyzeRequest, analyze
+
+    with user_errors():
+        request = ProfileRequest(url=url, batch=batch, output_tokens=output_tokens, input_tokens=input_tokens,
+                                 trace_dir=trace_dir, api_key=resolve_api_key(api_key), model=model,
+                                 trace_timeout_s=trace_timeout, warmup=warmup)
+        capture = capture_profile(request)
+        doc = analyze(AnalyzeRequest(paths=capture.trace_files))
+        data = encode_profile(doc, capture.trace_files, capture={
+            "url": capture.url, "model": capture.model, "batch": capture.batch,
+            "output_tokens": capture.output_tokens, "input_tokens": capture.input_tokens,
+            "prompt_source": capture.prompt_source, "usage": capture.usage,
+            "requests_s": round(capture.requests_s, 3), "traces_wait_s": round(capture.traces_wait_s, 3)})
+        target = output
+        try:
+            if output is not None:
+                write_bytes_atomic(output, data)
+            target = html
+            if html is not None:
+                write_text_atomic(html, render_analysis_html(doc))
+        except OSError as exc:
+            raise InputError(str(target), f"cannot write: {exc.strerror or exc}") from None
+    if as_json:
+        sys.stdout.buffer.write(data + b"\n")
+        return
+    console = Console(highlight=False)
+    render_capture(console, url=capture.url, model=capture.model, batch=capture.batch,
+                   output_tokens=capture.output_tokens, input_tokens=capture.input_tokens,
+                   trace_files=capture.trace_files, usage=capture.usage)
+    render_analysis(doc, console, top=top)

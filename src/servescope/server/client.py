@@ -195,6 +195,12 @@ class ServerClient:
         self._raise_for_status(path, response)
         return self._decode(path, response.content)
 
+    async def get_text(self, path: str) -> str:
+        """The body of GET ``path`` as text (for ``/metrics``; errors as for :meth:`get_json`)."""
+        response = await self._send("GET", path)
+        self._raise_for_status(path, response)
+        return response.content.decode("utf-8", "replace")
+
     async def post_json(self, path: str, body: Mapping[str, Any], *, read_timeout_s: float | None = None) -> Any:
         """The JSON body of POST ``path`` with ``body`` as JSON (errors as for :meth:`get_json`)."""
         response = await self._send("POST", path, body, read_timeout_s=read_timeout_s)

@@ -1,0 +1,153 @@
+"""The ``bench serve`` result document: one point per concurrency or request rate of a load sweep.
+
+Metric definitions (after AIPerf's), written beside each figure in every view:
+
+- **TTFT**: request sent → first chunk that carries text.
+- **E2E**: request sent → last chunk (the ``[DONE]`` of the stream).
+- **TPOT** (per request): ``(E2E − TTFT) / (output tokens − 1)``; output tokens from the server's
+  ``usage.completion_tokens``, never from counting chunks. AIPerf calls this *inter-token latency*.
+- **ITL** here: the gaps between successive text chunks (AIPerf's *inter-chunk latency*). With
+  speculative decoding or merged chunks a chunk carries several tokens, so ITL and TPOT differ.
+- **output tok/s**: all output tokens of the point / the point's span (first send → last answer).
+
+Times are milliseconds (``_ms``); ``None`` (``null``) means not available.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = [
+    "DEFINITIONS",
+    "SERVE_SCHEMA",
+    "SERVE_SCHEMA_VERSION",
+    "ClientLag",
+    "Dist",
+    "ServeOptions",
+    "ServePoint",
+    "ServeResult",
+    "ServerSide",
+    "TokenCounts",
+]
+
+SERVE_SCHEMA = "servescope.bench_serve"
+SERVE_SCHEMA_VERSION = 1
+
+DEFINITIONS: dict[str, str] = {
+    "ttft_ms": "request sent -> first text chunk",
+    "tpot_ms": "per request (e2e - ttft) / (usage output tokens - 1)",
+    "itl_ms": "gaps between text chunks (a chunk may hold several tokens)",
+    "e2e_ms": "request sent -> end of stream",
+    "output_tokens_per_s": "usage output tokens / point span",
+    "requests_per_s": "completed requests / point span",
+    "server.tpot_ms_mean": "server histogram mean over the point (/metrics after - before)",
+    "client_lag_ms": "event-loop lag: how late a 1 ms timer fires while streams run",
+}
+
+
+class Dist(msgspec.Struct, kw_only=True, frozen=True):
+    """Mean, median, p90 and p99 of a set of samples (ms); ``None`` when there are no samples."""
+
+    mean: float | None
+    median: float | None
+    p90: float | None
+    p99: float | None
+    samples: int = 0
+
+
+class ServerSide(msgspec.Struct, kw_only=True, frozen=True):
+    """The server's own view of one point: histogram means and counter deltas from ``/metrics``.
+
+    ``*_metric`` names the Prometheus series each mean came from (names drift across vLLM versions).
+    """
+
+    ttft_ms_mean: float | None = None
+    tpot_ms_mean: float | None = None
+    itl_ms_mean: float | None = None
+    e2e_ms_mean: float | None = None
+    ttft_metric: str | None = None
+    tpot_metric: str | None = None
+    itl_metric: str | None = None
+    e2e_metric: str | None = None
+    requests: float | None = None
+    generation_tokens: float | None = None
+    prompt_tokens: float | None = None
+    max_running: float | None = None
+    max_waiting: float | None = None
+    scrapes: int = 0
+
+
+class TokenCounts(msgspec.Struct, kw_only=True, frozen=True):
+    """Tokens as the server's ``usage`` reported them, against what was asked for."""
+
+    output_total: int
+    output_requested_total: int
+    output_mismatched_requests: int
+    prompt_mean: float | None
+    prompt_requested: int
+
+
+class ClientLag(msgspec.Struct, kw_only=True, frozen=True):
+    """How late the client's event loop ran (ms): a timer that should fire every 1 ms, measured."""
+
+    p50_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+
+
+class ServePoint(msgspec.Struct, kw_only=True, frozen=True):
+    """One load level: ``concurrency`` (closed loop) or ``rate`` (Poisson arrivals, requests/s)."""
+
+    concurrency: int | None
+    rate: float | None
+    requests: int
+    errors: int
+    error_examples: list[str]
+    duration_s: float
+    ttft_ms: Dist
+    tpot_ms: Dist
+    itl_ms: Dist
+    e2e_ms: Dist
+    output_tokens_per_s: float | None
+    requests_per_s: float | None
+    tokens: TokenCounts
+    client_lag: ClientLag
+    server: ServerSide
+    stopped: str | None = None
+
+
+class ServeOptions(msgspec.Struct, kw_only=True, frozen=True):
+    """Every option that changes a number."""
+
+    model: str
+    input_tokens: int
+    output_tokens: int
+    concurrency: list[int]
+    rate: list[float]
+    requests: int | None
+    duration_s: float | None
+    warmup_requests: int
+    max_concurrency: int | None
+    seed: int
+    prompt_source: str
+    timeout_s: float
+
+
+class ServeResult(msgspec.Struct, kw_only=True, frozen=True):
+    """A whole sweep. ``aborted`` says why it stopped early (the server died), else ``None``.
+
+    The API key is never part of this document; ``api_key_source`` names where one came from.
+    """
+
+    schema: str = SERVE_SCHEMA
+    schema_version: int = SERVE_SCHEMA_VERSION
+    servescope_version: str
+    created_at: str
+    url: str
+    platform: dict[str, str]
+    options: ServeOptions
+    definitions: dict[str, str]
+    points: list[ServePoint]
+    aborted: str | None = None
+    metrics_available: bool = False
+    api_key_source: str | None = None

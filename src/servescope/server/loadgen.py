@@ -1,0 +1,415 @@
+"""``bench serve``: a load sweep against a live OpenAI-compatible server, measured by the client and the server.
+
+Each point is a closed loop of ``concurrency`` streams, or Poisson arrivals at ``rate`` requests/s. Every
+request is a streamed ``/v1/completions`` with ``max_tokens = min_tokens = N`` and ``ignore_eos``, a prompt
+of exactly ``input_tokens`` tokens by the server's own tokenizer (vLLM ``/tokenize`` + ``/detokenize``;
+without them, one common English word per token, documented as ``prompt_source``), and
+``stream_options.include_usage`` + ``continuous_usage_stats`` so token counts come from the server.
+``/metrics`` is scraped before, during (every second) and after each point; see :mod:`.metrics`.
+
+A 1 ms timer runs beside the streams and records how late it fires (event-loop lag): when that grows
+the client, not the server, is the bottleneck, and the result says so. If the server dies mid-run the
+point stops launching, in-flight requests count as errors, and the sweep ends with ``aborted`` set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import platform
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from servescope import __version__
+from servescope.core.errors import InputError
+from servescope.core.serve import (
+    DEFINITIONS,
+    ClientLag,
+    Dist,
+    ServeOptions,
+    ServePoint,
+    ServeResult,
+    TokenCounts,
+)
+from servescope.server.client import ApiKey, ServerClient
+from servescope.server.errors import EndpointNotFound, ServerError
+from servescope.server.metrics import Snapshot, scrape_metrics, server_side
+
+__all__ = ["LoadSpec", "PointProgress", "make_prompts", "run_bench_serve", "run_bench_serve_async", "summarize"]
+
+PointProgress = Callable[[str, int, int], None]
+"""Called as requests finish: (point label, finished, planned)."""
+
+_WORDS = ("the time people year way day thing man world life hand part child eye woman place work week case "
+          "point number group problem fact water room mother area money story month lot right study book job "
+          "word business issue side kind head house service friend father power hour game line end member law "
+          "car city name team minute idea kid body back parent face others level office door health person art "
+          "war history party result change morning reason research girl guy moment air teacher force").split()
+_FALLBACK_SOURCE = "approximate: one English word per token (the server has no /tokenize)"
+_SERVER_SOURCE = "server /tokenize + /detokenize"
+_SCRAPE_EVERY_S = 1.0
+_LAG_TICK_S = 0.001
+_ERROR_EXAMPLES = 3
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """What to run. Exactly one of ``concurrency`` / ``rate`` is non-empty.
+
+    ``requests`` per point (default ``max(8, 4 × concurrency)``, or ``8 × rate`` for rate points);
+    ``duration_s`` stops launching new requests that many seconds into a point (whichever comes first).
+    """
+
+    url: str
+    input_tokens: int = 128
+    output_tokens: int = 64
+    concurrency: tuple[int, ...] = (1,)
+    rate: tuple[float, ...] = ()
+    requests: int | None = None
+    duration_s: float | None = None
+    warmup_requests: int = 2
+    max_concurrency: int | None = None
+    model: str | None = None
+    seed: int = 0
+    timeout_s: float = 120.0
+    api_key: ApiKey | None = field(default=None, repr=False)
+
+
+@dataclass
+class _Sample:
+    """One request as the client saw it; times are seconds from its send."""
+
+    error: str | None = None
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    chunk_s: list[float] = field(default_factory=list)
+    output_tokens: int | None = None
+    prompt_tokens: int | None = None
+    sent_at: float = 0.0
+    done_at: float = 0.0
+
+
+def _percentiles(values: list[float]) -> Dist:
+    if not values:
+        return Dist(mean=None, median=None, p90=None, p99=None, samples=0)
+    arr = np.asarray(values, dtype=np.float64)
+    p50, p90, p99 = np.percentile(arr, [50, 90, 99])
+    return Dist(mean=float(arr.mean()), median=float(p50), p90=float(p90), p99=float(p99), samples=len(values))
+
+
+def summarize(samples: list[_Sample], *, output_tokens: int, input_tokens: int) -> dict[str, Any]:
+    """The client-side figures of one point (ms), as keyword arguments of :class:`ServePoint`."""
+    ok = [s for s in samples if s.error is None]
+    ttft = [s.ttft_s * 1e3 for s in ok if s.ttft_s is not None]
+    e2e = [s.e2e_s * 1e3 for s in ok if s.e2e_s is not None]
+    tpot = [(s.e2e_s - s.ttft_s) * 1e3 / (s.output_tokens - 1) for s in ok
+            if s.e2e_s is not None and s.ttft_s is not None and s.output_tokens is not None and s.output_tokens > 1]
+    itl = [(b - a) * 1e3 for s in ok for a, b in zip(s.chunk_s, s.chunk_s[1:], strict=False)]
+    out_total = sum(s.output_tokens or 0 for s in ok)
+    prompts = [s.prompt_tokens for s in ok if s.prompt_tokens is not None]
+    span = (max(s.done_at for s in samples) - min(s.sent_at for s in samples)) if samples else 0.0
+    errors = [s.error for s in samples if s.error is not None]
+    return {
+        "requests": len(samples), "errors": len(errors),
+        "error_examples": list(dict.fromkeys(errors))[:_ERROR_EXAMPLES], "duration_s": span,
+        "ttft_ms": _percentiles(ttft), "tpot_ms": _percentiles(tpot), "itl_ms": _percentiles(itl),
+        "e2e_ms": _percentiles(e2e),
+        "output_tokens_per_s": out_total / span if span > 0 and ok else None,
+        "requests_per_s": len(ok) / span if span > 0 and ok else None,
+        "tokens": TokenCounts(
+            output_total=out_total, output_requested_total=output_tokens * len(ok),
+            output_mismatched_requests=sum(1 for s in ok if s.output_tokens != output_tokens),
+            prompt_mean=sum(prompts) / len(prompts) if prompts else None, prompt_requested=input_tokens),
+    }
+
+
+# ------------------------------------------------------------------------------------------------ prompts
+
+def _words(rng: random.Random, count: int) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(count))
+
+
+async def _count_tokens(client: ServerClient, model: str, text: str) -> int:
+    answer = await client.post_json("/tokenize", {"model": model, "prompt": text, "add_special_tokens": True})
+    return int(answer["count"])
+
+
+async def _exact_prompt(client: ServerClient, model: str, ids: list[int], target: int, special: int) -> str:
+    """Text that tokenizes to ``target`` tokens: ``ids`` cut to size, detokenized, checked and trimmed."""
+    take = max(1, target - special)
+    text = ""
+    for _ in range(6):
+        text = str((await client.post_json("/detokenize", {"model": model, "tokens": ids[:take]}))["prompt"])
+        got = await _count_tokens(client, model, text)
+        if got == target:
+            break
+        take = max(1, min(len(ids), take + (target - got)))
+    return text
+
+
+async def make_prompts(client: ServerClient, model: str, *, tokens: int, count: int,
+                       seed: int) -> tuple[list[str], str]:
+    """``count`` distinct prompts of ``tokens`` tokens each, and how they were made (``prompt_source``).
+
+    Each starts at a different random word so a prefix cache cannot serve one from another.
+    """
+    rng = random.Random(seed)
+    try:
+        special = await _count_tokens(client, model, "")
+    except EndpointNotFound:
+        return [_words(rng, tokens) for _ in range(count)], _FALLBACK_SOURCE
+    prompts: list[str] = []
+    for _ in range(count):
+        text = _words(rng, tokens * 2 + 8)
+        answer = await client.post_json("/tokenize", {"model": model, "prompt": text, "add_special_tokens": False})
+        prompts.append(await _exact_prompt(client, model, [int(t) for t in answer["tokens"]], tokens, special))
+    return prompts, _SERVER_SOURCE
+
+
+# ----------------------------------------------------------------------------------------------- requests
+
+class _Point:
+    """The shared state of one running point: the client, the body, the server-down flag, the samples."""
+
+    def __init__(self, client: ServerClient, body: dict[str, Any], prompts: list[str]) -> None:
+        self.client = client
+        self.body = body
+        self.prompts = prompts
+        self.samples: list[_Sample] = []
+        self.down: str | None = None
+        self._probe = asyncio.Lock()
+        self.next_prompt = 0
+
+    def prompt(self) -> str:
+        text = self.prompts[self.next_prompt % len(self.prompts)]
+        self.next_prompt += 1
+        return text
+
+    async def one(self) -> _Sample:
+        sample = _Sample(sent_at=time.perf_counter())
+        body = {**self.body, "prompt": self.prompt()}
+        try:
+            async for chunk in self.client.stream_completion(body):
+                now = time.perf_counter() - sample.sent_at
+                if chunk.get("choices"):
+                    if sample.ttft_s is None:
+                        sample.ttft_s = now
+                    sample.chunk_s.append(now)
+                usage = chunk.get("usage")
+                if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
+                    sample.output_tokens = int(usage["completion_tokens"])
+                    sample.prompt_tokens = usage.get("prompt_tokens")
+            sample.e2e_s = time.perf_counter() - sample.sent_at
+        except ServerError as exc:
+            sample.error = exc.problem
+            await self._check_alive()
+        sample.done_at = time.perf_counter()
+        self.samples.append(sample)
+        return sample
+
+    async def _check_alive(self) -> None:
+        """After a failed request: is the server still there? If not, stop the point."""
+        async with self._probe:
+            if self.down is not None:
+                return
+            try:
+                status = await self.client.get_status("/health")
+            except ServerError as exc:
+                self.down = f"{self.client.url_of('/health')}: {exc.problem}"
+                return
+            if status == 503:
+                self.down = f"{self.client.url_of('/health')}: HTTP 503 (engine dead)"
+
+
+async def _closed_loop(point: _Point, concurrency: int, requests: int, deadline: float | None,
+                       tick: Callable[[], None]) -> None:
+    launched = 0
+
+    async def worker() -> None:
+        nonlocal launched
+        while launched < requests and point.down is None and (deadline is None or time.perf_counter() < deadline):
+            launched += 1
+            await point.one()
+            tick()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+async def _poisson(point: _Point, rate: float, requests: int, deadline: float | None, max_concurrency: int | None,
+                   rng: random.Random, tick: Callable[[], None]) -> None:
+    gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    tasks: list[asyncio.Task[None]] = []
+
+    async def fire() -> None:
+        if gate is None:
+            await point.one()
+        else:
+            async with gate:
+                await point.one()
+        tick()
+
+    next_at = time.perf_counter()
+    for _ in range(requests):
+        if point.down is not None or (deadline is not None and next_at >= deadline):
+            break
+        delay = next_at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(fire()))
+        next_at += rng.expovariate(rate)
+    await asyncio.gather(*tasks)
+
+
+async def _lag_ticker(lags: list[float], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        before = time.perf_counter()
+        await asyncio.sleep(_LAG_TICK_S)
+        lags.append(max(0.0, time.perf_counter() - before - _LAG_TICK_S) * 1e3)
+
+
+async def _scraper(client: ServerClient, snaps: list[Snapshot], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=_SCRAPE_EVERY_S)
+        except TimeoutError:
+            snap = await scrape_metrics(client)
+            if snap is not None:
+                snaps.append(snap)
+
+
+def _lag(lags: list[float]) -> ClientLag:
+    if not lags:
+        return ClientLag(p50_ms=None, p99_ms=None, max_ms=None)
+    p50, p99 = np.percentile(np.asarray(lags), [50, 99])
+    return ClientLag(p50_ms=float(p50), p99_ms=float(p99), max_ms=float(max(lags)))
+
+
+# -------------------------------------------------------------------------------------------------- sweep
+
+async def _model_and_len(client: ServerClient, wanted: str | None) -> tuple[str, int | None]:
+    listing = await client.get_json("/v1/models")
+    models = listing.get("data") if isinstance(listing, dict) else None
+    if not isinstance(models, list) or not models:
+        raise InputError(client.url_of("/v1/models"), "the server lists no model")
+    chosen = next((m for m in models if m.get("id") == wanted), None) if wanted else models[0]
+    if chosen is None:
+        names = ", ".join(str(m.get("id")) for m in models)
+        raise InputError("--model", f"the server does not serve {wanted!r} (it serves {names})")
+    raw = chosen.get("max_model_len")
+    return str(chosen["id"]), raw if isinstance(raw, int) else None
+
+
+def _plan_requests(spec: LoadSpec, *, concurrency: int | None, rate: float | None) -> int:
+    if spec.requests is not None:
+        return spec.requests
+    if spec.duration_s is not None:
+        return sys.maxsize
+    return max(8, 4 * concurrency) if concurrency is not None else max(8, int(8 * (rate or 1.0)))
+
+
+async def run_bench_serve_async(spec: LoadSpec, *, progress: PointProgress | None = None,
+                                checkpoint: Callable[[ServeResult], None] | None = None) -> ServeResult:
+    """The sweep of ``spec``; ``checkpoint`` gets the result after every point (to write it as it grows).
+
+    Raises:
+        InputError: bad options, or a server that cannot be benchmarked (unreachable at the start, not
+            OpenAI-compatible, wrong key, prompt + output longer than its ``max_model_len``).
+    """
+    if bool(spec.concurrency) == bool(spec.rate):
+        raise InputError("--concurrency/--rate", "give exactly one of them")
+    levels = max([*spec.concurrency, spec.max_concurrency or 0, 64 if spec.rate else 0])
+    async with ServerClient(spec.url, api_key=spec.api_key, read_timeout_s=spec.timeout_s,
+                            max_connections=levels + 8) as client:
+        model, max_len = await _model_and_len(client, spec.model)
+        if max_len is not None and spec.input_tokens + spec.output_tokens > max_len:
+            raise InputError("--input-tokens/--output-tokens", f"{spec.input_tokens} + {spec.output_tokens} tokens "
+                             f"exceed the server's max_model_len {max_len}")
+        counts = [_plan_requests(spec, concurrency=c, rate=None) for c in spec.concurrency] + \
+                 [_plan_requests(spec, concurrency=None, rate=r) for r in spec.rate]
+        pool = min(256, max(min(counts), max(spec.concurrency or [1])) + spec.warmup_requests)
+        prompts, source = await make_prompts(client, model, tokens=spec.input_tokens, count=pool, seed=spec.seed)
+        body = {"model": model, "max_tokens": spec.output_tokens, "min_tokens": spec.output_tokens,
+                "ignore_eos": True, "temperature": 0.0,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        options = ServeOptions(model=model, input_tokens=spec.input_tokens, output_tokens=spec.output_tokens,
+                               concurrency=list(spec.concurrency), rate=list(spec.rate), requests=spec.requests,
+                               duration_s=spec.duration_s, warmup_requests=spec.warmup_requests,
+                               max_concurrency=spec.max_concurrency, seed=spec.seed, prompt_source=source,
+                               timeout_s=spec.timeout_s)
+        warm = _Point(client, body, prompts[::-1])
+        for _ in range(spec.warmup_requests):
+            sample = await warm.one()
+            if sample.error is not None:
+                raise InputError(client.url_of("/v1/completions"), f"the warm-up request failed: {sample.error}")
+        result = ServeResult(servescope_version=__version__, created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+                             url=client.base_url, platform={"python": platform.python_version(),
+                                                            "system": platform.platform()},
+                             options=options, definitions=dict(DEFINITIONS), points=[],
+                             api_key_source=spec.api_key.source if spec.api_key else None)
+        rng = random.Random(spec.seed)
+        metrics_seen = False
+        plans: list[tuple[int | None, float | None]] = [(c, None) for c in spec.concurrency] + \
+                                                       [(None, r) for r in spec.rate]
+        points: list[ServePoint] = []
+        aborted: str | None = None
+        for (concurrency, rate), planned in zip(plans, counts, strict=True):
+            label = f"concurrency {concurrency}" if concurrency is not None else f"rate {rate:g}/s"
+            point = _Point(client, body, prompts)
+            before = await scrape_metrics(client)
+            during: list[Snapshot] = []
+            lags: list[float] = []
+            stop = asyncio.Event()
+            side = [asyncio.create_task(_lag_ticker(lags, stop)), asyncio.create_task(_scraper(client, during, stop))]
+            started = time.perf_counter()
+            deadline = started + spec.duration_s if spec.duration_s is not None else None
+            shown = planned if planned != sys.maxsize else 0
+
+            def tick(label: str = label, point: _Point = point, shown: int = shown) -> None:
+                if progress is not None:
+                    progress(label, len(point.samples), shown)
+
+            try:
+                if concurrency is not None:
+                    await _closed_loop(point, concurrency, planned, deadline, tick)
+                else:
+                    assert rate is not None
+                    await _poisson(point, rate, planned, deadline, spec.max_concurrency, rng, tick)
+            finally:
+                stop.set()
+                await asyncio.gather(*side)
+            after = await scrape_metrics(client) if point.down is None else None
+            metrics_seen = metrics_seen or before is not None
+            points.append(ServePoint(
+                concurrency=concurrency, rate=rate, client_lag=_lag(lags),
+                server=server_side(before, after, during), stopped=point.down,
+                **summarize(point.samples, output_tokens=spec.output_tokens, input_tokens=spec.input_tokens)))
+            aborted = point.down
+            result = _with_points(result, points, aborted, metrics_seen)
+            if checkpoint is not None:
+                checkpoint(result)
+            if aborted is not None:
+                break
+        return result
+
+
+def _with_points(result: ServeResult, points: list[ServePoint], aborted: str | None,
+                 metrics_seen: bool) -> ServeResult:
+    import msgspec
+
+    return msgspec.structs.replace(result, points=list(points), aborted=aborted, metrics_available=metrics_seen)
+
+
+def run_bench_serve(spec: LoadSpec, *, progress: PointProgress | None = None,
+                    checkpoint: Callable[[ServeResult], None] | None = None) -> ServeResult:
+    """The sweep of ``spec`` (see :func:`run_bench_serve_async`), run on a fresh event loop.
+
+    Example:
+        >>> result = run_bench_serve(LoadSpec("http://127.0.0.1:8000", concurrency=(1, 4)))  # doctest: +SKIP
+    """
+    return asyncio.run(run_bench_serve_async(spec, progress=progress, checkpoint=checkpoint))

