@@ -1,3 +1,231 @@
 """service render / lint / import / install / start / stop / status / restart."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from servescope.cli.common import fail, service_app, user_errors
+from servescope.core.errors import InputError
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InputError(str(path), "not a text file") from None
+    except OSError as exc:
+        raise InputError(str(path), f"cannot read ({exc.strerror or exc})") from None
+
+
+@service_app.command("render")
+def service_render(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC.toml", help="The deployment spec.")],
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the unit here (a folder when the "
+                                                "spec is multi-node); default stdout.")] = None,
+) -> None:
+    """Render the systemd unit(s) of a spec (multi-node: Ray head, server and worker units)."""
+    from servescope.core.atomic import write_text_atomic
+    from servescope.deploy.render import render_units
+    from servescope.deploy.spec import load_spec
+
+    with user_errors():
+        units = render_units(load_spec(spec_path))
+        if output is None:
+            for unit in units:
+                if len(units) > 1:
+                    typer.echo(f"# ---- {unit.filename} (runs on: {unit.role})")
+                typer.echo(unit.text)
+            return
+        if len(units) == 1 and not output.is_dir():
+            write_text_atomic(output, units[0].text)
+            return
+        if output.exists() and not output.is_dir():
+            raise InputError(str(output), "a multi-node spec renders several units: give a folder")
+        for unit in units:
+            write_text_atomic(output / unit.filename, unit.text)
+            typer.echo(f"wrote {output / unit.filename} (runs on: {unit.role})")
+
+
+def _topology(value: str | None) -> str | None:
+    from servescope.gpu.errors import GpuQueryError, GpuUnavailable
+    from servescope.gpu.inventory import take_snapshot
+    from servescope.gpu.smi import parse_topo_matrix
+
+    if value in ("nvlink", "pcie"):
+        return value
+    if value is not None:
+        try:
+            topo = parse_topo_matrix(_read(Path(value)))
+        except ValueError as exc:
+            raise InputError(value, f"not `nvidia-smi topo -m` output ({exc})") from None
+        return "nvlink" if topo.has_nvlink else "pcie"
+    try:
+        snap = take_snapshot()
+    except (GpuUnavailable, GpuQueryError):
+        return None
+    if snap.topology is None:
+        return None
+    return "nvlink" if snap.topology.has_nvlink else "pcie"
+
+
+@service_app.command("lint")
+def service_lint(
+    unit_path: Annotated[Path, typer.Argument(metavar="UNIT", help="A unit file.")],
+    topology: Annotated[str | None, typer.Option("--topology", help="nvlink, pcie, or an `nvidia-smi topo -m` "
+                                                 "file; default: this machine's GPUs, else NCCL rules skipped.")]
+    = None,
+    load_time: Annotated[float | None, typer.Option("--load-time", min=1.0, help="Expected model load, seconds "
+                                                    "(default 1800).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the findings as JSON.")] = False,
+) -> None:
+    """Explain each problem of a unit, with its line and what to do. Exit 1 when an error-level rule fires."""
+    from servescope.deploy.lint import lint_unit, parse_unit
+    from servescope.report.service import encode_lint, render_lint
+
+    with user_errors():
+        unit = parse_unit(_read(unit_path), str(unit_path))
+        result = lint_unit(unit, topology=_topology(topology), load_time_s=load_time)
+    if as_json:
+        sys.stdout.buffer.write(encode_lint(result))
+    else:
+        render_lint(result, Console(highlight=False, soft_wrap=True))
+    if result.errors:
+        raise typer.Exit(1)
+
+
+@service_app.command("import")
+def service_import(
+    unit_path: Annotated[Path, typer.Argument(metavar="UNIT", help="An existing unit file.")],
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the spec here (secrets beside it "
+                                                "as NAME.env, mode 0600); default stdout.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the spec and what moved as JSON.")] = False,
+) -> None:
+    """Turn a vLLM/SGLang unit into a spec; secrets move to an EnvironmentFile, never into the spec."""
+    from servescope.core.atomic import write_text_atomic
+    from servescope.deploy.importer import import_unit, spec_toml
+    from servescope.deploy.lint import parse_unit
+    from servescope.report.service import encode_import, render_import
+
+    with user_errors():
+        result = import_unit(parse_unit(_read(unit_path), str(unit_path)))
+        text = spec_toml(result)
+        env_path = None
+        if output is not None:
+            write_text_atomic(output, text)
+            if result.secrets:
+                env = output.with_name(f"{result.name}.env")
+                write_text_atomic(env, "".join(f"{k}={v}\n" for k, v in result.secrets.items()))
+                env.chmod(0o600)
+                env_path = str(env)
+        elif result.secrets and not as_json:
+            typer.echo(f"# {len(result.secrets)} secret(s) not written: use -o to write them to NAME.env", err=True)
+    if as_json:
+        sys.stdout.buffer.write(encode_import(result, None if output is None else str(output)))
+    elif output is None:
+        typer.echo(text, nl=False)
+    else:
+        render_import(result, str(output), env_path, Console(highlight=False))
+
+
+def _systemctl_errors() -> type[Exception]:
+    from servescope.deploy.systemctl import SystemctlError
+
+    return SystemctlError
+
+
+@service_app.command("install")
+def service_install(
+    unit_path: Annotated[Path, typer.Argument(metavar="UNIT", help="A rendered unit file.")],
+    directory: Annotated[Path, typer.Option("--dir", help="Where units live.")] = Path("/etc/systemd/system"),
+) -> None:
+    """Copy a unit into the systemd folder and reload systemd."""
+    from servescope.deploy.lifecycle import install_unit
+
+    with user_errors():
+        try:
+            target = install_unit(unit_path, directory=directory)
+        except (_systemctl_errors(), PermissionError) as exc:
+            fail(str(exc))
+    typer.echo(f"installed {target}; systemd reloaded")
+
+
+def _simple(action: str, name: str) -> None:
+    from servescope.deploy import lifecycle
+
+    try:
+        getattr(lifecycle, f"{action}_service")(name)
+    except _systemctl_errors() as exc:
+        fail(str(exc))
+    typer.echo(f"{action}: {lifecycle.unit_name(name)}")
+
+
+@service_app.command("start")
+def service_start(name: Annotated[str, typer.Argument(help="The unit name.")]) -> None:
+    """systemctl start NAME (a rendered unit returns once the server is ready)."""
+    _simple("start", name)
+
+
+@service_app.command("stop")
+def service_stop(name: Annotated[str, typer.Argument(help="The unit name.")]) -> None:
+    """systemctl stop NAME."""
+    _simple("stop", name)
+
+
+@service_app.command("status")
+def service_status_cmd(
+    name: Annotated[str, typer.Argument(help="The unit name.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False,
+) -> None:
+    """The unit's state, main pid, restarts and start time (systemctl show)."""
+    from servescope.deploy.lifecycle import service_status
+    from servescope.report.service import encode_record, render_status
+
+    with user_errors():
+        try:
+            status = service_status(name)
+        except _systemctl_errors() as exc:
+            fail(str(exc))
+    if as_json:
+        sys.stdout.buffer.write(encode_record(status))
+    else:
+        render_status(status, Console(highlight=False))
+
+
+@service_app.command("restart")
+def service_restart(
+    name: Annotated[str, typer.Argument(help="The unit name.")],
+    url: Annotated[str, typer.Option("--url", help="The server, for the readiness wait.")] = "http://127.0.0.1:8000",
+    max_used_mib: Annotated[int, typer.Option("--max-used-mib", min=0, help="GPU memory counts as free below "
+                                              "this.")] = 1000,
+    gpu_timeout: Annotated[float, typer.Option("--gpu-timeout", min=0.0, help="Seconds to wait for free GPU "
+                                               "memory.")] = 600.0,
+    ready_timeout: Annotated[float, typer.Option("--ready-timeout", min=0.0, help="Seconds to wait for the "
+                                                 "server to be ready.")] = 1800.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """stop → wait for free GPU memory → start → wait until ready; never starts while memory is held (exit 1)."""
+    from servescope.deploy.lifecycle import restart_service, unit_name
+    from servescope.gpu.errors import GpuQueryError, GpuUnavailable
+    from servescope.report.service import encode_record, render_restart
+    from servescope.server.health import wait_until_ready
+
+    def ready() -> tuple[bool, str]:
+        health = wait_until_ready(url, timeout_s=ready_timeout, poll_s=2.0, unit=unit_name(name))
+        return health.ready, f"ready: {health.ready}"
+
+    with user_errors():
+        try:
+            result = restart_service(name, max_used_mib=max_used_mib, gpu_timeout_s=gpu_timeout, wait_ready=ready)
+        except (_systemctl_errors(), GpuUnavailable, GpuQueryError) as exc:
+            fail(str(exc))
+    if as_json:
+        sys.stdout.buffer.write(encode_record(result))
+    else:
+        render_restart(result, Console(highlight=False))
+    if not result.started or result.ready is False:
+        raise typer.Exit(1)

@@ -1,0 +1,173 @@
+"""Render systemd units from a spec: the server unit, and for multi-node the Ray head and worker units.
+
+Readiness: vLLM never sends READY=1, so the server runs as ``Type=exec`` and an ``ExecStartPost=`` runs
+``servescope health URL --wait --pid $MAINPID``. The unit stays "activating" until the model answers, so
+``systemctl start`` returns when the server is ready, units ordered after it wait, and a crash while loading
+fails the start at once (health sees the process gone). A ``Type=notify`` wrapper would need a second
+long-lived process in the cgroup relaying signals and exit codes for the same result.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from servescope.deploy.spec import Spec, defaults, engine_args
+
+__all__ = ["RenderedUnit", "quote_word", "render_units", "start_limit_interval_s", "start_timeout_s"]
+
+_PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./$-]+")
+_READINESS_NOTE = (
+    "# Type=exec + ExecStartPost health wait: vLLM sends no READY=1, so the unit stays 'activating' until\n"
+    "# /health, /v1/models and a 1-token completion answer; a crash while loading fails the start at once.\n"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedUnit:
+    """One unit file: its name (``NAME.service``), where it runs ("all", "head" or "workers"), and its text."""
+
+    filename: str
+    role: str
+    text: str
+
+
+def quote_word(word: str, *, dollars: bool = True) -> str:
+    """One word as systemd's parser reads it back: ``%`` as ``%%``, ``$`` as ``$$`` (commands only), quoted if needed.
+
+    Environment= values get ``dollars=False``: systemd expands ``$`` in command lines, not in Environment=.
+    """
+    escaped = word.replace("%", "%%")
+    if dollars:
+        escaped = escaped.replace("$", "$$")
+    if escaped and _PLAIN.fullmatch(escaped):
+        return escaped
+    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _command(words: list[str]) -> str:
+    return " ".join(quote_word(w) for w in words)
+
+
+def start_timeout_s(spec: Spec) -> int:
+    """TimeoutStartSec: the guard wait, the load and a margin (it covers ExecStartPre and ExecStartPost)."""
+    return spec.guard.timeout_s + spec.load_time_s + spec.start_margin_s
+
+
+def start_limit_interval_s(spec: Spec) -> int:
+    """StartLimitIntervalSec long enough that ``burst`` failed starts of full length fall inside it."""
+    return spec.restart.burst * (start_timeout_s(spec) + spec.restart.delay_s) + 60
+
+
+def _port(spec: Spec) -> int:
+    words = engine_args(spec)
+    for i, word in enumerate(words):
+        if word == "--port" and i + 1 < len(words):
+            return int(words[i + 1])
+        if word.startswith("--port="):
+            return int(word.split("=", 1)[1])
+    return int(defaults()["port"])
+
+
+def _environment(spec: Spec) -> list[str]:
+    env = dict(spec.env)
+    if spec.gpus is not None:
+        env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in spec.gpus))
+    lines = [f"Environment={quote_word(f'{k}={v}', dollars=False)}" for k, v in env.items()]
+    if spec.env_file is not None:
+        lines.append(f"EnvironmentFile=-{spec.env_file}")
+    return lines
+
+
+def _guard(spec: Spec) -> str:
+    return "ExecStartPre=" + _command([spec.servescope, "gpu", "wait-free", "--max-used-mib",
+                                       str(spec.guard.max_used_mib), "--timeout", str(spec.guard.timeout_s)])
+
+
+def _unit_section(description: str, extra_after: list[str], spec: Spec) -> list[str]:
+    after = ["network-online.target", "nvidia-persistenced.service", *extra_after]
+    return [
+        "[Unit]",
+        f"Description={description}",
+        f"After={' '.join(after)}",
+        f"Wants={' '.join(['network-online.target', 'nvidia-persistenced.service', *extra_after])}",
+        f"StartLimitIntervalSec={start_limit_interval_s(spec)}",
+        f"StartLimitBurst={spec.restart.burst}",
+        "",
+    ]
+
+
+def _service_tail(spec: Spec) -> list[str]:
+    return [
+        f"Restart={spec.restart.policy}",
+        f"RestartSec={spec.restart.delay_s}",
+        f"TimeoutStartSec={start_timeout_s(spec)}",
+        "# Stop: the whole cgroup gets KillSignal, so every worker exits and frees its GPU memory.",
+        "KillMode=control-group",
+        f"KillSignal={spec.kill_signal}",
+        f"TimeoutStopSec={spec.stop_timeout_s}",
+        f"LimitNOFILE={spec.limit_nofile}",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+        "",
+    ]
+
+
+def _server_unit(spec: Spec, *, after: list[str], extra_args: list[str]) -> str:
+    port = _port(spec)
+    health = [spec.servescope, "health", f"http://127.0.0.1:{port}", "--wait",
+              "--timeout", str(spec.load_time_s + spec.start_margin_s)]
+    lines = _unit_section(spec.description or f"{spec.engine} server: {spec.model}", after, spec)
+    lines += [
+        "[Service]",
+        _READINESS_NOTE.rstrip("\n"),
+        "Type=exec",
+        f"User={spec.user}",
+        f"WorkingDirectory={spec.working_directory}",
+        *_environment(spec),
+        _guard(spec),
+        "ExecStart=" + _command(spec.engine_command + engine_args(spec) + extra_args),
+        "ExecStartPost=" + _command(health) + " --pid $MAINPID",
+        *_service_tail(spec),
+    ]
+    return "\n".join(lines)
+
+
+def _ray_unit(spec: Spec, role: str) -> str:
+    assert spec.multinode is not None
+    mn = spec.multinode
+    if role == "head":
+        words = [mn.ray, "start", "--head", "--port", str(mn.ray_port), "--block"]
+        description = f"Ray head for {spec.name}"
+    else:
+        words = [mn.ray, "start", "--address", f"{mn.head_address}:{mn.ray_port}", "--block"]
+        description = f"Ray worker for {spec.name} (head {mn.head_address}:{mn.ray_port})"
+    lines = _unit_section(description, [], spec)
+    lines += [
+        "[Service]",
+        "# ray start --block stays in the foreground; the server unit adds the GPUs of every node to the cluster.",
+        "Type=exec",
+        f"User={spec.user}",
+        f"WorkingDirectory={spec.working_directory}",
+        *_environment(spec),
+        _guard(spec),
+        "ExecStart=" + _command(words),
+        "ExecStop=" + _command([mn.ray, "stop"]),
+        *_service_tail(spec),
+    ]
+    return "\n".join(lines)
+
+
+def render_units(spec: Spec) -> tuple[RenderedUnit, ...]:
+    """The units of ``spec``: ``NAME.service``; with ``multinode`` also ``NAME-ray-head`` and ``NAME-ray-worker``."""
+    if spec.multinode is None:
+        return (RenderedUnit(f"{spec.name}.service", "all", _server_unit(spec, after=[], extra_args=[])),)
+    head = f"{spec.name}-ray-head.service"
+    words = engine_args(spec)
+    extra = [] if "--distributed-executor-backend" in words else ["--distributed-executor-backend", "ray"]
+    return (
+        RenderedUnit(head, "head", _ray_unit(spec, "head")),
+        RenderedUnit(f"{spec.name}.service", "head", _server_unit(spec, after=[head], extra_args=extra)),
+        RenderedUnit(f"{spec.name}-ray-worker.service", "workers", _ray_unit(spec, "worker")),
+    )

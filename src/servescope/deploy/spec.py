@@ -1,0 +1,204 @@
+"""A deployment spec: the service as declarative TOML, typed and strict.
+
+Unknown keys and wrong types are errors naming the file and key. Defaults live in
+``data/deploy/defaults.toml``. Secrets never sit in the spec: ``env_file`` names the file holding them.
+
+Example spec::
+
+    name = "vllm-kimi"
+    engine = "vllm"
+    model = "moonshotai/Kimi-K2.5"
+    gpus = [0, 1, 2, 3, 4, 5, 6, 7]
+    env_file = "/etc/servescope/vllm-kimi.env"
+    [args]
+    tensor-parallel-size = 8
+    max-model-len = 131072
+    [env]
+    NCCL_PROTO = "LL"
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from functools import cache
+from importlib.resources import files
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from servescope.core.errors import InputError
+
+__all__ = [
+    "ArgValue",
+    "Guard",
+    "MultiNode",
+    "RestartPolicy",
+    "Spec",
+    "defaults",
+    "engine_args",
+    "is_secret_name",
+    "load_spec",
+    "parse_spec",
+]
+
+ArgValue = str | int | float | bool | list[str]
+_SECRET_NAME = re.compile(r"(?i)(token|api[-_]?key|secret|password|passwd|_key$)")
+_SECRET_FLAGS = ("--api-key", "--hf-token")
+_ALLOWED = {"engine": "vllm, sglang", "restart.policy": "on-failure, always, no, on-abnormal"}
+
+
+@cache
+def defaults() -> dict[str, Any]:
+    """The bundled defaults (``data/deploy/defaults.toml``)."""
+    text = files("servescope").joinpath("data", "deploy", "defaults.toml").read_text(encoding="utf-8")
+    return tomllib.loads(text)
+
+
+def is_secret_name(name: str) -> bool:
+    """True for names shaped like credentials: HF_TOKEN, *_KEY, *_SECRET, passwords, --api-key."""
+    return bool(_SECRET_NAME.search(name))
+
+
+class Guard(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """ExecStartPre's wait for free GPU memory (``servescope gpu wait-free``)."""
+
+    max_used_mib: int = msgspec.field(default_factory=lambda: int(defaults()["guard"]["max_used_mib"]))
+    timeout_s: int = msgspec.field(default_factory=lambda: int(defaults()["guard"]["timeout_s"]))
+
+
+class RestartPolicy(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """Restart= and the start limit. ``burst`` starts within the computed interval trip the limit."""
+
+    policy: Literal["on-failure", "always", "no", "on-abnormal"] = msgspec.field(
+        default_factory=lambda: str(defaults()["restart"]["policy"]))  # type: ignore[arg-type,return-value]
+    delay_s: int = msgspec.field(default_factory=lambda: int(defaults()["restart"]["delay_s"]))
+    burst: int = msgspec.field(default_factory=lambda: int(defaults()["restart"]["burst"]))
+
+
+class MultiNode(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A Ray cluster across nodes: a head unit, a worker unit (same file on every worker), the server on the head."""
+
+    head_address: str
+    workers: list[str] = msgspec.field(default_factory=list)
+    ray_port: int = msgspec.field(default_factory=lambda: int(defaults()["multinode"]["ray_port"]))
+    ray: str = msgspec.field(default_factory=lambda: str(defaults()["multinode"]["ray"]))
+
+
+class Spec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """One deployment. ``args`` is a table (``flag = value``, order kept; true = bare flag) or a list of words."""
+
+    name: str
+    model: str
+    engine: Literal["vllm", "sglang"] = "vllm"
+    description: str | None = None
+    user: str = msgspec.field(default_factory=lambda: str(defaults()["user"]))
+    working_directory: str = msgspec.field(default_factory=lambda: str(defaults()["working_directory"]))
+    command: list[str] | None = None
+    args: dict[str, ArgValue] | list[str] = msgspec.field(default_factory=dict)
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    env_file: str | None = None
+    gpus: list[int] | None = None
+    load_time_s: int = msgspec.field(default_factory=lambda: int(defaults()["load_time_s"]))
+    start_margin_s: int = msgspec.field(default_factory=lambda: int(defaults()["start_margin_s"]))
+    stop_timeout_s: int = msgspec.field(default_factory=lambda: int(defaults()["stop_timeout_s"]))
+    kill_signal: str = msgspec.field(default_factory=lambda: str(defaults()["kill_signal"]))
+    limit_nofile: int = msgspec.field(default_factory=lambda: int(defaults()["limit_nofile"]))
+    servescope: str = msgspec.field(default_factory=lambda: str(defaults()["servescope"]))
+    guard: Guard = msgspec.field(default_factory=Guard)
+    restart: RestartPolicy = msgspec.field(default_factory=RestartPolicy)
+    multinode: MultiNode | None = None
+
+    @property
+    def engine_command(self) -> list[str]:
+        """The program and its leading words: the spec's ``command`` or the engine's default."""
+        return list(self.command or defaults()["engines"][self.engine]["command"])
+
+
+def engine_args(spec: Spec) -> list[str]:
+    """The engine's argument words after the command: the model flag, then the spec's args in order."""
+    engine = defaults()["engines"][spec.engine]
+    command = spec.engine_command
+    words = [spec.model] if command[-1] == "serve" else [engine["model_flag"], spec.model]
+    if isinstance(spec.args, list):
+        return words + list(spec.args)
+    for key, value in spec.args.items():
+        flag = key if key.startswith("-") else f"--{key}"
+        if value is True:
+            words.append(flag)
+        elif value is False:
+            continue
+        elif isinstance(value, list):
+            words += [flag, *value]
+        else:
+            words += [flag, str(value)]
+    return words
+
+
+def _check(spec: Spec, source: str) -> Spec:
+    if not re.fullmatch(r"[A-Za-z0-9:_.@-]+", spec.name):
+        raise InputError(source, f"name {spec.name!r}: use letters, digits and :_.@- (it becomes NAME.service)")
+    for key in spec.env:
+        if is_secret_name(key):
+            raise InputError(source, f"env.{key}: a secret inline; put it in the file named by env_file")
+    words = engine_args(spec)
+    for flag in _SECRET_FLAGS:
+        if any(w == flag or w.startswith(flag + "=") for w in words):
+            raise InputError(source, f"args: {flag} inline; put VLLM_API_KEY / HF_TOKEN in the env_file instead")
+    if spec.env_file is not None and not spec.env_file.startswith("/"):
+        raise InputError(source, f"env_file {spec.env_file!r}: must be an absolute path")
+    for positive in ("load_time_s", "stop_timeout_s"):
+        if getattr(spec, positive) <= 0:
+            raise InputError(source, f"{positive}: must be > 0")
+    if spec.restart.burst < 1:
+        raise InputError(source, "restart.burst: must be >= 1")
+    return spec
+
+
+def parse_spec(text: str, source: str) -> Spec:
+    """The spec in TOML ``text``; ``source`` names it in errors.
+
+    Raises:
+        InputError: not TOML, an unknown key, a wrong type, a missing key or an inline secret (one line).
+    """
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(source, f"not valid TOML ({exc})") from None
+    try:
+        spec = msgspec.convert(raw, Spec, strict=True)
+    except msgspec.ValidationError as exc:
+        raise InputError(source, _describe(exc)) from None
+    return _check(spec, source)
+
+
+def load_spec(path: str | Path) -> Spec:
+    """The spec in the TOML file at ``path``. Raises InputError (one line) for any problem."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(str(path), f"cannot read ({exc.strerror or exc})") from None
+    return parse_spec(text, str(path))
+
+
+def _describe(exc: msgspec.ValidationError) -> str:
+    """msgspec's 'Expected `int`, got `str` - at `$.guard.timeout_s`' as 'guard.timeout_s: expected int, got str'."""
+    message = str(exc)
+    where = ""
+    if " - at `$" in message:
+        message, _, where = message.partition(" - at `$")
+        where = where.rstrip("`").lstrip(".")
+    if message.startswith("Object contains unknown field"):
+        key = message.split("`")[1]
+        where = f"{where}.{key}" if where else key
+        message = "unknown key"
+    elif message.startswith("Object missing required field"):
+        key = message.split("`")[1]
+        where = f"{where}.{key}" if where else key
+        message = "missing required key"
+    if message.startswith("Invalid enum value") and where in _ALLOWED:
+        message += f"; allowed: {_ALLOWED[where]}"
+    message = message.replace("`", "")
+    message = message[:1].lower() + message[1:]
+    return f"{where}: {message}" if where else message

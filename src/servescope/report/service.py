@@ -1,0 +1,69 @@
+"""Terminal and JSON views of service lint, import, status and restart results (records typed loosely:
+report/ sits below deploy/)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+__all__ = ["encode_import", "encode_lint", "encode_record", "render_import", "render_lint", "render_restart",
+           "render_status"]
+
+_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def encode_record(record: Any) -> bytes:
+    """A frozen record as indented JSON, ending in a newline."""
+    return (json.dumps(dataclasses.asdict(record), indent=2, default=str) + "\n").encode()
+
+
+def encode_lint(result: Any) -> bytes:
+    """``{"source", "topology", "errors", "findings": [{rule, severity, line, message, detail, fix}]}``."""
+    doc = {"source": result.source, "topology": result.topology, "errors": result.errors,
+           "findings": [dataclasses.asdict(f) for f in result.findings]}
+    return (json.dumps(doc, indent=2) + "\n").encode()
+
+
+def render_lint(result: Any, console: Console) -> None:
+    """One block per finding: ``file:line severity rule``, what was seen, why, and what to do."""
+    if not result.findings:
+        console.print(f"{escape(result.source)}: no problems found")
+    for f in result.findings:
+        where = f"{result.source}:{f.line}" if f.line else result.source
+        console.print(f"[{_STYLE.get(f.severity, '')}]{escape(where)} {f.severity} {f.rule}[/]: {escape(f.message)}")
+        console.print(f"    found: {escape(f.detail)}")
+        console.print(f"    fix:   {escape(f.fix)}")
+    if result.topology is None:
+        console.print("NCCL rules skipped: no topology (--topology nvlink|pcie|FILE, or run on the GPU box)")
+
+
+def encode_import(result: Any, spec_path: str | None) -> bytes:
+    """``{"name", "spec", "spec_path", "secrets_moved", "replaced"}``; secret values never appear."""
+    doc = {"name": result.name, "spec": result.spec, "spec_path": spec_path,
+           "secrets_moved": list(result.secret_names), "replaced": list(result.dropped)}
+    return (json.dumps(doc, indent=2) + "\n").encode()
+
+
+def render_import(result: Any, spec_path: str, env_path: str | None, console: Console) -> None:
+    console.print(f"wrote {escape(spec_path)}")
+    if result.secret_names:
+        console.print(f"secrets moved to {escape(env_path or '?')}: {escape(', '.join(result.secret_names))}"
+                      " (values not shown); install it as the spec's env_file, mode 0600")
+
+
+def render_status(status: Any, console: Console) -> None:
+    table = Table(box=None, show_header=False)
+    for field in dataclasses.fields(status):
+        value = getattr(status, field.name)
+        table.add_row(field.name.replace("_", " "), "N/A" if value is None else escape(str(value)))
+    console.print(table)
+
+
+def render_restart(result: Any, console: Console) -> None:
+    console.print(f"{escape(result.name)}: {' → '.join(result.steps)}")
+    console.print(escape(result.detail))
