@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -9,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from servescope.cli.common import bench_app, user_errors
+from servescope.cli.common import bench_app, err, fail, user_errors
 from servescope.core.errors import InputError
 
 
@@ -45,3 +46,113 @@ def bench_gemm(
         sys.stdout.write(gemm_doc_to_json(doc) + "\n")
     else:
         render_gemm(doc, Console(highlight=False))
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@bench_app.command("comm")
+def bench_comm(
+    ops: Annotated[str, typer.Option("--ops", help="Collectives, comma-separated.")] =
+        "all_reduce,all_gather,reduce_scatter,all_to_all",
+    sizes: Annotated[str, typer.Option("--sizes", help="Bytes (nccl-tests size): LOW:HIGH[:FACTOR] or a list.")] =
+        "1K:64M",
+    variant: Annotated[list[str] | None, typer.Option("--variant", help="NCCL env variant NAME=V[,NAME=V]; "
+                                                      "repeatable; 'default' is always run first.")] = None,
+    graph: Annotated[bool, typer.Option("--graph", help="Also time each op replayed from a CUDA graph.")] = False,
+    gpus: Annotated[int | None, typer.Option("--gpus", "--nproc-per-node", help="Processes (GPUs) per node; "
+                                             "default all GPUs, 2 under gloo.")] = None,
+    backend: Annotated[str, typer.Option("--backend", help="auto, nccl or gloo.")] = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", help="bfloat16, float16 or float32.")] = "bfloat16",
+    iters: Annotated[int, typer.Option("--iters", min=1, help="Timed samples per size.")] = 50,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed ops per size first.")] = 10,
+    model: Annotated[str | None, typer.Option("--model", help="Preset or config.json: its hidden size gives "
+                                              "the decode all_reduce sizes.")] = None,
+    tp: Annotated[int | None, typer.Option("--tp", min=1, help="That model's tensor-parallel ranks; must equal "
+                                           "the bench's world size (the decode all_reduce runs over TP).")] = None,
+    batch: Annotated[str, typer.Option("--batch", help="Decode batch sizes for --model.")] = "1,8,32",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the curve file here.")] = None,
+    env_out: Annotated[Path | None, typer.Option("--env-out", help="Write the unit's Environment= lines here.")]
+        = None,
+    keep_going: Annotated[bool, typer.Option("--keep-going", help="Go on after a failed variant.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds per variant launch.")] = 900.0,
+    nnodes: Annotated[str | None, typer.Option("--nnodes", help="torchrun: nodes.")] = None,
+    node_rank: Annotated[str | None, typer.Option("--node-rank", help="torchrun: this node's rank.")] = None,
+    rdzv_endpoint: Annotated[str | None, typer.Option("--rdzv-endpoint", help="torchrun: host:port.")] = None,
+    rdzv_backend: Annotated[str | None, typer.Option("--rdzv-backend", help="torchrun: c10d or static.")] = None,
+    rdzv_id: Annotated[str | None, typer.Option("--rdzv-id", help="torchrun: job id.")] = None,
+    master_addr: Annotated[str | None, typer.Option("--master-addr", help="torchrun: rank 0's host.")] = None,
+    master_port: Annotated[str | None, typer.Option("--master-port", help="torchrun: rank 0's port.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Collective latency curves (nccl-tests algbw/busbw), one fresh process group per NCCL env variant."""
+    import json
+
+    from servescope.bench.comm import (
+        ELEM_BYTES,
+        CommRequest,
+        align_sizes,
+        best_at_decode,
+        default_nproc,
+        environment_lines,
+        parse_sizes,
+        parse_variant,
+        resolve_backend,
+        run_comm_bench,
+    )
+    from servescope.core.atomic import write_text_atomic
+    from servescope.core.comm import OPS
+    from servescope.report.comm import comm_result_json, render_comm
+
+    with user_errors():
+        op_list = tuple(o.strip() for o in ops.split(",") if o.strip())
+        bad = [o for o in op_list if o not in OPS]
+        if bad or not op_list:
+            raise InputError("--ops", f"unknown {', '.join(bad) or '(none)'}; expected some of {', '.join(OPS)}")
+        if dtype not in ("bfloat16", "float16", "float32"):
+            raise InputError("--dtype", f"{dtype!r}: expected bfloat16, float16 or float32")
+        variants = [parse_variant("default")] + [parse_variant(v) for v in variant or [] if v.strip() != "default"]
+        try:
+            batches = [int(b) for b in batch.split(",") if b.strip()]
+        except ValueError:
+            raise InputError("--batch", f"not a comma-separated list of integers: {batch!r}") from None
+        hidden = None
+        if model is not None:
+            from servescope.plan.model import load_model_arch
+            hidden = load_model_arch(model).hidden
+        chosen = resolve_backend(backend)
+        nproc = gpus if gpus is not None else default_nproc(chosen)
+        rdzv = {k: v for k, v in (("nnodes", nnodes), ("node_rank", node_rank), ("rdzv_endpoint", rdzv_endpoint),
+                                  ("rdzv_backend", rdzv_backend), ("rdzv_id", rdzv_id),
+                                  ("master_addr", master_addr), ("master_port", master_port)) if v is not None}
+        world = nproc * int(nnodes.split(":")[-1]) if nnodes and nnodes.split(":")[-1].isdigit() else nproc
+        if tp is not None and tp != world:
+            raise InputError("--tp", f"{tp}, but the bench runs {world} ranks; time the TP group's size (--gpus {tp})")
+        size_list = list(parse_sizes(sizes))
+        if hidden is not None:
+            size_list += [hidden * b * ELEM_BYTES[dtype] for b in batches]
+        req = CommRequest(ops=op_list, sizes=align_sizes(size_list, world_size=world, dtype=dtype),
+                          variants=tuple(variants), nproc=nproc, backend=chosen, dtype=dtype, iters=iters,
+                          warmup=warmup, graph=graph, rendezvous=rdzv, output=output, timeout_s=timeout,
+                          keep_going=keep_going)
+        progress = None if as_json or not err.is_terminal else (lambda m: err.print(m, markup=False))
+        previous = signal.signal(signal.SIGTERM, _interrupt)   # `timeout`/systemd stop: end the workers too
+        try:
+            result = run_comm_bench(req, progress)
+        except KeyboardInterrupt:
+            fail(f"interrupted; the variants that finished are in {output}" if output else "interrupted", code=130)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        choices = best_at_decode(result.doc, hidden=hidden, batches=batches) if hidden else []
+        env_lines = environment_lines(result.doc, choices) if choices else []
+        if env_out is not None:
+            write_text_atomic(env_out, "\n".join(env_lines) + "\n")
+    if as_json:
+        from servescope.core.comm import curve_doc_to_json
+        sys.stdout.write(json.dumps(comm_result_json(json.loads(curve_doc_to_json(result.doc)), choices, env_lines,
+                                                     result.failures, result.output), indent=1) + "\n")
+    else:
+        render_comm(result.doc, choices, env_lines, result.failures, Console(highlight=False))
+    if result.failures:
+        fail(f"{len(result.failures)} failed: {result.failures[0]}")

@@ -1,0 +1,363 @@
+"""bench comm: collective latency curves on this box, one fresh torchrun launch per NCCL env variant.
+
+Each variant (``NCCL_PROTO=LL``, ``NCCL_PROTO=Simple,NCCL_ALGO=Tree`` …) runs ``servescope.bench.comm_worker``
+under ``python -m torch.distributed.run`` with that env, because NCCL reads its env when the communicator is
+made. The raw per-sample times come back through a file; here they become nccl-tests-style points (median
+time, algbw, busbw) in a ``servescope.comm-curves/1`` document, written atomically after every variant so an
+interrupted run keeps the variants it finished. To check a figure by hand: nccl-tests'
+``all_reduce_perf -b 1K -e 64M -f 2 -g 1`` under ``mpirun -np N`` prints the same size/time/algbw/busbw columns.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servescope.core.atomic import write_text_atomic
+from servescope.core.comm import OPS, CurveDoc, CurvePoint, OpCurve, bus_factor, curve_doc_to_json, time_us_at
+from servescope.core.errors import InputError
+
+__all__ = [
+    "ELEM_BYTES",
+    "CommBenchResult",
+    "CommRequest",
+    "DecodeChoice",
+    "Variant",
+    "best_at_decode",
+    "environment_lines",
+    "parse_sizes",
+    "parse_variant",
+    "run_comm_bench",
+]
+
+ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+# NVLink multicast stays off unless a variant sets these (it can take a shared host's GPUs out of service).
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+RDZV_FLAGS = ("nnodes", "node_rank", "rdzv_endpoint", "rdzv_backend", "rdzv_id", "master_addr", "master_port")
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Variant:
+    """An env variant: its name as given (``default`` for none) and the variables it sets."""
+
+    name: str
+    env: dict[str, str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommRequest:
+    """Everything that changes a number in a ``bench comm`` run."""
+
+    ops: tuple[str, ...] = OPS
+    sizes: tuple[int, ...]
+    variants: tuple[Variant, ...]
+    nproc: int
+    backend: str                     # nccl or gloo (auto resolved by the caller via resolve_backend)
+    dtype: str = "bfloat16"
+    iters: int = 50
+    warmup: int = 10
+    graph: bool = False
+    rendezvous: dict[str, str] = field(default_factory=dict)   # torchrun flag (underscored) -> value
+    output: Path | None = None
+    timeout_s: float = 900.0
+    keep_going: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeChoice:
+    """The fastest all_reduce curve at one decode message size (``hidden × batch × elem`` bytes)."""
+
+    batch: int
+    bytes: int
+    variant: str
+    graph: bool
+    time_us: float
+    default_time_us: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommBenchResult:
+    """The curve document and what failed (variants or single op curves), one line each."""
+
+    doc: CurveDoc
+    failures: tuple[str, ...]
+    output: str | None
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """Byte sizes from ``1K:64M`` (doubling; ``1K:64M:4`` steps ×4) or ``1K,8K,1M``.
+
+    Raises:
+        InputError: a size is not ``<number>[B|K|M|G]``, the range is empty or the step is < 2.
+    """
+    def one(token: str) -> int:
+        m = re.fullmatch(r"\s*(\d+)\s*([KMGB]?)i?B?\s*", token.upper())
+        if not m or int(m.group(1)) == 0:
+            raise InputError("--sizes", f"not a size like 1K or 64M: {token!r}")
+        return int(m.group(1)) * _UNITS[m.group(2)]
+
+    if ":" in text:
+        parts = text.split(":")
+        if len(parts) not in (2, 3):
+            raise InputError("--sizes", f"expected LOW:HIGH[:FACTOR], got {text!r}")
+        low, high = one(parts[0]), one(parts[1])
+        factor = int(parts[2]) if len(parts) == 3 and parts[2].strip().isdigit() else 2
+        if len(parts) == 3 and not parts[2].strip().isdigit() or factor < 2 or high < low:
+            raise InputError("--sizes", f"expected LOW ≤ HIGH and an integer FACTOR ≥ 2, got {text!r}")
+        sizes, s = [], low
+        while s <= high:
+            sizes.append(s)
+            s *= factor
+        return tuple(sizes)
+    return tuple(sorted({one(t) for t in text.split(",") if t.strip()}))
+
+
+def parse_variant(text: str) -> Variant:
+    """``default`` or comma-separated ``NAME=VALUE`` pairs of env variables.
+
+    Raises:
+        InputError: a pair lacks ``=``, a name is not an env variable name, or a name repeats.
+    """
+    text = text.strip()
+    if text == "default":
+        return Variant(name="default", env={})
+    env: dict[str, str] = {}
+    for pair in text.split(","):
+        name, sep, value = pair.strip().partition("=")
+        if not sep or not _ENV_NAME.match(name) or name in env or not value or any(c in value for c in " \n\"'"):
+            raise InputError("--variant", f"{text!r}: expected NAME=VALUE[,NAME=VALUE…] with upper-case env names, "
+                                          "unique, values without spaces or quotes, or 'default'")
+        env[name] = value
+    return Variant(name=",".join(f"{k}={v}" for k, v in env.items()), env=env)
+
+
+def align_sizes(sizes: Sequence[int], *, world_size: int, dtype: str) -> tuple[int, ...]:
+    """Each size rounded down (up for the smallest) to a whole number of elements per rank; duplicates dropped."""
+    unit = world_size * ELEM_BYTES[dtype]
+    return tuple(sorted({max(unit, s // unit * unit) for s in sizes}))
+
+
+def resolve_backend(backend: str) -> str:
+    """``nccl`` when CUDA and NCCL are there (for ``auto``), else ``gloo``; checks an explicit choice."""
+    import torch
+    import torch.distributed as dist
+
+    gpu = torch.cuda.is_available() and dist.is_nccl_available()
+    if backend == "auto":
+        return "nccl" if gpu else "gloo"
+    if backend == "nccl" and not gpu:
+        raise InputError("--backend", "nccl needs CUDA GPUs and a torch built with NCCL; this machine has none")
+    if backend not in ("nccl", "gloo"):
+        raise InputError("--backend", f"{backend!r}: expected auto, nccl or gloo")
+    return backend
+
+
+def default_nproc(backend: str) -> int:
+    """All visible GPUs under nccl, two ranks under gloo."""
+    import torch
+
+    return max(torch.cuda.device_count(), 1) if backend == "nccl" else 2
+
+
+def run_comm_bench(req: CommRequest, progress: Progress | None = None) -> CommBenchResult:
+    """Curves of every op × variant (× eager/graph), one torchrun launch per variant.
+
+    Raises:
+        InputError: a worker failed (its first error line), or ``--graph`` without nccl; with ``keep_going``
+            failed variants are listed in the result instead.
+    """
+    if req.graph and req.backend != "nccl":
+        raise InputError("--graph", "CUDA graphs need GPUs and the nccl backend; this run uses gloo")
+    if req.nproc < 1:
+        raise InputError("--gpus", "at least one process per node")
+    curves: list[OpCurve] = []
+    failures: list[str] = []
+    meta: dict[str, Any] = {}
+    date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    doc = _doc(req, meta, curves, date)
+    with tempfile.TemporaryDirectory(prefix="servescope-comm-") as tmp:
+        for i, variant in enumerate(req.variants):
+            if progress:
+                progress(f"variant {i + 1}/{len(req.variants)}: {variant.name}")
+            raw_path = Path(tmp) / f"raw{i}.json"
+            try:
+                _launch(req, variant, Path(tmp) / f"spec{i}.json", raw_path)
+            except InputError as exc:
+                raw = _read_raw(raw_path)     # keep the curves this variant finished before it failed
+                if raw:
+                    meta = meta or raw["meta"]
+                    curves += _curves(raw, variant, meta["world_size"], failures)
+                    doc = _doc(req, meta, curves, date)
+                    _save(req, doc)
+                if not req.keep_going:
+                    raise
+                failures.append(str(exc))
+                continue
+            raw = _read_raw(raw_path)
+            if raw is None and req.rendezvous:
+                continue                      # several nodes: global rank 0 ran on another node and wrote there
+            if raw is None:
+                raise InputError(f"variant {variant.name}", "the workers exited without writing results")
+            meta = meta or raw["meta"]
+            curves += _curves(raw, variant, meta["world_size"], failures)
+            doc = _doc(req, meta, curves, date)
+            _save(req, doc)
+    return CommBenchResult(doc=doc, failures=tuple(failures), output=str(req.output) if req.output else None)
+
+
+def _save(req: CommRequest, doc: CurveDoc) -> None:
+    if req.output is not None:
+        write_text_atomic(req.output, curve_doc_to_json(doc))
+
+
+def _doc(req: CommRequest, meta: dict[str, Any], curves: list[OpCurve], date: str) -> CurveDoc:
+    world = int(meta.get("world_size", req.nproc))
+    base = " ".join(f"{k}={v}" for k, v in SAFE_ENV.items()) if req.backend == "nccl" else "none"
+    inherited = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")) or "none"
+    provenance = (f"measured by servescope bench comm: {req.backend}, {world} ranks, {req.iters} timed samples "
+                  f"after {req.warmup} warm-up per size; time = median over samples of the slowest rank; base env "
+                  f"{base}; NCCL_* inherited from the caller: {inherited}")
+    return CurveDoc(source="measured", provenance=provenance, device=str(meta.get("device", "unknown")),
+                    interconnect=str(meta.get("interconnect", "unknown")), backend=req.backend,
+                    versions={"torch": str(meta.get("torch", "unknown")), "nccl": meta.get("nccl")}, date=date,
+                    host=meta.get("host"), world_size=world, dtype=req.dtype, curves=tuple(curves))
+
+
+def _curves(raw: dict[str, Any], variant: Variant, world: int, failures: list[str]) -> list[OpCurve]:
+    out = []
+    for c in raw["curves"]:
+        label = f"{c['op']} {variant.name}{' [graph]' if c['graph'] else ''}"
+        if c["error"]:
+            failures.append(f"{label}: {c['error']}")
+        points = []
+        for p in c["points"]:
+            t = statistics.median(p["times_us"])
+            algbw = p["bytes"] / (t * 1e-6) / 1e9 if t > 0 else 0.0
+            points.append(CurvePoint(bytes=p["bytes"], time_us=round(t, 3), algbw_gbps=round(algbw, 4),
+                                     busbw_gbps=round(algbw * bus_factor(c["op"], world), 4),
+                                     iters=len(p["times_us"]) * p["ops_per_sample"]))
+        if points:
+            out.append(OpCurve(op=c["op"], variant=variant.name, env=dict(variant.env), graph=c["graph"],
+                               points=tuple(sorted(points, key=lambda p: p.bytes))))
+    return out
+
+
+def _read_raw(path: Path) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data
+
+
+def _launch(req: CommRequest, variant: Variant, spec_path: Path, raw_path: Path) -> None:
+    """One torchrun for one variant; on failure, the first rank's error line as an InputError."""
+    spec = {"backend": req.backend, "dtype": req.dtype, "ops": list(req.ops), "iters": req.iters,
+            "warmup": req.warmup, "graph": req.graph, "sizes": list(req.sizes)}
+    spec_path.write_text(json.dumps(spec), encoding="utf-8")
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    if req.backend == "nccl":
+        for k, v in SAFE_ENV.items():
+            env.setdefault(k, v)
+    env.update(variant.env)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(req.nproc)]
+    if req.rendezvous:
+        for key, value in req.rendezvous.items():
+            cmd += [f"--{key.replace('_', '-')}", value]
+    else:
+        cmd.append("--standalone")
+    cmd += ["-m", "servescope.bench.comm_worker", "--spec", str(spec_path), "--out", str(raw_path)]
+    log_path = raw_path.with_suffix(".log")
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=req.timeout_s)
+        except BaseException:          # Ctrl-C or timeout: torchrun ends its workers on SIGTERM
+            _stop(proc)
+            if isinstance(sys.exc_info()[1], subprocess.TimeoutExpired):
+                raise InputError(f"variant {variant.name}", f"no result within {req.timeout_s:.0f} s; "
+                                 "workers stopped") from None
+            raise
+    if rc != 0:
+        raise InputError(f"variant {variant.name}", _failure_line(raw_path, log_path, rc))
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    for sig, wait_s in ((signal.SIGTERM, 40.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _failure_line(raw_path: Path, log_path: Path, rc: int) -> str:
+    errs = sorted(raw_path.parent.glob(raw_path.name + ".rank*.err"))
+    for err in errs:
+        try:
+            return "worker failed: " + str(json.loads(err.read_text(encoding="utf-8"))["error"])
+        except (OSError, json.JSONDecodeError, KeyError):
+            continue
+    try:
+        lines = [ln.strip() for ln in log_path.read_text(encoding="utf-8", errors="replace").splitlines()]
+    except OSError:
+        lines = []
+    lines = [ln for ln in lines if ln and "warn" not in ln.lower()]
+    return f"torchrun exited {rc}" + (f": {lines[-1][:300]}" if lines else "")
+
+
+def best_at_decode(doc: CurveDoc, *, hidden: int, batches: Sequence[int]) -> list[DecodeChoice]:
+    """Per batch, the all_reduce curve (variant, eager/graph) fastest at ``hidden × batch × elem`` bytes.
+
+    Times at sizes between measured points follow :func:`servescope.core.comm.time_us_at`.
+    """
+    elem = ELEM_BYTES.get(doc.dtype, 2)
+    curves = [c for c in doc.curves if c.op == "all_reduce" and c.points]
+    out = []
+    for b in batches:
+        nbytes = hidden * b * elem
+        if not curves:
+            break
+        best = min(curves, key=lambda c: time_us_at(c, nbytes))
+        default = doc.curve("all_reduce", variant="default", graph=best.graph)
+        out.append(DecodeChoice(batch=b, bytes=nbytes, variant=best.variant, graph=best.graph,
+                                time_us=time_us_at(best, nbytes),
+                                default_time_us=time_us_at(default, nbytes) if default else None))
+    return out
+
+
+def environment_lines(doc: CurveDoc, choices: Sequence[DecodeChoice]) -> list[str]:
+    """systemd ``Environment=`` lines for the variant that wins most decode batches (ties: the smaller total)."""
+    if not choices:
+        return []
+    wins: dict[str, int] = {}
+    for c in choices:
+        wins[c.variant] = wins.get(c.variant, 0) + 1
+    top = max(wins, key=lambda v: wins[v])
+    env = next((c.env for c in doc.curves if c.variant == top), {})
+    lines = [f"# servescope bench comm: best all_reduce variant at decode sizes: {top} ({doc.device}, "
+             f"{doc.world_size} ranks, {doc.date})"]
+    lines += [f"Environment={k}={v}" for k, v in env.items()]
+    if doc.backend == "nccl" and "NCCL_NVLS_ENABLE" not in env:
+        lines.append("Environment=NCCL_NVLS_ENABLE=0")
+    return lines

@@ -1,0 +1,57 @@
+"""Tables of collective cost curves and the best variant at decode message sizes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from servescope.core.comm import CurveDoc
+
+__all__ = ["comm_result_json", "render_comm"]
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
+
+
+def render_comm(doc: CurveDoc, choices: Sequence[Any], env_lines: Sequence[str], failures: Sequence[str],
+                console: Console) -> None:
+    """One table per op (size, variant, µs, algbw, busbw), then the decode-size winners and unit env lines."""
+    backend = " ".join(filter(None, (doc.backend, doc.versions.get("nccl"))))
+    console.print(f"{doc.device} · {backend} · torch {doc.versions['torch']}"
+                  f" · {doc.world_size} ranks · {doc.interconnect} · {doc.date}")
+    for op in dict.fromkeys(c.op for c in doc.curves):
+        table = Table(title=op, box=None)
+        for col in ("size", "variant", "µs", "algbw GB/s", "busbw GB/s"):
+            table.add_column(col, justify="left" if col == "variant" else "right")
+        for curve in (c for c in doc.curves if c.op == op):
+            for p in curve.points:
+                table.add_row(_size(p.bytes), curve.label, f"{p.time_us:.1f}", f"{p.algbw_gbps:.2f}",
+                              f"{p.busbw_gbps:.2f}")
+        console.print(table)
+    if choices:
+        table = Table(title="best all_reduce at decode sizes (hidden × batch × 2 bytes)", box=None)
+        for col in ("batch", "bytes", "best variant", "µs", "default µs"):
+            table.add_column(col, justify="left" if col == "best variant" else "right")
+        for c in choices:
+            label = f"{c.variant}{' [graph]' if c.graph else ''}"
+            table.add_row(str(c.batch), str(c.bytes), label, f"{c.time_us:.1f}",
+                          "N/A" if c.default_time_us is None else f"{c.default_time_us:.1f}")
+        console.print(table)
+    for line in env_lines:
+        console.print(line, markup=False)
+    for f in failures:
+        console.print(f"failed: {f}", markup=False)
+
+
+def comm_result_json(doc_json: dict[str, Any], choices: Sequence[Any], env_lines: Sequence[str],
+                     failures: Sequence[str], output: str | None) -> dict[str, Any]:
+    """Stable ``--json`` keys: curves (the curve document), best_at_decode, environment, failures, output."""
+    return {"curves": doc_json, "best_at_decode": [dict(vars(c)) for c in choices],
+            "environment": list(env_lines), "failures": list(failures), "output": output}
