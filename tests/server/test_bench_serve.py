@@ -133,3 +133,39 @@ def test_server_dying_mid_run_keeps_what_was_measured(ready_server: LiveServer, 
     assert point["errors"] >= 1 and point["requests"] > point["errors"]  # finished ones were kept
     assert point["tokens"]["output_total"] == (point["requests"] - point["errors"]) * 200
     assert "stopped early" in result.stdout
+
+
+@pytest.mark.no_server
+def test_a_point_split_over_workers_adds_up() -> None:
+    from servescope.server.loadpool import auto_workers, split_job
+    from servescope.server.streams import PointJob
+
+    job = PointJob(url="http://127.0.0.1:1", api_key=None, timeout_s=1.0, body={}, prompts=["a"] * 10,
+                   first_prompt=0, concurrency=513, rate=None, requests=1001, duration_s=None,
+                   max_concurrency=None, seed=0)
+    parts = split_job(job, 3)
+    assert [p.concurrency for p in parts] == [171, 171, 171]
+    assert sum(p.requests for p in parts) == 1001 and max(p.requests for p in parts) == 334
+    assert len({p.seed for p in parts}) == 3 and len({p.first_prompt for p in parts}) == 3
+    rated = split_job(PointJob(**{**job.__dict__, "concurrency": None, "rate": 9.0, "max_concurrency": 5}), 2)
+    assert [p.rate for p in rated] == [4.5, 4.5] and [p.max_concurrency for p in rated] == [3, 2]
+    assert [auto_workers(n, 16) for n in (1, 256, 257, 1000, 10_000)] == [1, 1, 2, 4, 16]
+    assert auto_workers(10_000, 2) == 2
+
+
+def test_worker_processes_measure_what_the_server_counts(ready_server: LiveServer) -> None:
+    """Two client processes share one point: counts add up against the server's own counters."""
+    output_tokens = 24
+    before = _scrape(ready_server)
+    result = run_bench_serve(LoadSpec(url=ready_server.url, api_key=ApiKey(ready_server.api_key, "test"),
+                                      concurrency=(4,), input_tokens=16, output_tokens=output_tokens,
+                                      requests=10, warmup_requests=0, workers=2))
+    after = _scrape(ready_server)
+    [point] = result.points
+    assert point.workers == 2 and point.errors == 0 and point.requests == 10
+    assert after["vllm:request_success_total"] - before["vllm:request_success_total"] == 10
+    generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
+    assert point.tokens.output_total == generated == 10 * output_tokens
+    assert point.ttft_ms.samples == 10 and point.client_lag.p99_ms is not None
+    # one time line: the span covers every request, from the first send to the last answer
+    assert point.duration_s >= point.e2e_ms.median / 1000  # type: ignore[operator]

@@ -95,6 +95,8 @@ def bench_serve(
     model: Annotated[str | None, typer.Option("--model", help="Model id (default: the first one served).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of prompts and arrivals.")] = 0,
     timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to wait for each chunk.")] = 120.0,
+    workers: Annotated[int, typer.Option("--workers", min=0, help="Client processes per point; 0: one per 256 "
+                                         "streams, at most one per CPU.")] = 0,
     api_key: Annotated[str | None, typer.Option("--api-key", show_default=False,
                                                 help="Bearer key; else $SERVESCOPE_API_KEY, else "
                                                 "$OPENAI_API_KEY. Never printed.")] = None,
@@ -131,7 +133,7 @@ def bench_serve(
         old = decode_serve(_read(compare), str(compare)) if compare is not None else None
         spec = LoadSpec(url=url, input_tokens=input_tokens, output_tokens=output_tokens, concurrency=levels,
                         rate=rates, requests=requests, duration_s=duration, warmup_requests=warmup,
-                        max_concurrency=max_concurrency, model=model, seed=seed, timeout_s=timeout,
+                        max_concurrency=max_concurrency, model=model, seed=seed, timeout_s=timeout, workers=workers,
                         api_key=resolve_api_key(api_key))
 
         def save(partial: object) -> None:

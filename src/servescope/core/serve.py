@@ -114,6 +114,7 @@ class ServePoint(msgspec.Struct, kw_only=True, frozen=True):
     client_lag: ClientLag
     server: ServerSide
     stopped: str | None = None
+    workers: int = 1
 
 
 class ServeOptions(msgspec.Struct, kw_only=True, frozen=True):
@@ -131,6 +132,7 @@ class ServeOptions(msgspec.Struct, kw_only=True, frozen=True):
     seed: int
     prompt_source: str
     timeout_s: float
+    workers: int = 0
 
 
 class ServeResult(msgspec.Struct, kw_only=True, frozen=True):

@@ -100,7 +100,8 @@ def render_serve(result: ServeResult, console: Console) -> None:
             f"  output {_num(point.output_tokens_per_s)} tok/s, {_num(point.requests_per_s, 2)} req/s; "
             f"usage tokens {tok.output_total} (requested {tok.output_requested_total}, diff {diff:+d}, "
             f"{tok.output_mismatched_requests} requests off), prompt mean {_num(tok.prompt_mean)} "
-            f"(requested {tok.prompt_requested}); client lag p99 {_ms(lag.p99_ms)} ms, max {_ms(lag.max_ms)} ms"))
+            f"(requested {tok.prompt_requested}); client lag p99 {_ms(lag.p99_ms)} ms, max {_ms(lag.max_ms)} ms"
+            f" over {point.workers} client process{'es' if point.workers != 1 else ''}"))
         if point.server.tpot_metric:
             console.print(Text(f"  server: {point.server.tpot_metric} (TPOT), {point.server.ttft_metric} (TTFT), "
                                f"{_num(point.server.requests, 0)} requests, "

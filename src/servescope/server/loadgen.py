@@ -8,17 +8,19 @@ without them, one common English word per token, documented as ``prompt_source``
 ``/metrics`` is scraped before, during (every second) and after each point; see :mod:`.metrics`.
 
 A 1 ms timer runs beside the streams and records how late it fires (event-loop lag): when that grows
-the client, not the server, is the bottleneck, and the result says so. If the server dies mid-run the
-point stops launching, in-flight requests count as errors, and the sweep ends with ``aborted`` set.
+the client, not the server, is the bottleneck, and the result says so. Past 256 streams a point is shared
+out over several worker processes (:mod:`.loadpool`); the requests themselves live in :mod:`.streams`.
+If the server dies mid-run the point stops launching, in-flight requests count as errors, and the sweep
+ends with ``aborted`` set.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import platform
 import random
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -38,8 +40,10 @@ from servescope.core.serve import (
     TokenCounts,
 )
 from servescope.server.client import ApiKey, ServerClient
-from servescope.server.errors import EndpointNotFound, ServerError
+from servescope.server.errors import EndpointNotFound
+from servescope.server.loadpool import auto_workers, run_point_in_workers
 from servescope.server.metrics import Snapshot, scrape_metrics, server_side
+from servescope.server.streams import Point, PointJob, Sample, run_point_here
 
 __all__ = ["LoadSpec", "PointProgress", "make_prompts", "run_bench_serve", "run_bench_serve_async", "summarize"]
 
@@ -54,7 +58,6 @@ _WORDS = ("the time people year way day thing man world life hand part child eye
 _FALLBACK_SOURCE = "approximate: one English word per token (the server has no /tokenize)"
 _SERVER_SOURCE = "server /tokenize + /detokenize"
 _SCRAPE_EVERY_S = 1.0
-_LAG_TICK_S = 0.001
 _ERROR_EXAMPLES = 3
 
 
@@ -64,6 +67,7 @@ class LoadSpec:
 
     ``requests`` per point (default ``max(8, 4 × concurrency)``, or ``8 × rate`` for rate points);
     ``duration_s`` stops launching new requests that many seconds into a point (whichever comes first).
+    ``workers`` processes share each point's streams; 0 means one per 256 streams (at most one per CPU).
     """
 
     url: str
@@ -78,21 +82,8 @@ class LoadSpec:
     model: str | None = None
     seed: int = 0
     timeout_s: float = 120.0
+    workers: int = 0
     api_key: ApiKey | None = field(default=None, repr=False)
-
-
-@dataclass
-class _Sample:
-    """One request as the client saw it; times are seconds from its send."""
-
-    error: str | None = None
-    ttft_s: float | None = None
-    e2e_s: float | None = None
-    chunk_s: list[float] = field(default_factory=list)
-    output_tokens: int | None = None
-    prompt_tokens: int | None = None
-    sent_at: float = 0.0
-    done_at: float = 0.0
 
 
 def _percentiles(values: list[float]) -> Dist:
@@ -103,7 +94,7 @@ def _percentiles(values: list[float]) -> Dist:
     return Dist(mean=float(arr.mean()), median=float(p50), p90=float(p90), p99=float(p99), samples=len(values))
 
 
-def summarize(samples: list[_Sample], *, output_tokens: int, input_tokens: int) -> dict[str, Any]:
+def summarize(samples: list[Sample], *, output_tokens: int, input_tokens: int) -> dict[str, Any]:
     """The client-side figures of one point (ms), as keyword arguments of :class:`ServePoint`."""
     ok = [s for s in samples if s.error is None]
     ttft = [s.ttft_s * 1e3 for s in ok if s.ttft_s is not None]
@@ -172,107 +163,6 @@ async def make_prompts(client: ServerClient, model: str, *, tokens: int, count: 
     return prompts, _SERVER_SOURCE
 
 
-# ----------------------------------------------------------------------------------------------- requests
-
-class _Point:
-    """The shared state of one running point: the client, the body, the server-down flag, the samples."""
-
-    def __init__(self, client: ServerClient, body: dict[str, Any], prompts: list[str]) -> None:
-        self.client = client
-        self.body = body
-        self.prompts = prompts
-        self.samples: list[_Sample] = []
-        self.down: str | None = None
-        self._probe = asyncio.Lock()
-        self.next_prompt = 0
-
-    def prompt(self) -> str:
-        text = self.prompts[self.next_prompt % len(self.prompts)]
-        self.next_prompt += 1
-        return text
-
-    async def one(self) -> _Sample:
-        sample = _Sample(sent_at=time.perf_counter())
-        body = {**self.body, "prompt": self.prompt()}
-        try:
-            async for chunk in self.client.stream_completion(body):
-                now = time.perf_counter() - sample.sent_at
-                if chunk.get("choices"):
-                    if sample.ttft_s is None:
-                        sample.ttft_s = now
-                    sample.chunk_s.append(now)
-                usage = chunk.get("usage")
-                if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
-                    sample.output_tokens = int(usage["completion_tokens"])
-                    sample.prompt_tokens = usage.get("prompt_tokens")
-            sample.e2e_s = time.perf_counter() - sample.sent_at
-        except ServerError as exc:
-            sample.error = exc.problem
-            await self._check_alive()
-        sample.done_at = time.perf_counter()
-        self.samples.append(sample)
-        return sample
-
-    async def _check_alive(self) -> None:
-        """After a failed request: is the server still there? If not, stop the point."""
-        async with self._probe:
-            if self.down is not None:
-                return
-            try:
-                status = await self.client.get_status("/health")
-            except ServerError as exc:
-                self.down = f"{self.client.url_of('/health')}: {exc.problem}"
-                return
-            if status == 503:
-                self.down = f"{self.client.url_of('/health')}: HTTP 503 (engine dead)"
-
-
-async def _closed_loop(point: _Point, concurrency: int, requests: int, deadline: float | None,
-                       tick: Callable[[], None]) -> None:
-    launched = 0
-
-    async def worker() -> None:
-        nonlocal launched
-        while launched < requests and point.down is None and (deadline is None or time.perf_counter() < deadline):
-            launched += 1
-            await point.one()
-            tick()
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-
-
-async def _poisson(point: _Point, rate: float, requests: int, deadline: float | None, max_concurrency: int | None,
-                   rng: random.Random, tick: Callable[[], None]) -> None:
-    gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    tasks: list[asyncio.Task[None]] = []
-
-    async def fire() -> None:
-        if gate is None:
-            await point.one()
-        else:
-            async with gate:
-                await point.one()
-        tick()
-
-    next_at = time.perf_counter()
-    for _ in range(requests):
-        if point.down is not None or (deadline is not None and next_at >= deadline):
-            break
-        delay = next_at - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(fire()))
-        next_at += rng.expovariate(rate)
-    await asyncio.gather(*tasks)
-
-
-async def _lag_ticker(lags: list[float], stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        before = time.perf_counter()
-        await asyncio.sleep(_LAG_TICK_S)
-        lags.append(max(0.0, time.perf_counter() - before - _LAG_TICK_S) * 1e3)
-
-
 async def _scraper(client: ServerClient, snaps: list[Snapshot], stop: asyncio.Event) -> None:
     while not stop.is_set():
         try:
@@ -303,6 +193,14 @@ async def _model_and_len(client: ServerClient, wanted: str | None) -> tuple[str,
         raise InputError("--model", f"the server does not serve {wanted!r} (it serves {names})")
     raw = chosen.get("max_model_len")
     return str(chosen["id"]), raw if isinstance(raw, int) else None
+
+
+def _workers_for(spec: LoadSpec, concurrency: int | None) -> int:
+    """Worker processes for one point: ``spec.workers``, else enough for its streams."""
+    if spec.workers > 0:
+        return spec.workers if concurrency is None else min(spec.workers, concurrency)
+    streams = concurrency if concurrency is not None else (spec.max_concurrency or 1)
+    return auto_workers(streams, os.cpu_count() or 1)
 
 
 def _plan_requests(spec: LoadSpec, *, concurrency: int | None, rate: float | None) -> int:
@@ -341,8 +239,8 @@ async def run_bench_serve_async(spec: LoadSpec, *, progress: PointProgress | Non
                                concurrency=list(spec.concurrency), rate=list(spec.rate), requests=spec.requests,
                                duration_s=spec.duration_s, warmup_requests=spec.warmup_requests,
                                max_concurrency=spec.max_concurrency, seed=spec.seed, prompt_source=source,
-                               timeout_s=spec.timeout_s)
-        warm = _Point(client, body, prompts[::-1])
+                               timeout_s=spec.timeout_s, workers=spec.workers)
+        warm = Point(client, body, prompts[::-1])
         for _ in range(spec.warmup_requests):
             sample = await warm.one()
             if sample.error is not None:
@@ -352,44 +250,46 @@ async def run_bench_serve_async(spec: LoadSpec, *, progress: PointProgress | Non
                                                             "system": platform.platform()},
                              options=options, definitions=dict(DEFINITIONS), points=[],
                              api_key_source=spec.api_key.source if spec.api_key else None)
-        rng = random.Random(spec.seed)
         metrics_seen = False
         plans: list[tuple[int | None, float | None]] = [(c, None) for c in spec.concurrency] + \
                                                        [(None, r) for r in spec.rate]
         points: list[ServePoint] = []
         aborted: str | None = None
-        for (concurrency, rate), planned in zip(plans, counts, strict=True):
+        for index, ((concurrency, rate), planned) in enumerate(zip(plans, counts, strict=True)):
             label = f"concurrency {concurrency}" if concurrency is not None else f"rate {rate:g}/s"
-            point = _Point(client, body, prompts)
+            job = PointJob(url=spec.url, api_key=spec.api_key, timeout_s=spec.timeout_s, body=body, prompts=prompts,
+                           first_prompt=0, concurrency=concurrency, rate=rate, requests=planned,
+                           duration_s=spec.duration_s, max_concurrency=spec.max_concurrency,
+                           seed=spec.seed + index)
+            workers = _workers_for(spec, concurrency)
             before = await scrape_metrics(client)
             during: list[Snapshot] = []
-            lags: list[float] = []
             stop = asyncio.Event()
-            side = [asyncio.create_task(_lag_ticker(lags, stop)), asyncio.create_task(_scraper(client, during, stop))]
-            started = time.perf_counter()
-            deadline = started + spec.duration_s if spec.duration_s is not None else None
+            scraper = asyncio.create_task(_scraper(client, during, stop))
             shown = planned if planned != sys.maxsize else 0
+            finished = 0
 
-            def tick(label: str = label, point: _Point = point, shown: int = shown) -> None:
+            def tick(label: str = label, shown: int = shown) -> None:
+                nonlocal finished
+                finished += 1
                 if progress is not None:
-                    progress(label, len(point.samples), shown)
+                    progress(label, finished, shown)
 
             try:
-                if concurrency is not None:
-                    await _closed_loop(point, concurrency, planned, deadline, tick)
+                if workers > 1:
+                    run = await asyncio.to_thread(run_point_in_workers, job, workers, tick=tick)
                 else:
-                    assert rate is not None
-                    await _poisson(point, rate, planned, deadline, spec.max_concurrency, rng, tick)
+                    run = await run_point_here(job, client=client, tick=tick)
             finally:
                 stop.set()
-                await asyncio.gather(*side)
-            after = await scrape_metrics(client) if point.down is None else None
+                await scraper
+            after = await scrape_metrics(client) if run.down is None else None
             metrics_seen = metrics_seen or before is not None
             points.append(ServePoint(
-                concurrency=concurrency, rate=rate, client_lag=_lag(lags),
-                server=server_side(before, after, during), stopped=point.down,
-                **summarize(point.samples, output_tokens=spec.output_tokens, input_tokens=spec.input_tokens)))
-            aborted = point.down
+                concurrency=concurrency, rate=rate, workers=workers, client_lag=_lag(run.lags_ms),
+                server=server_side(before, after, during), stopped=run.down,
+                **summarize(run.samples, output_tokens=spec.output_tokens, input_tokens=spec.input_tokens)))
+            aborted = run.down
             result = _with_points(result, points, aborted, metrics_seen)
             if checkpoint is not None:
                 checkpoint(result)
