@@ -6,6 +6,7 @@ call the recording lacks fails the test, so nvml.py and the recorder stay in ste
 
 from __future__ import annotations
 
+import copy
 import json
 import types
 from pathlib import Path
@@ -109,3 +110,45 @@ def make_fake_pynvml(doc: dict[str, Any], *, overrides: dict[str, Any] | None = 
         replay.__name__ = fn
         setattr(fake, fn, replay)
     return fake
+
+
+def with_two_gpus(idle: dict[str, Any]) -> dict[str, Any]:
+    """The idle H200 recording with its device 0 answers copied to a device 1, plus topology answers
+    in the recorder's format (no multi-GPU host recorded yet): NVSwitch-style, 18 active links each."""
+    doc = copy.deepcopy(idle)
+    calls = doc["calls"]
+    extra = []
+    for call in calls:
+        if call["fn"] == "nvmlDeviceGetCount":
+            call["return"] = 2
+        if call["args"][:1] in ([0], [{"device": 0}]) and call["fn"] != "nvmlDeviceGetCount":
+            twin = copy.deepcopy(call)
+            twin["args"][0] = 1 if twin["args"][0] == 0 else {"device": 1}
+            if twin["fn"] == "nvmlDeviceGetHandleByIndex":
+                twin["return"] = {"device": 1}
+            if twin["fn"] == "nvmlDeviceGetPciInfo":
+                twin["return"]["fields"]["busId"] = "00000000:00:07.0"
+            extra.append(twin)
+    calls.extend(extra)
+    for dev in (0, 1):
+        for link in range(18):
+            calls.append({"fn": "nvmlDeviceGetNvLinkState", "args": [{"device": dev}, link], "return": 1})
+            calls.append(
+                {
+                    "fn": "nvmlDeviceGetNvLinkRemotePciInfo",
+                    "args": [{"device": dev}, link],
+                    "return": {"__struct__": "nvmlPciInfo_t", "fields": {"busId": "00000000:A5:00.0"}},
+                }
+            )
+        calls.append(
+            {
+                "fn": "nvmlDeviceGetNvLinkState",
+                "args": [{"device": dev}, 18],
+                "error": {"name": "NVMLError_InvalidArgument", "value": 2},
+            }
+        )
+    pair = [{"device": 0}, {"device": 1}]
+    calls.append({"fn": "nvmlDeviceGetTopologyCommonAncestor", "args": pair, "return": 50})
+    calls.append({"fn": "nvmlDeviceGetP2PStatus", "args": [*pair, 0], "return": 0})
+    calls.append({"fn": "nvmlDeviceGetP2PStatus", "args": [*pair, 2], "return": 0})
+    return doc

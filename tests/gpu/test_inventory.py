@@ -2,43 +2,23 @@
 
 from __future__ import annotations
 
-import re
 import sys
 
 import pytest
 from fake_pynvml import load_recording, make_fake_pynvml
-from gpu_inputs import RECORDING, shared_file
+from gpu_inputs import RECORDING, holding_snapshot, plain_numbers, shared_file
 
 from servescope.gpu import inventory
 from servescope.gpu.errors import GpuUnavailable
 from servescope.gpu.inventory import WaitResult, gpu_memory_holders, take_snapshot, wait_until_gpu_memory_free
 from servescope.gpu.records import GpuSnapshot
-from servescope.gpu.smi import parse_compute_apps_csv, parse_query_gpu_csv
-
-HOLDING_TEXT = shared_file("nvidia-smi-holding-10GiB.txt")
-
-
-def holding_snapshot() -> GpuSnapshot:
-    """The real "holding 10 GiB" outputs: query-gpu (noheader, nounits) and query-compute-apps."""
-    gpu_block = HOLDING_TEXT.split("nounits\n", 1)[1].split("\n\n", 1)[0]
-    apps_block = HOLDING_TEXT.split("--format=csv\n", 1)[1].split("\n\n", 1)[0]
-    gpus = parse_query_gpu_csv(gpu_block, fields=["index", "memory.used", "memory.total"])
-    procs = parse_compute_apps_csv(apps_block, gpus=gpus)
-    return GpuSnapshot(gpus, procs, None, "nvidia-smi", "2026-12-02T15:27:24+00:00")
+from servescope.gpu.smi import parse_query_gpu_csv
 
 
 def free_snapshot() -> GpuSnapshot:
     """The real idle outputs: the query-gpu CSV after topo -m."""
     gpus = parse_query_gpu_csv(shared_file("topo_query.txt").split("---\n", 1)[1])
     return GpuSnapshot(gpus, (), None, "nvidia-smi", "2026-12-02T15:00:01+00:00")
-
-
-def plain_numbers() -> tuple[int, int, str, int]:
-    """(GPU used MiB, holder pid, holder name, holder MiB) from the plain table in the holding file."""
-    used = re.search(r"(\d+)MiB /\s+\d+MiB", HOLDING_TEXT)
-    proc = re.search(r"\|\s+0\s+N/A\s+N/A\s+(\d+)\s+C\s+(\S+)\s+(\d+)MiB", HOLDING_TEXT)
-    assert used and proc
-    return int(used.group(1)), int(proc.group(1)), proc.group(2), int(proc.group(3))
 
 
 class FakeTime:

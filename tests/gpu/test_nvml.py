@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 import pytest
-from fake_pynvml import load_recording, make_fake_pynvml
+from fake_pynvml import load_recording, make_fake_pynvml, with_two_gpus
 from gpu_inputs import RECORDING, SETS, recorded_file
 
 from servescope.gpu import nvml
@@ -157,45 +157,7 @@ def test_fake_constants_are_pynvml_constants() -> None:
 
 
 def two_gpu_recording() -> dict[str, Any]:
-    """The idle H200 recording with its device 0 answers copied to a device 1, plus topology answers
-    in the recorder's format (no multi-GPU host recorded yet): NVSwitch-style, 18 active links each."""
-    doc = copy.deepcopy(recording("idle"))
-    calls = doc["calls"]
-    extra = []
-    for call in calls:
-        if call["fn"] == "nvmlDeviceGetCount":
-            call["return"] = 2
-        if call["args"][:1] in ([0], [{"device": 0}]) and call["fn"] != "nvmlDeviceGetCount":
-            twin = copy.deepcopy(call)
-            twin["args"][0] = 1 if twin["args"][0] == 0 else {"device": 1}
-            if twin["fn"] == "nvmlDeviceGetHandleByIndex":
-                twin["return"] = {"device": 1}
-            if twin["fn"] == "nvmlDeviceGetPciInfo":
-                twin["return"]["fields"]["busId"] = "00000000:00:07.0"
-            extra.append(twin)
-    calls.extend(extra)
-    for dev in (0, 1):
-        for link in range(18):
-            calls.append({"fn": "nvmlDeviceGetNvLinkState", "args": [{"device": dev}, link], "return": 1})
-            calls.append(
-                {
-                    "fn": "nvmlDeviceGetNvLinkRemotePciInfo",
-                    "args": [{"device": dev}, link],
-                    "return": {"__struct__": "nvmlPciInfo_t", "fields": {"busId": "00000000:A5:00.0"}},
-                }
-            )
-        calls.append(
-            {
-                "fn": "nvmlDeviceGetNvLinkState",
-                "args": [{"device": dev}, 18],
-                "error": {"name": "NVMLError_InvalidArgument", "value": 2},
-            }
-        )
-    pair = [{"device": 0}, {"device": 1}]
-    calls.append({"fn": "nvmlDeviceGetTopologyCommonAncestor", "args": pair, "return": 50})
-    calls.append({"fn": "nvmlDeviceGetP2PStatus", "args": [*pair, 0], "return": 0})
-    calls.append({"fn": "nvmlDeviceGetP2PStatus", "args": [*pair, 2], "return": 0})
-    return doc
+    return with_two_gpus(recording("idle"))
 
 
 def test_topology_with_two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:

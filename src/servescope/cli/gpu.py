@@ -1,4 +1,4 @@
-"""gpu list / wait-free: the GPUs of this machine."""
+"""gpu list / topo / holders / wait-free: the GPUs of this machine."""
 
 from __future__ import annotations
 
@@ -17,18 +17,58 @@ def gpu_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print the snapshot as JSON.")] = False,
 ) -> None:
     """GPUs, their memory, PCIe link and the processes holding memory (NVML, else nvidia-smi)."""
-    from servescope.gpu.errors import GpuUnavailable
+    from servescope.gpu.errors import GpuQueryError, GpuUnavailable
     from servescope.gpu.inventory import take_snapshot
     from servescope.report.gpu import encode_dataclass, render_snapshot
 
     try:
         snapshot = take_snapshot(prefer=prefer)
-    except (GpuUnavailable, ValueError) as exc:
+    except (GpuUnavailable, GpuQueryError, ValueError) as exc:
         fail(str(exc))
     if as_json:
         sys.stdout.buffer.write(encode_dataclass(snapshot))
     else:
         render_snapshot(snapshot, Console(highlight=False))
+
+
+@gpu_app.command("topo")
+def gpu_topo(
+    prefer: Annotated[str, typer.Option("--prefer", help="nvml or nvidia-smi (the other is the fallback).")] = "nvml",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the topology as JSON.")] = False,
+) -> None:
+    """Per GPU pair NVLink or the PCIe path and P2P; each GPU's PCIe link and CPU/NUMA affinity; a verdict."""
+    from servescope.gpu.errors import GpuQueryError, GpuUnavailable
+    from servescope.gpu.topology import read_topology
+    from servescope.report.gpu import encode_dataclass, render_topology
+
+    try:
+        report = read_topology(prefer=prefer)
+    except (GpuUnavailable, GpuQueryError, ValueError) as exc:
+        fail(str(exc))
+    if as_json:
+        sys.stdout.buffer.write(encode_dataclass(report))
+    else:
+        render_topology(report, Console(highlight=False))
+
+
+@gpu_app.command("holders")
+def gpu_holders(
+    prefer: Annotated[str, typer.Option("--prefer", help="nvml or nvidia-smi (the other is the fallback).")] = "nvml",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the holders as JSON.")] = False,
+) -> None:
+    """Processes holding GPU memory, per GPU: pid, user, MiB, command line (secrets redacted), and the total."""
+    from servescope.gpu.errors import GpuQueryError, GpuUnavailable
+    from servescope.gpu.holders import read_gpu_holders
+    from servescope.report.gpu import encode_dataclass, render_holders
+
+    try:
+        report = read_gpu_holders(prefer=prefer)
+    except (GpuUnavailable, GpuQueryError, ValueError) as exc:
+        fail(str(exc))
+    if as_json:
+        sys.stdout.buffer.write(encode_dataclass(report))
+    else:
+        render_holders(report, Console(highlight=False))
 
 
 @gpu_app.command("wait-free")
@@ -48,5 +88,3 @@ def gpu_wait_free(
     typer.echo(result.describe())
     if not result.ready:
         raise typer.Exit(1)
-
-

@@ -28,7 +28,7 @@ _P2P_CAPS_INDEX_NVLINK = 2
 # nvmlGpuTopologyLevel_t -> the ``nvidia-smi topo -m`` legend.
 _TOPOLOGY_KIND = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 # nvmlGpuP2PStatus_t -> the ``nvidia-smi topo -p2p r`` legend.
-_P2P_STATUS = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "NS", 5: "NS", 6: "U"}
+_P2P_STATUS = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DR", 5: "NS", 6: "U"}
 
 _nvml: Any = None  # the initialised pynvml module, once nvmlInit has succeeded
 
@@ -153,6 +153,7 @@ def _topology(nvml: Any, handles: list[Any], gpus: list[GpuInfo]) -> Topology:
     count = len(handles)
     nvlinks = _nvlinks(nvml, handles, [g.pci_bus_id for g in gpus])
     kinds = [["X"] * count for _ in range(count)]
+    paths = [["X"] * count for _ in range(count)]
     p2p = [["X"] * count for _ in range(count)]
     for a in range(count):
         for b in range(a + 1, count):
@@ -162,13 +163,15 @@ def _topology(nvml: Any, handles: list[Any], gpus: list[GpuInfo]) -> Topology:
             direct = nvlinks[a][b]
             if direct == 0 and over_nvlink == nvml.NVML_P2P_STATUS_OK:
                 direct = nvlinks[a][-1]  # through NVSwitch: nvidia-smi shows all of a GPU's switch links (NV18)
-            kind = f"NV{direct}" if direct else _TOPOLOGY_KIND.get(level, "SYS") if level is not None else "SYS"
-            kinds[a][b] = kinds[b][a] = kind
+            path = _TOPOLOGY_KIND.get(level, "SYS") if level is not None else "SYS"
+            paths[a][b] = paths[b][a] = path
+            kinds[a][b] = kinds[b][a] = f"NV{direct}" if direct else path
             p2p[a][b] = p2p[b][a] = _P2P_STATUS.get(read, "U") if read is not None else "NS"
     return Topology(
         devices=tuple(f"GPU{i}" for i in range(count)),
         links=tuple(tuple(row) for row in kinds),
         p2p_read=tuple(tuple(row) for row in p2p),
+        pcie_paths=tuple(tuple(row) for row in paths),
     )
 
 

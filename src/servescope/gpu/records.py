@@ -85,7 +85,10 @@ class Topology:
         gpu_numa_id: per GPU, the "GPU NUMA ID" column; None when absent or N/A.
         nic_names: (label, device name) pairs from the "NIC Legend", e.g. ("NIC0", "mlx5_0").
         p2p_read: per GPU pair, the P2P read status as ``nvidia-smi topo -p2p r`` prints it ("X", "OK",
-            "CNS", "GNS", "TNS", "NS", "U"); None when not queried (nvidia-smi fallback).
+            "CNS", "GNS", "TNS", "NS", "DR", "U"); None when not known (``topo -p2p`` failed or not asked).
+        pcie_paths: per GPU pair, the PCIe path kind ("PIX" .. "SYS", "X" on the diagonal) even where
+            ``links`` says NVLink (NVML ``nvmlDeviceGetTopologyCommonAncestor``); None when not known
+            (nvidia-smi shows only the nearest link).
     """
 
     devices: tuple[str, ...]
@@ -95,6 +98,7 @@ class Topology:
     gpu_numa_id: tuple[str | None, ...] = ()
     nic_names: tuple[tuple[str, str], ...] = ()
     p2p_read: tuple[tuple[str, ...], ...] | None = None
+    pcie_paths: tuple[tuple[str, ...], ...] | None = None
 
     @property
     def gpu_count(self) -> int:

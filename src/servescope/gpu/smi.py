@@ -7,6 +7,7 @@ the only place that starts the binary.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime
 import re
 import subprocess
@@ -18,11 +19,13 @@ from servescope.gpu.errors import GpuQueryError, GpuUnavailable
 from servescope.gpu.records import GpuInfo, GpuProcess, GpuSnapshot, Topology
 
 __all__ = [
+    "P2P_STATUS",
     "QUERY_GPU_FIELDS",
     "parse_compute_apps_csv",
     "parse_query_gpu_csv",
     "parse_smi_xml",
     "parse_topo_matrix",
+    "parse_topo_p2p",
     "run_nvidia_smi",
     "smi_snapshot",
 ]
@@ -69,7 +72,10 @@ QUERY_GPU_FIELDS: tuple[str, ...] = (
 )
 
 # What nvidia-smi prints for "not available": None in our records, never 0.
-_NOT_AVAILABLE = frozenset({"", "N/A", "[N/A]", "Not Supported", "[Not Supported]", "Not Available"})
+# "[Not Found]": the process name of a pid from another container.
+_NOT_AVAILABLE = frozenset(
+    {"", "N/A", "[N/A]", "Not Supported", "[Not Supported]", "Not Available", "Not Found", "[Not Found]"}
+)
 _NUMBER = re.compile(r"^(-?\d+(?:\.\d+)?)\s*(?:[A-Za-z%]+(?:/s)?)?$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _NO_DRIVER = ("couldn't communicate with the NVIDIA driver", "No devices were found", "driver/library version mismatch")
@@ -295,28 +301,44 @@ def parse_smi_xml(text: str) -> tuple[tuple[GpuInfo, ...], tuple[GpuProcess, ...
 
 
 _AFFINITY_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
+_GPU_LABEL = re.compile(r"^GPU\d+$")
+
+
+def _cells(line: str) -> list[str]:
+    """The non-empty cells of one matrix line: nvidia-smi separates them with tabs; a copy pasted from a
+    terminal has the tabs turned into runs of spaces, so without a tab, two or more spaces split."""
+    clean = _ANSI.sub("", line)
+    parts = clean.split("\t") if "\t" in clean else re.split(r"\s{2,}", clean)
+    # nvidia-smi writes an empty cell before "GPU NUMA ID" (and before an N/A NUMA Affinity): drop empties.
+    return [c.strip() for c in parts if c.strip()]
+
+
+def _matrix_lines(text: str, what: str) -> tuple[list[str], list[list[str]]]:
+    """(column labels, rows of cells) of the first matrix in `text`, up to its blank line or legend."""
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if _ANSI.sub("", ln)[:1].isspace() and "GPU0" in ln), None)
+    if start is None:
+        raise GpuQueryError(f"{what} output has no header line with GPU0")
+    rows = []
+    for line in lines[start + 1 :]:
+        if not line.strip() or line.strip().startswith("Legend"):
+            break
+        rows.append(_cells(line))
+    return _cells(lines[start]), rows
 
 
 def parse_topo_matrix(text: str) -> Topology:
     """The link matrix of ``nvidia-smi topo -m``, its affinity columns and its NIC legend.
 
+    Reads nvidia-smi's tab-separated text, and the same text pasted with spaces instead of tabs.
+
     Raises:
         GpuQueryError: no matrix header, or a row that does not fit it.
     """
-    lines = [_ANSI.sub("", line).rstrip("\n") for line in text.splitlines()]
-    start = next((i for i, ln in enumerate(lines) if ln[:1].isspace() and "GPU0" in ln), None)
-    if start is None:
-        raise GpuQueryError("nvidia-smi topo -m output has no header line with GPU0")
-    columns = [c.strip() for c in lines[start].split("\t") if c.strip()]
+    columns, lines = _matrix_lines(text, "nvidia-smi topo -m")
     split = next((i for i, c in enumerate(columns) if c in _AFFINITY_COLUMNS), len(columns))
     devices, extras = columns[:split], columns[split:]
-    rows: dict[str, list[str]] = {}
-    for line in lines[start + 1 :]:
-        if not line.strip() or line.strip().startswith("Legend"):
-            break
-        # Cells are tab-separated; nvidia-smi writes an empty cell before "GPU NUMA ID", so drop empties.
-        cells = [c.strip() for c in line.split("\t") if c.strip()]
-        rows[cells[0]] = cells[1:]
+    rows = {cells[0]: cells[1:] for cells in lines if cells}
     links: list[tuple[str, ...]] = []
     affinity: dict[str, list[str | None]] = {name: [] for name in _AFFINITY_COLUMNS}
     for label in devices:
@@ -330,7 +352,7 @@ def parse_topo_matrix(text: str) -> Topology:
                 if name in affinity:
                     affinity[name].append(_value(rest[i], str, name) if i < len(rest) else None)
     nics: list[tuple[str, str]] = []
-    for line in lines:
+    for line in text.splitlines():
         match = re.match(r"^\s*(NIC\d+):\s*(\S+)\s*$", line)
         if match:
             nics.append((match.group(1), match.group(2)))
@@ -344,8 +366,59 @@ def parse_topo_matrix(text: str) -> Topology:
     )
 
 
+#: The status codes of ``nvidia-smi topo -p2p`` (its legend): OK, or why peer access is not possible.
+P2P_STATUS = {
+    "X": "self",
+    "OK": "status OK",
+    "CNS": "chipset not supported",
+    "GNS": "GPU not supported",
+    "TNS": "topology not supported",
+    "NS": "not supported",
+    "DR": "disabled by regkey",
+    "U": "unknown",
+}
+
+
+def parse_topo_p2p(text: str) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
+    """(GPU labels, square status matrix) from ``nvidia-smi topo -p2p r`` (or ``w``, ``rw``, ``n``, ...).
+
+    Each cell is a code of P2P_STATUS ("X" on the diagonal).
+
+    Raises:
+        GpuQueryError: no header, a row missing or of the wrong length, or a code not in the legend.
+    """
+    what = "nvidia-smi topo -p2p"
+    labels, lines = _matrix_lines(text, what)
+    if not labels or not all(_GPU_LABEL.match(c) for c in labels):
+        raise GpuQueryError(f"{what}: header is not a list of GPUs: {labels}")
+    rows = {cells[0]: cells[1:] for cells in lines if cells}
+    matrix = []
+    for label in labels:
+        row = rows.get(label)
+        if row is None or len(row) != len(labels):
+            raise GpuQueryError(f"{what}: row {label} missing or not {len(labels)} cells long")
+        unknown = [c for c in row if c not in P2P_STATUS]
+        if unknown:
+            raise GpuQueryError(f"{what}: row {label} has codes not in the legend: {', '.join(unknown)}")
+        matrix.append(tuple(row))
+    return tuple(labels), tuple(matrix)
+
+
+def _with_p2p(topology: Topology, timeout_s: float) -> Topology:
+    """`topology` with ``p2p_read`` from ``nvidia-smi topo -p2p r``; unchanged when that fails or disagrees."""
+    try:
+        labels, matrix = parse_topo_p2p(run_nvidia_smi(["topo", "-p2p", "r"], timeout_s=timeout_s))
+    except GpuQueryError:
+        return topology  # older drivers lack -p2p; P2P stays unknown (None), never guessed
+    gpus = tuple(d for d in topology.devices if d.startswith("GPU"))
+    if labels != gpus:
+        return topology
+    return dataclasses.replace(topology, p2p_read=matrix)
+
+
 def smi_snapshot(*, timeout_s: float = 15.0) -> GpuSnapshot:
-    """A GpuSnapshot from ``nvidia-smi -q -x`` and ``nvidia-smi topo -m`` (topology None if that fails).
+    """A GpuSnapshot from ``nvidia-smi -q -x``, ``nvidia-smi topo -m`` (topology None if that fails) and,
+    with several GPUs, ``nvidia-smi topo -p2p r`` (P2P read status; None if that fails).
 
     Raises:
         GpuUnavailable: no nvidia-smi, or it cannot reach the driver.
@@ -357,4 +430,6 @@ def smi_snapshot(*, timeout_s: float = 15.0) -> GpuSnapshot:
         topology: Topology | None = parse_topo_matrix(run_nvidia_smi(["topo", "-m"], timeout_s=timeout_s))
     except GpuQueryError:
         topology = None  # some virtualised GPUs have no topology; inventory still stands
+    if topology is not None and topology.gpu_count > 1:
+        topology = _with_p2p(topology, timeout_s)
     return GpuSnapshot(gpus=gpus, processes=procs, topology=topology, source="nvidia-smi", taken_at=taken_at)

@@ -1,4 +1,4 @@
-"""Terminal and JSON views of GPU snapshots and GEMM benchmark results."""
+"""Terminal and JSON views of GPU snapshots, topology, memory holders and GEMM benchmark results."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rich.table import Table
 
 from servescope.core.gemm import GemmBenchDoc
 
-__all__ = ["encode_dataclass", "render_gemm", "render_snapshot"]
+__all__ = ["encode_dataclass", "render_gemm", "render_holders", "render_snapshot", "render_topology"]
 
 
 def encode_dataclass(record: Any) -> bytes:
@@ -41,6 +41,62 @@ def render_snapshot(snapshot: Any, console: Console) -> None:
         for p in snapshot.processes:
             procs.add_row(_na(p.gpu_index), str(p.pid), _na(p.process_name), _na(p.used_memory_mib))
         console.print(procs)
+
+
+def _pcie(gen: int | None, width: int | None) -> str:
+    return "N/A" if gen is None and width is None else f"gen{_na(gen)} x{_na(width)}"
+
+
+def render_topology(report: Any, console: Console) -> None:
+    """The verdict, each GPU's PCIe link and affinity, then one row per GPU pair (``report``: a
+    ``gpu.topology.TopologyReport``, typed loosely as report/ sits below the feature packages)."""
+    console.print(f"GPU topology ({report.source}, {report.taken_at})")
+    console.print(f"verdict: {report.verdict}")
+    gpus = Table(box=None)
+    for col in ("gpu", "name", "bus id", "PCIe now", "PCIe max", "CPU affinity", "NUMA"):
+        gpus.add_column(col, justify="right" if col == "gpu" else "left")
+    for g in report.gpus:
+        gpus.add_row(str(g.index), _na(g.name), _na(g.pci_bus_id), _pcie(g.pcie_gen_current, g.pcie_width_current),
+                     _pcie(g.pcie_gen_max, g.pcie_width_max), _na(g.cpu_affinity), _na(g.numa_affinity))
+    console.print(gpus)
+    if report.pairs:
+        pairs = Table(box=None)
+        for col in ("pair", "link", "NVLinks", "PCIe path", "P2P read"):
+            pairs.add_column(col, justify="right" if col == "NVLinks" else "left")
+        for p in report.pairs:
+            pairs.add_row(f"{p.a}-{p.b}", p.link, str(p.nvlinks), _na(p.pcie_path), _na(p.p2p_read))
+        console.print(pairs)
+    if report.nics:
+        console.print("NICs: " + ", ".join(f"{label}={name}" for label, name in report.nics))
+
+
+def render_holders(report: Any, console: Console) -> None:
+    """Per GPU: used and held MiB, then its holders with user and command line (``report``: a
+    ``gpu.holders.HoldersReport``)."""
+    console.print(f"GPU memory holders ({report.source}, {report.taken_at})")
+    groups = [(f"GPU{g.gpu_index} {_na(g.name)}", g) for g in report.gpus]
+    for title, g in groups:
+        used = f"{_na(g.used_mib)} of {_na(g.total_mib)} MiB used"
+        count = len(g.holders)
+        held = "no process holds memory" if not count else (
+            f"{_na(g.held_mib)} MiB held by {count} process{'es' if count > 1 else ''}")
+        console.print(f"{title}: {used}, {held}")
+        _holder_table(g.holders, console)
+    if report.unplaced:
+        console.print("processes on a GPU the source did not name:")
+        _holder_table(report.unplaced, console)
+
+
+def _holder_table(holders: Any, console: Console) -> None:
+    if not holders:
+        return
+    table = Table(box=None, padding=(0, 1, 0, 2))
+    for col in ("pid", "user", "used MiB", "process", "command"):
+        table.add_column(col, justify="right" if col in ("pid", "used MiB") else "left",
+                         overflow="fold" if col == "command" else "ellipsis")
+    for h in holders:
+        table.add_row(str(h.pid), _na(h.user), _na(h.used_mib), _na(h.name), _na(h.cmdline))
+    console.print(table)
 
 
 def render_gemm(doc: GemmBenchDoc, console: Console) -> None:
