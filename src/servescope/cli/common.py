@@ -69,7 +69,7 @@ def _make_apps() -> None:
 
     groups = {
         "capture_app": ("capture", "Make traces: GPU decode captures of a random-weight model."),
-        "gpu_app": ("gpu", "GPUs: inventory, memory holders, waiting for memory to be free."),
+        "gpu_app": ("gpu", "GPUs: inventory, topology (NVLink / PCIe / P2P), memory holders, waiting for free memory."),
         "bench_app": ("bench", "Measurements: a live server's throughput, GEMMs and collectives on this box."),
         "service_app": ("service", "The systemd service: render, lint, import, install, restart safely."),
     }

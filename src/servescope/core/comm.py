@@ -1,9 +1,9 @@
 """Collective cost curves: the document ``bench comm`` writes and ``plan`` reads (``servescope.comm-curves/1``).
 
-The contract is /tmp/servescope-helpers/CURVES.md; in short, per curve (one op, one NCCL env variant, eager or
-inside a CUDA graph) a list of points sorted by ``bytes``, each with the median per-op time and nccl-tests'
-algorithm and bus bandwidth. ``bytes`` is nccl-tests' *size* column: all_reduce the buffer, all_gather the
-gathered output, reduce_scatter the full input, all_to_all the per-rank send buffer. GB/s are 1e9 bytes/s.
+Per curve (one op, one NCCL env variant, eager or inside a CUDA graph) a list of points sorted by
+``bytes``, each with the median per-op time and nccl-tests' algorithm and bus bandwidth. ``bytes`` is
+nccl-tests' *size* column: all_reduce the buffer, all_gather the gathered output, reduce_scatter the full
+input, all_to_all the per-rank send buffer. GB/s are 1e9 bytes/s.
 
 Stdlib only (dataclasses + json): the worker that runs on a GPU machine with torch and nothing else imports
 this module too.
