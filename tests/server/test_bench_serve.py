@@ -169,3 +169,13 @@ def test_worker_processes_measure_what_the_server_counts(ready_server: LiveServe
     assert point.ttft_ms.samples == 10 and point.client_lag.p99_ms is not None
     # one time line: the span covers every request, from the first send to the last answer
     assert point.duration_s >= point.e2e_ms.median / 1000  # type: ignore[operator]
+
+
+def test_a_client_that_stalls_is_called_client_bound(ready_server: LiveServer) -> None:
+    """A progress callback that blocks the event loop 100 ms per request: the lag timer must see it."""
+    spec = LoadSpec(url=ready_server.url, api_key=ApiKey(ready_server.api_key, "test"), concurrency=(2,),
+                    input_tokens=16, output_tokens=32, requests=10, warmup_requests=0)
+    [point] = run_bench_serve(spec, progress=lambda *_: time.sleep(0.1)).points
+    assert point.errors == 0
+    assert point.client_lag.max_ms is not None and point.client_lag.max_ms >= 90
+    assert point.client_lag.client_bound

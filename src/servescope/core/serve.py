@@ -88,11 +88,16 @@ class TokenCounts(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class ClientLag(msgspec.Struct, kw_only=True, frozen=True):
-    """How late the client's event loop ran (ms): a timer that should fire every 1 ms, measured."""
+    """How late the client's event loop ran (ms): a timer that should fire every 1 ms, measured.
+
+    ``client_bound`` is set when the p99 lag exceeds both 5 ms and half the median TPOT: the client's
+    own delays are then as large as what it measures, and its latencies overstate the server's.
+    """
 
     p50_ms: float | None
     p99_ms: float | None
     max_ms: float | None
+    client_bound: bool = False
 
 
 class ServePoint(msgspec.Struct, kw_only=True, frozen=True):

@@ -102,6 +102,10 @@ def render_serve(result: ServeResult, console: Console) -> None:
             f"{tok.output_mismatched_requests} requests off), prompt mean {_num(tok.prompt_mean)} "
             f"(requested {tok.prompt_requested}); client lag p99 {_ms(lag.p99_ms)} ms, max {_ms(lag.max_ms)} ms"
             f" over {point.workers} client process{'es' if point.workers != 1 else ''}"))
+        if lag.client_bound:
+            console.print(Text(f"  client-bound: the client's event loop ran up to {_ms(lag.p99_ms)} ms late (p99), "
+                               "as much as the latencies it measures; use --workers, or run the client on a "
+                               "machine that is not busy serving", style="yellow"), overflow="fold")
         if point.server.tpot_metric:
             console.print(Text(f"  server: {point.server.tpot_metric} (TPOT), {point.server.ttft_metric} (TTFT), "
                                f"{_num(point.server.requests, 0)} requests, "

@@ -173,11 +173,16 @@ async def _scraper(client: ServerClient, snaps: list[Snapshot], stop: asyncio.Ev
                 snaps.append(snap)
 
 
-def _lag(lags: list[float]) -> ClientLag:
+_CLIENT_BOUND_MS = 5.0
+
+
+def _lag(lags: list[float], tpot: Dist) -> ClientLag:
+    """Lag percentiles, and whether the client's own delays rival the per-token latency it measures."""
     if not lags:
         return ClientLag(p50_ms=None, p99_ms=None, max_ms=None)
     p50, p99 = np.percentile(np.asarray(lags), [50, 99])
-    return ClientLag(p50_ms=float(p50), p99_ms=float(p99), max_ms=float(max(lags)))
+    bound = p99 > _CLIENT_BOUND_MS and (tpot.median is None or p99 > 0.5 * tpot.median)
+    return ClientLag(p50_ms=float(p50), p99_ms=float(p99), max_ms=float(max(lags)), client_bound=bool(bound))
 
 
 # -------------------------------------------------------------------------------------------------- sweep
@@ -285,10 +290,10 @@ async def run_bench_serve_async(spec: LoadSpec, *, progress: PointProgress | Non
                 await scraper
             after = await scrape_metrics(client) if run.down is None else None
             metrics_seen = metrics_seen or before is not None
+            figures = summarize(run.samples, output_tokens=spec.output_tokens, input_tokens=spec.input_tokens)
             points.append(ServePoint(
-                concurrency=concurrency, rate=rate, workers=workers, client_lag=_lag(run.lags_ms),
-                server=server_side(before, after, during), stopped=run.down,
-                **summarize(run.samples, output_tokens=spec.output_tokens, input_tokens=spec.input_tokens)))
+                concurrency=concurrency, rate=rate, workers=workers, client_lag=_lag(run.lags_ms, figures["tpot_ms"]),
+                server=server_side(before, after, during), stopped=run.down, **figures))
             aborted = run.down
             result = _with_points(result, points, aborted, metrics_seen)
             if checkpoint is not None:
