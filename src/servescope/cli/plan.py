@@ -1,3 +1,56 @@
 """plan: what another parallel layout would cost."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from servescope.cli.common import app, user_errors
+from servescope.core.errors import InputError
+
+
+@app.command("plan")
+def plan(
+    model: Annotated[str, typer.Option("--model", help="A preset (kimi-k2.5, deepseek-v3, qwen3-235b-a22b, "
+                                       "llama-3-70b) or a HF config.json.")],
+    hardware: Annotated[str, typer.Option("--hardware", help="A hardware profile (h200, …) or a .toml file.")],
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs to spread the model over.")],
+    batch: Annotated[str, typer.Option("--batch", help="Decode batch sizes (running requests), comma-separated.")]
+        = "1,8,32,128",
+    context: Annotated[int, typer.Option("--context", help="Tokens in each request's KV cache.")] = 4096,
+    comm: Annotated[Path | None, typer.Option("--comm", help="A `bench comm` curve file for this box.")] = None,
+    calibrate: Annotated[Path | None, typer.Option("--calibrate", help="An `analyze --json` of a real capture "
+                                                   "(TP run of this model) to fit the efficiency factors to.")]
+        = None,
+    eager: Annotated[bool, typer.Option("--eager", help="Use eager collective curves, not CUDA-graph ones.")]
+        = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan document as JSON.")] = False,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the JSON document here.")] = None,
+    html_out: Annotated[Path | None, typer.Option("--html", help="Write an HTML report with a chart here.")] = None,
+) -> None:
+    """Predict the decode step per parallel layout (TP, TP+EP, DP-attention+EP, PP, TP×PP) and batch."""
+    from servescope.core.atomic import write_text_atomic
+    from servescope.plan.planner import PlanRequest, parse_batches, run_plan
+    from servescope.report.plan import plan_to_json, render_plan, render_plan_html
+
+    with user_errors():
+        for flag, path in (("--comm", comm), ("--calibrate", calibrate)):
+            if path is not None and not path.is_file():
+                raise InputError(str(path), f"no such file ({flag})")
+        request = PlanRequest(model=model, hardware=hardware, gpus=gpus, batches=parse_batches(batch),
+                              context=context, comm=None if comm is None else str(comm),
+                              calibrate=None if calibrate is None else str(calibrate), graph=not eager)
+        doc = run_plan(request)
+        text = plan_to_json(doc)
+        if output is not None:
+            write_text_atomic(output, text)
+        if html_out is not None:
+            write_text_atomic(html_out, render_plan_html(doc))
+    if as_json:
+        sys.stdout.write(text)
+    else:
+        render_plan(doc, Console(highlight=False))

@@ -1,0 +1,239 @@
+"""Predicted decode step time (ms) of one layout at one batch, and memory per GPU, from bytes and counts.
+
+A *step* gives every one of ``batch`` running requests one more token; its time is the time per output
+token a request sees. Four parts, added without overlap:
+
+- **weights**: weight bytes one GPU reads on a token's path ÷ (HBM GB/s × ``hbm_efficiency``), or the
+  GEMM FLOPs ÷ (dense TFLOP/s × ``tflops_efficiency``) when that is longer. Routed experts count only the
+  expected active ones (:func:`servescope.plan.model.active_experts` of the tokens the MoE layer sees),
+  divided over the EP ranks.
+- **attention**: KV-cache bytes read = requests per attention rank × context × KV bytes per token per layer
+  (MLA: ``kv_lora_rank + qk_rope_head_dim`` elements) × layers ÷ (HBM GB/s × ``attention_efficiency``).
+- **collectives**: Σ count × time of one op (curve or α-β, :mod:`servescope.plan.collectives`).
+- **other**: ``us_per_step + us_per_layer × layers``, times ``other_scale``.
+
+Collectives per step, counted along one token's path (``T`` = tokens per microbatch, ``h`` = hidden ×
+activation bytes):
+
+- TP > 1: 2 all_reduce per layer of ``T·h`` bytes (after attention's o-projection and after the MLP/MoE),
+  1 all_reduce of ``T·h`` for the vocab-parallel embedding, 1 all_gather of the logits (``T × padded
+  vocab × activation bytes``, gathered size).
+- TP + EP: dense layers as TP; each MoE layer instead has 1 reduce_scatter of ``T·h`` (attention's output
+  lands split by token), a dispatch and a combine all_to_all of ``ceil(T/ep) × top_k × h`` bytes each
+  (per-rank send buffer), and 1 all_gather of ``T·h`` to give attention all tokens again.
+- DP attention + EP: per MoE layer a dispatch and a combine all_to_all of ``ceil(B/dp) × top_k × h``;
+  nothing else (dense layers, embedding and lm_head are whole on every GPU).
+- PP: ``pp − 1`` send_recv of ``T·h`` per step (stage boundaries on the path).
+
+PP: the batch runs as ``pp`` microbatches of ``T = ceil(B/pp)``; a token passes every stage, so the step is
+the path through all layers at microbatch ``T`` plus the sends (stage imbalance and bubbles are not
+modelled). EP load imbalance is not modelled (experts are assumed evenly loaded).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from servescope.plan.collectives import CommCosts
+from servescope.plan.factors import Factors
+from servescope.plan.hardware import HardwareProfile
+from servescope.plan.layouts import Layout
+from servescope.plan.model import VOCAB_PADDING, ModelArch, active_experts
+from servescope.plan.weights import kv_bytes_per_token_layer, rank_weights, stage_layers
+
+__all__ = ["GIB", "Collective", "LayoutMemory", "PointCost", "collectives_per_step", "layout_memory",
+           "predict_point"]
+
+GIB = float(1 << 30)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Collective:
+    """``count`` ops of kind ``op`` per step over ``group`` GPUs, each of ``bytes_each`` (nccl-tests size)."""
+
+    op: str
+    count: int
+    bytes_each: int
+    group: int
+    what: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PointCost:
+    """One layout at one batch: the step time, its parts (ms), collectives, and where the figures came from.
+
+    Attributes:
+        batch: running requests.
+        step_ms: predicted time of one decode step.
+        parts_ms: ``weights``, ``attention``, ``collectives``, ``other``.
+        collectives: the collectives of one step.
+        collective_ms: per op kind, the time of all its ops in a step.
+        origins: per part, the origins of its inputs (``datasheet``, ``assumed``, ``calibrated``,
+            ``measured curve``, ``published curve``).
+        weight_bytes: weight bytes one GPU reads per step.
+        kv_read_bytes: KV-cache bytes one GPU reads per step.
+        compute_bound: whether GEMM FLOPs, not weight reads, set the weights part.
+        fits_kv: whether the KV cache holds ``batch × context`` tokens.
+    """
+
+    batch: int
+    step_ms: float
+    parts_ms: dict[str, float]
+    collectives: list[Collective]
+    collective_ms: dict[str, float]
+    origins: dict[str, list[str]]
+    weight_bytes: float
+    kv_read_bytes: float
+    compute_bound: bool
+    fits_kv: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayoutMemory:
+    """Memory per GPU of a layout (the fullest GPU): weights and what is left for the KV cache, GiB."""
+
+    weights_gib: float
+    kv_cache_gib: float
+    usable_gib: float
+    kv_tokens_per_gpu: int
+    kv_capacity_tokens: int
+    feasible: bool
+    reason: str
+    per_stage_weights_gib: list[float] = field(default_factory=list)
+
+
+def _act_bytes(arch: ModelArch) -> int:
+    return int(arch.hidden * arch.dtype_bytes)
+
+
+def collectives_per_step(arch: ModelArch, layout: Layout, batch: int) -> list[Collective]:
+    """The collectives one decode step of ``batch`` requests runs under ``layout`` (see the module doc)."""
+    out: list[Collective] = []
+    tokens = math.ceil(batch / layout.pp)
+    h = _act_bytes(arch)
+    dense_layers, moe_layers = arch.layers - arch.moe_layers, arch.moe_layers
+
+    def add(op: str, count: int, nbytes: int, group: int, what: str) -> None:
+        if count > 0 and group > 1:
+            out.append(Collective(op=op, count=count, bytes_each=nbytes, group=group, what=what))
+
+    if layout.kind == "dp_ep":
+        a2a = math.ceil(batch / layout.dp) * arch.top_k * h
+        add("all_to_all", 2 * moe_layers, a2a, layout.ep, "MoE dispatch + combine")
+        return out
+    tp = layout.tp
+    if layout.ep > 1:
+        add("all_reduce", 2 * dense_layers, tokens * h, tp, "dense layers: attention out + MLP down")
+        add("all_reduce", 1, tokens * h, tp, "vocab-parallel embedding")
+        add("reduce_scatter", moe_layers, tokens * h, tp, "MoE layers: attention out, split by token")
+        add("all_to_all", 2 * moe_layers, math.ceil(tokens / layout.ep) * arch.top_k * h, layout.ep,
+            "MoE dispatch + combine")
+        add("all_gather", moe_layers, tokens * h, tp, "MoE layers: all tokens back for attention")
+    else:
+        add("all_reduce", 2 * arch.layers + 1, tokens * h, tp, "attention out + MLP/MoE down per layer, embedding")
+    vocab = -(-arch.vocab // VOCAB_PADDING) * VOCAB_PADDING
+    add("all_gather", 1, int(tokens * vocab * arch.dtype_bytes), tp, "logits")
+    add("send_recv", layout.pp - 1, tokens * h, 2, "pipeline stage boundaries")
+    return out
+
+
+def layout_memory(arch: ModelArch, layout: Layout, hw: HardwareProfile, factors: Factors, *,
+                  context: int) -> LayoutMemory:
+    """Weights and KV-cache room per GPU, and whether one request of ``context`` tokens fits."""
+    w = rank_weights(arch, layout)
+    usable = hw.memory_gb * 1e9 * factors.memory_utilization - factors.reserve_gib * GIB
+    kv_layer = kv_bytes_per_token_layer(arch, layout.tp, factors.kv_bytes)
+    stages = stage_layers(arch, layout.pp)
+    per_stage: list[float] = []
+    tokens_per_gpu: int | None = None
+    tight_free = usable
+    for i, layers in enumerate(stages):
+        weights = sum(w.attention + (w.router + w.shared + w.experts_held * w.expert if arch.is_moe_layer(j)
+                                     else w.dense_mlp) for j in layers)
+        weights += (w.embedding if i == 0 else 0.0) + (w.lm_head if i == len(stages) - 1 else 0.0)
+        per_stage.append(weights)
+        free = usable - weights
+        tokens = max(0, int(free // (kv_layer * len(layers)))) if layers else 0
+        if tokens_per_gpu is None or tokens < tokens_per_gpu:
+            tokens_per_gpu, tight_free = tokens, free
+    tokens_per_gpu = tokens_per_gpu or 0
+    heaviest = max(per_stage)
+    capacity = tokens_per_gpu * layout.dp
+    if tight_free <= 0:
+        feasible, reason = False, (f"weights {heaviest / GIB:.1f} GiB per GPU exceed the usable "
+                                   f"{usable / GIB:.1f} GiB")
+    elif tokens_per_gpu < context:
+        feasible, reason = False, (f"KV cache holds {tokens_per_gpu} tokens per GPU, fewer than one request's "
+                                   f"{context}")
+    else:
+        feasible, reason = True, f"weights {heaviest / GIB:.1f} of {usable / GIB:.1f} GiB usable per GPU"
+    return LayoutMemory(weights_gib=heaviest / GIB, kv_cache_gib=max(0.0, tight_free) / GIB,
+                        usable_gib=usable / GIB, kv_tokens_per_gpu=tokens_per_gpu, kv_capacity_tokens=capacity,
+                        feasible=feasible, reason=reason, per_stage_weights_gib=[s / GIB for s in per_stage])
+
+
+def predict_point(arch: ModelArch, layout: Layout, hw: HardwareProfile, comm: CommCosts, *, batch: int,
+                  context: int, memory: LayoutMemory) -> PointCost:
+    """The predicted decode step of ``batch`` requests at ``context`` tokens each under ``layout``.
+
+    Raises:
+        ValueError: ``batch`` below 1 or ``context`` below 0.
+    """
+    if batch < 1 or context < 0:
+        raise ValueError(f"batch must be >= 1 and context >= 0, got {batch} and {context}")
+    f = comm.factors
+    w = rank_weights(arch, layout)
+    tokens = math.ceil(batch / layout.pp)  # per microbatch, on the path
+    attn_requests = math.ceil(batch / layout.dp) if layout.kind == "dp_ep" else tokens
+    moe_tokens = batch if layout.kind == "dp_ep" else tokens  # tokens one MoE layer sees over its EP group
+    dense_layers, moe_layers = arch.layers - arch.moe_layers, arch.moe_layers
+
+    # Weight bytes read, and GEMM FLOPs, on a token's path through every layer.
+    read = w.attention * arch.layers + w.dense_mlp * dense_layers + w.lm_head
+    flops = 2 * attn_requests * (w.attention_params * arch.layers + w.dense_params * dense_layers + w.head_params)
+    if moe_layers:
+        active = active_experts(arch.experts, arch.top_k, moe_tokens)
+        local_active = min(float(w.experts_held), active / layout.ep)
+        shared_tokens = attn_requests if layout.ep == 1 else math.ceil(moe_tokens / layout.ep)
+        read += moe_layers * (w.router + w.shared + local_active * w.expert)
+        pairs = moe_tokens * arch.top_k / layout.ep  # token-expert pairs this GPU computes
+        flops += 2 * moe_layers * (attn_requests * w.router_params + shared_tokens * w.shared_params
+                                   + pairs * w.expert_params)
+    bytes_us = read / (hw.hbm_gbps * 1e3 * f.hbm_efficiency)
+    rate = hw.tflops_for(arch.expert_weight_dtype if moe_layers else arch.weight_dtype)
+    flops_us = flops / (rate * 1e6 * f.tflops_efficiency) if rate else 0.0
+    weights_us = max(bytes_us, flops_us)
+
+    kv_read = attn_requests * context * kv_bytes_per_token_layer(arch, layout.tp, f.kv_bytes) * arch.layers
+    attention_us = kv_read / (hw.hbm_gbps * 1e3 * f.attention_efficiency)
+
+    colls = collectives_per_step(arch, layout, batch)
+    coll_ms: dict[str, float] = {}
+    coll_origins: list[str] = []
+    for c in colls:
+        t, origin = comm.time_us(c.op, c.group, c.bytes_each)
+        coll_ms[c.op] = coll_ms.get(c.op, 0.0) + c.count * t / 1e3
+        if origin not in coll_origins:
+            coll_origins.append(origin)
+    if colls and f.origins.get("collective_scale") == "calibrated":
+        coll_origins.append("calibrated")
+    other_us = (f.us_per_step + f.us_per_layer * arch.layers) * f.other_scale
+
+    parts = {"weights": weights_us / 1e3, "attention": attention_us / 1e3,
+             "collectives": sum(coll_ms.values()), "other": other_us / 1e3}
+
+    def marks(*names: str) -> list[str]:
+        return sorted({f.origins.get(n, "assumed") for n in names})
+
+    origins = {
+        "weights": sorted({hw.quality, *marks("hbm_efficiency", "tflops_efficiency")}),
+        "attention": sorted({hw.quality, *marks("attention_efficiency", "kv_bytes")}),
+        "collectives": coll_origins,
+        "other": marks("us_per_layer", "us_per_step", "other_scale"),
+    }
+    per_gpu_requests = math.ceil(batch / layout.dp) if layout.kind == "dp_ep" else batch
+    return PointCost(
+        batch=batch, step_ms=sum(parts.values()), parts_ms=parts, collectives=colls, collective_ms=coll_ms,
+        origins=origins, weight_bytes=read, kv_read_bytes=kv_read, compute_bound=flops_us > bytes_us,
+        fits_kv=per_gpu_requests * context <= memory.kv_tokens_per_gpu)

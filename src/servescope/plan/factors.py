@@ -1,0 +1,86 @@
+"""The efficiency factors and overheads of plan's step model, with where each value comes from.
+
+Defaults live in ``data/plan.toml`` (every one "assumed", with its reasoning there); ``--calibrate`` replaces
+some with values fitted to a capture ("calibrated"). A factor below 1 is an achieved fraction of a
+datasheet rate; a scale multiplies a modelled time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from importlib.resources import files
+from typing import Any
+
+__all__ = ["FACTOR_NAMES", "Factors", "default_factors"]
+
+# Factors --calibrate can fit (the rest stay as assumed).
+FACTOR_NAMES = ("hbm_efficiency", "attention_efficiency", "collective_scale", "other_scale")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Factors:
+    """Efficiencies (fractions of datasheet rates), overheads (µs) and memory rules of the step model.
+
+    Attributes:
+        hbm_efficiency: achieved fraction of HBM bandwidth when GEMMs stream weights.
+        attention_efficiency: achieved fraction of HBM bandwidth when attention reads the KV cache.
+        tflops_efficiency: achieved fraction of the dense tensor-core rate.
+        link_efficiency: achieved fraction of the p2p link in the α-β collective estimate.
+        collective_scale: multiplies every collective time (curves and estimate).
+        other_scale: multiplies the "other" time.
+        us_per_layer, us_per_step: the "other" time per decoder layer and per step, µs.
+        memory_utilization: share of a GPU's memory the engine may use.
+        reserve_gib: activations, graphs and buffers per GPU, GiB.
+        kv_bytes: bytes per KV-cache element.
+        comm_alpha: per interconnect kind, ``(base_us, hop_us)`` of the α-β estimate.
+        origins: per attribute name, ``assumed`` or ``calibrated``.
+    """
+
+    hbm_efficiency: float
+    attention_efficiency: float
+    tflops_efficiency: float
+    link_efficiency: float
+    collective_scale: float = 1.0
+    other_scale: float = 1.0
+    us_per_layer: float
+    us_per_step: float
+    memory_utilization: float
+    reserve_gib: float
+    kv_bytes: float
+    comm_alpha: dict[str, tuple[float, float]] = field(default_factory=dict)
+    origins: dict[str, str] = field(default_factory=dict)
+
+    def replaced(self, origin: str, **values: float) -> Factors:
+        """A copy with ``values`` set and marked as coming from ``origin``."""
+        origins = dict(self.origins)
+        origins.update(dict.fromkeys(values, origin))
+        return dataclasses.replace(self, origins=origins, **values)  # type: ignore[arg-type]
+
+    def table(self) -> dict[str, dict[str, Any]]:
+        """``{name: {value, origin}}`` of every scalar factor, for the result document."""
+        out: dict[str, dict[str, Any]] = {}
+        for f in dataclasses.fields(self):
+            if f.name in ("comm_alpha", "origins"):
+                continue
+            out[f.name] = {"value": getattr(self, f.name), "origin": self.origins.get(f.name, "assumed")}
+        for kind, (base, hop) in sorted(self.comm_alpha.items()):
+            out[f"comm_{kind}_base_us"] = {"value": base, "origin": "assumed"}
+            out[f"comm_{kind}_hop_us"] = {"value": hop, "origin": "assumed"}
+        return out
+
+
+def default_factors() -> Factors:
+    """The assumed factors of ``data/plan.toml``."""
+    data = tomllib.loads(files("servescope").joinpath("data", "plan.toml").read_text(encoding="utf-8"))
+    eff, over, mem = data["efficiency"], data["overhead"], data["memory"]
+    alpha = {kind: (float(v["base_us"]), float(v["hop_us"])) for kind, v in data["comm"].items()}
+    values = dict(
+        hbm_efficiency=float(eff["hbm"]), attention_efficiency=float(eff["attention"]),
+        tflops_efficiency=float(eff["tflops"]), link_efficiency=float(eff["link"]),
+        us_per_layer=float(over["us_per_layer"]), us_per_step=float(over["us_per_step"]),
+        memory_utilization=float(mem["utilization"]), reserve_gib=float(mem["reserve_gib"]),
+        kv_bytes=float(mem["kv_bytes"]))
+    return Factors(**values, comm_alpha=alpha,
+                   origins=dict.fromkeys([*values, "collective_scale", "other_scale"], "assumed"))

@@ -1,0 +1,180 @@
+"""A GPU's hardware profile (``data/hardware/*.toml`` or a user's file): memory, bandwidths, interconnect.
+
+Profiles are data, written by hand from datasheets (``quality = "datasheet"``) or measured. This loader is
+tolerant: it reads the fields below and ignores every other key, so profiles may carry more than plan uses.
+
+Fields read (top level unless a table is named):
+
+- ``name`` (str, default: the file name), ``gpu`` (str), ``quality`` (str, default ``"datasheet"``),
+  ``source`` (str), ``match`` (list of str: substrings of the device name, used to pick bundled curves).
+- ``memory_gb`` (number, required): memory per GPU in 10⁹ bytes.
+- ``hbm_gbps`` (number, required): memory bandwidth, GB/s.
+- ``nvlink_gbps`` (number, default 0 = no NVLink): NVLink bandwidth per GPU, bidirectional total, GB/s.
+- ``pcie_gbps`` (number, default 64 = PCIe Gen4 x16 bidirectional): GB/s.
+- ``[dense_tflops]`` (table of dtype → TFLOP/s, default empty): dense tensor-core rates; missing dtypes
+  fall back to ``bfloat16``'s, and a missing ``bfloat16`` means "no compute bound".
+- ``interconnect``: either a string (``"nvlink"`` or ``"pcie"``) or a table whose ``kind`` is one; default
+  ``"nvlink"`` when ``nvlink_gbps`` > 0, else ``"pcie"``.
+- ``p2p_gbps`` (top level or in the ``[interconnect]`` table): per-direction GPU-to-GPU bandwidth, GB/s;
+  default half of ``nvlink_gbps`` for NVLink or half of ``pcie_gbps`` for PCIe (marked "assumed").
+- ``base_us``, ``hop_us`` (top level or in ``[interconnect]``, optional): the α terms of plan's α-β
+  collective estimate; defaults by kind in ``data/plan.toml``.
+
+Other keys (``p2p``, ``nvlink_multicast``, ``pcie_gen``, ``tdp_w``, …) are ignored.
+
+Example:
+    >>> load_hardware("h200").hbm_gbps
+    4800.0
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from servescope.core.errors import InputError
+
+__all__ = ["INTERCONNECT_KINDS", "HardwareProfile", "list_hardware_profiles", "load_hardware"]
+
+INTERCONNECT_KINDS = ("nvlink", "pcie")
+_DIR = ("data", "hardware")
+_DEFAULT_PCIE_GBPS = 64.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class HardwareProfile:
+    """The numbers of one GPU model that plan's cost model uses; bandwidths in GB/s (10⁹ bytes/s).
+
+    Attributes:
+        name: profile name (file name without ``.toml``).
+        gpu: marketing name.
+        quality: where the numbers come from (``datasheet``, ``measured``).
+        source: the document they were written from.
+        match: device-name substrings this profile describes.
+        memory_gb: memory per GPU, 10⁹ bytes.
+        hbm_gbps: memory bandwidth.
+        nvlink_gbps: NVLink per GPU, bidirectional total; 0 without NVLink.
+        pcie_gbps: PCIe per GPU, bidirectional total.
+        dense_tflops: dense tensor-core TFLOP/s by dtype.
+        interconnect: ``nvlink`` or ``pcie``: the path collectives take.
+        p2p_gbps: per-direction GPU-to-GPU bandwidth collectives get.
+        p2p_origin: ``datasheet`` when the profile states ``p2p_gbps``, else ``assumed`` (derived from the
+            link's bidirectional figure).
+        base_us, hop_us: α terms of the α-β collective estimate; ``None`` means plan's default for the kind.
+    """
+
+    name: str
+    gpu: str
+    quality: str
+    source: str
+    match: tuple[str, ...]
+    memory_gb: float
+    hbm_gbps: float
+    nvlink_gbps: float
+    pcie_gbps: float
+    dense_tflops: dict[str, float] = field(default_factory=dict)
+    interconnect: str
+    p2p_gbps: float
+    p2p_origin: str
+    base_us: float | None = None
+    hop_us: float | None = None
+
+    def tflops_for(self, dtype: str) -> float | None:
+        """Dense TFLOP/s for weights of ``dtype`` (int4/fp8 labels map to their math type), ``None`` if unknown.
+
+        Quantized integer weights (``int4-g32``, ``gptq4-g128``) are dequantized to bf16 for the math, as
+        Marlin kernels do; ``fp8-*`` uses the ``float8`` rate when the profile has one.
+        """
+        if dtype.startswith("fp8") and "float8" in self.dense_tflops:
+            return self.dense_tflops["float8"]
+        if dtype in self.dense_tflops:
+            return self.dense_tflops[dtype]
+        return self.dense_tflops.get("bfloat16")
+
+
+def list_hardware_profiles() -> list[str]:
+    """Names of the bundled hardware profiles (``data/hardware/*.toml``), sorted."""
+    folder = files("servescope").joinpath(*_DIR)
+    return sorted(p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def load_hardware(source: str | Path) -> HardwareProfile:
+    """The hardware profile in a ``.toml`` file or the bundled one of that name.
+
+    Raises:
+        InputError: the file cannot be read or parsed, a required field is missing or of the wrong type,
+            or no bundled profile has the name (the message lists them).
+    """
+    path = Path(source)
+    if path.suffix == ".toml":
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise InputError(str(path), exc.strerror or "cannot read") from None
+        return _profile_from_text(text, str(path), default_name=path.stem)
+    name = str(source)
+    resource = files("servescope").joinpath(*_DIR, f"{name}.toml")
+    if not resource.is_file():
+        raise InputError(name, f"no such hardware profile; profiles: {', '.join(list_hardware_profiles())}")
+    return _profile_from_text(resource.read_text(encoding="utf-8"), f"hardware profile {name}", default_name=name)
+
+
+def _number(data: dict[str, Any], key: str, where: str, default: float | None = None) -> float:
+    value = data.get(key, default)
+    if value is None:
+        raise InputError(where, f"missing field {key!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise InputError(where, f"{key}: expected a number ≥ 0, got {value!r}")
+    return float(value)
+
+
+def _text(data: dict[str, Any], key: str, where: str, default: str) -> str:
+    value = data.get(key, default)
+    if not isinstance(value, str):
+        raise InputError(where, f"{key}: expected a string, got {value!r}")
+    return value
+
+
+def _profile_from_text(text: str, where: str, *, default_name: str) -> HardwareProfile:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(where, f"not TOML: {exc}") from None
+    memory = _number(data, "memory_gb", where)
+    hbm = _number(data, "hbm_gbps", where)
+    if memory <= 0 or hbm <= 0:
+        raise InputError(where, "memory_gb and hbm_gbps must be positive")
+    nvlink = _number(data, "nvlink_gbps", where, 0.0)
+    pcie = _number(data, "pcie_gbps", where, _DEFAULT_PCIE_GBPS)
+    rates = data.get("dense_tflops", {})
+    if not isinstance(rates, dict):
+        raise InputError(where, "dense_tflops: expected a table of dtype = TFLOP/s")
+    tflops = {str(k): _number(rates, k, f"{where}: dense_tflops") for k in rates}
+    match = data.get("match", [])
+    if not isinstance(match, list) or not all(isinstance(m, str) for m in match):
+        raise InputError(where, "match: expected a list of strings")
+    link = data.get("interconnect", {})
+    if not isinstance(link, dict):  # a profile may say `interconnect = "pcie"` instead of a table
+        link = {"kind": link}
+    kind = link.get("kind", "nvlink" if nvlink > 0 else "pcie")
+    if kind not in INTERCONNECT_KINDS:
+        raise InputError(where, f"interconnect.kind: expected one of {', '.join(INTERCONNECT_KINDS)}, got {kind!r}")
+    inner = f"{where}: interconnect"
+    link = {**{k: data[k] for k in ("p2p_gbps", "base_us", "hop_us") if k in data}, **link}
+    if "p2p_gbps" in link:
+        p2p, p2p_origin = _number(link, "p2p_gbps", inner), "datasheet"
+    else:
+        p2p, p2p_origin = (nvlink if kind == "nvlink" and nvlink > 0 else pcie) / 2, "assumed"
+    if p2p <= 0:
+        raise InputError(where, "interconnect: p2p bandwidth must be positive")
+    return HardwareProfile(
+        name=_text(data, "name", where, default_name), gpu=_text(data, "gpu", where, default_name),
+        quality=_text(data, "quality", where, "datasheet"), source=_text(data, "source", where, where),
+        match=tuple(match), memory_gb=memory, hbm_gbps=hbm, nvlink_gbps=nvlink, pcie_gbps=pcie,
+        dense_tflops=tflops, interconnect=kind, p2p_gbps=p2p, p2p_origin=p2p_origin,
+        base_us=_number(link, "base_us", inner) if "base_us" in link else None,
+        hop_us=_number(link, "hop_us", inner) if "hop_us" in link else None,
+    )

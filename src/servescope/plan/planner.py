@@ -1,0 +1,280 @@
+"""``servescope plan``: every layout of a model on N GPUs, at each batch, as one result document.
+
+Example:
+    >>> doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="h200", gpus=8, batches=(1, 8, 32, 128)))
+    >>> [layout["name"] for layout in doc["layouts"]]                    # doctest: +SKIP
+    ['TP=8', 'TP=8 EP=8', 'DP=8 EP=8', 'PP=8', 'TP=2 PP=4', 'TP=4 PP=2']
+
+The document (schema ``servescope.plan/1``) holds the exact inputs, every factor with its origin, and per
+layout ``{name, kind, tp, ep, pp, dp, gpus, feasible, reason, memory_gib_per_gpu: {weights, kv_cache,
+usable}, kv_tokens_per_gpu, kv_capacity_tokens, points: [{batch, step_ms, tokens_per_s, parts_ms: {weights,
+attention, collectives, other}, origins, collectives_per_step: {OP: {count, bytes, bytes_each, ms}},
+fits_kv, compute_bound}]}``; then ``crossovers``, ``recommendation: {layout, reasons}`` and ``notes``.
+``collectives_per_step.OP.bytes`` is the total over the step's ops of that kind (nccl-tests sizes) and
+``bytes_each`` lists ``{count, bytes, what}`` per distinct message.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from servescope import __version__
+from servescope.core.errors import InputError
+from servescope.plan.calibrate import apply_calibration, calibrate
+from servescope.plan.collectives import ALL_OPS, CommCosts, CurveSource, bundled_curves, user_curves
+from servescope.plan.cost import LayoutMemory, PointCost, layout_memory, predict_point
+from servescope.plan.factors import default_factors
+from servescope.plan.hardware import HardwareProfile, load_hardware
+from servescope.plan.layouts import Layout, candidate_layouts
+from servescope.plan.model import ModelArch, load_model_arch
+
+__all__ = ["SCHEMA", "PlanRequest", "find_crossovers", "parse_batches", "recommend", "run_plan"]
+
+SCHEMA = "servescope.plan/1"
+MAX_BATCH = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRequest:
+    """The inputs of one plan: model and hardware (preset names or files), GPU count, batches, context.
+
+    Attributes:
+        model: model preset name or HF ``config.json`` path.
+        hardware: hardware profile name or ``.toml`` path.
+        gpus: GPUs to spread the model over.
+        batches: running requests per step to predict.
+        context: tokens in each request's KV cache (prompt + generated so far).
+        comm: a ``bench comm`` curve file, used before bundled curves.
+        calibrate: an ``analyze --json`` document of a capture to fit the efficiency factors to.
+        graph: prefer collective curves timed inside CUDA graphs.
+    """
+
+    model: str
+    hardware: str
+    gpus: int
+    batches: tuple[int, ...] = (1, 8, 32, 128)
+    context: int = 4096
+    comm: str | None = None
+    calibrate: str | None = None
+    graph: bool = True
+
+
+@dataclass
+class _Evaluated:
+    layout: Layout
+    memory: LayoutMemory
+    points: list[PointCost] = field(default_factory=list)
+
+
+def parse_batches(text: str) -> tuple[int, ...]:
+    """Batch sizes from ``"1,8,32"``: sorted, distinct, each 1 … 2²⁰.
+
+    Raises:
+        InputError: ``--batch`` is not a comma-separated list of positive integers.
+    """
+    try:
+        values = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise InputError("--batch", f"not a comma-separated list of integers: {text!r}") from None
+    if not values or values[0] < 1 or values[-1] > MAX_BATCH:
+        raise InputError("--batch", f"expected integers from 1 to {MAX_BATCH}, got {text!r}")
+    return tuple(values)
+
+
+def _file_info(path: str | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    p = Path(path)
+    return {"path": str(p), "size_bytes": p.stat().st_size if p.is_file() else None}
+
+
+def find_crossovers(names: Sequence[str], batches: Sequence[int],
+                    step_ms: Callable[[int, int], float]) -> list[dict[str, Any]]:
+    """Where two layouts swap places: the first batch at which the one slower below becomes faster.
+
+    ``step_ms(i, batch)`` is layout ``i``'s step time. Between two requested batches whose order differs the
+    exact integer batch is found by bisection on the model itself.
+    """
+    out: list[dict[str, Any]] = []
+    for i in range(len(names)):
+        for j in range(i + 1, len(names)):
+            def diff(b: int, i: int = i, j: int = j) -> float:
+                return step_ms(i, b) - step_ms(j, b)
+            for lo, hi in zip(batches, batches[1:], strict=False):
+                d_lo, d_hi = diff(lo), diff(hi)
+                if d_lo == 0 or (d_lo < 0) == (d_hi < 0):
+                    continue
+                a, b = lo, hi  # invariant: sign(diff(a)) == sign(d_lo) != sign(diff(b))
+                while b - a > 1:
+                    mid = (a + b) // 2
+                    if (diff(mid) < 0) == (d_lo < 0):
+                        a = mid
+                    else:
+                        b = mid
+                faster_below, faster_above = (names[i], names[j]) if d_lo < 0 else (names[j], names[i])
+                out.append({"layouts": [names[i], names[j]], "batch": b, "between": [lo, hi],
+                            "faster_below": faster_below, "faster_above": faster_above,
+                            "step_ms_at_batch": {names[i]: step_ms(i, b), names[j]: step_ms(j, b)}})
+    return sorted(out, key=lambda c: (c["batch"], c["layouts"]))
+
+
+def recommend(layouts: Sequence[dict[str, Any]], crossovers: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The layout fastest at the most requested batches (ties: the larger batch), with the reasons."""
+    feasible = [x for x in layouts if x["feasible"]]
+    if not feasible:
+        why = "; ".join(f"{x['name']}: {x['reason']}" for x in layouts) or "no layout splits the model"
+        return {"layout": None, "reasons": [f"no layout fits: {why}"]}
+    batches = [p["batch"] for p in feasible[0]["points"]]
+    wins: dict[str, list[int]] = {}
+    best_at: dict[int, tuple[str, float]] = {}
+    for k, b in enumerate(batches):
+        options = [(x["points"][k]["step_ms"], x["name"]) for x in feasible if x["points"][k]["fits_kv"]]
+        if options:
+            ms, name = min(options)
+            best_at[b] = (name, ms)
+            wins.setdefault(name, []).append(b)
+    if not wins:
+        return {"layout": None, "reasons": ["no layout's KV cache holds any requested batch at this context"]}
+    chosen = max(wins, key=lambda n: (len(wins[n]), max(wins[n])))
+    x = next(x for x in feasible if x["name"] == chosen)
+    reasons = [f"fastest at batch {', '.join(map(str, wins[chosen]))} of {', '.join(map(str, batches))}"]
+    held = [b for b in batches if b not in best_at]
+    if held:
+        most = max(x["kv_capacity_tokens"] for x in feasible)
+        reasons.append(f"at batch {', '.join(map(str, held))} no layout's KV cache holds batch × context "
+                       f"(the most any holds: {most:,} tokens)")
+    for b, (name, ms) in best_at.items():
+        if name != chosen:
+            own = next(p for p in x["points"] if p["batch"] == b)
+            if own["fits_kv"]:
+                reasons.append(f"at batch {b} {name} is faster: {ms:.2f} ms vs {own['step_ms']:.2f} ms per step")
+            else:
+                reasons.append(f"at batch {b} its KV cache cannot hold batch × context; {name} can "
+                               f"({ms:.2f} ms per step)")
+    for c in crossovers:
+        if chosen in c["layouts"]:
+            reasons.append(f"crossover with {next(n for n in c['layouts'] if n != chosen)} at batch {c['batch']}: "
+                           f"{c['faster_below']} below, {c['faster_above']} from there on")
+    mem = x["memory_gib_per_gpu"]
+    reasons.append(f"memory per GPU: weights {mem['weights']:.1f} GiB, KV cache {mem['kv_cache']:.1f} GiB "
+                   f"({x['kv_tokens_per_gpu']:,} tokens per GPU, {x['kv_capacity_tokens']:,} in all)")
+    last = x["points"][-1]
+    share = last["parts_ms"]["collectives"] / last["step_ms"] if last["step_ms"] else 0.0
+    reasons.append(f"at batch {last['batch']} collectives are {share:.0%} of its step "
+                   f"({', '.join(last['origins']['collectives']) or 'none'})")
+    marked = sorted({o for p in x["points"] for v in p["origins"].values() for o in v})
+    reasons.append(f"figures from: {', '.join(marked)}")
+    return {"layout": chosen, "reasons": reasons}
+
+
+def _point_json(p: PointCost) -> dict[str, Any]:
+    colls: dict[str, dict[str, Any]] = {}
+    for c in p.collectives:
+        entry = colls.setdefault(c.op, {"count": 0, "bytes": 0, "bytes_each": [], "group": c.group,
+                                        "ms": p.collective_ms.get(c.op, 0.0)})
+        entry["count"] += c.count
+        entry["bytes"] += c.count * c.bytes_each
+        entry["bytes_each"].append({"count": c.count, "bytes": c.bytes_each, "what": c.what})
+    step = p.step_ms
+    return {"batch": p.batch, "step_ms": step, "tokens_per_s": p.batch / step * 1e3 if step else None,
+            "parts_ms": p.parts_ms, "origins": p.origins,
+            "collectives_per_step": {op: colls[op] for op in ALL_OPS if op in colls},
+            "weight_bytes_per_gpu": p.weight_bytes, "kv_read_bytes_per_gpu": p.kv_read_bytes,
+            "compute_bound": p.compute_bound, "fits_kv": p.fits_kv}
+
+
+def _model_json(arch: ModelArch) -> dict[str, Any]:
+    return {k: v for k, v in asdict(arch).items()} | {"moe_layers": arch.moe_layers}
+
+
+def _hardware_json(hw: HardwareProfile) -> dict[str, Any]:
+    out = asdict(hw)
+    out["match"] = list(hw.match)
+    return out
+
+
+def run_plan(request: PlanRequest) -> dict[str, Any]:
+    """The plan document for ``request`` (keys in the module doc).
+
+    Raises:
+        InputError: unknown model or hardware, a bad curve or analysis file, ``gpus`` below 1, a batch
+            below 1 or a negative context.
+    """
+    if request.gpus < 1:
+        raise InputError("--gpus", f"expected 1 or more, got {request.gpus}")
+    if request.context < 0:
+        raise InputError("--context", f"expected 0 or more tokens, got {request.context}")
+    if not request.batches or min(request.batches) < 1:
+        raise InputError("--batch", f"expected positive batch sizes, got {list(request.batches)}")
+    arch = load_model_arch(request.model)
+    hw = load_hardware(request.hardware)
+    factors = default_factors()
+    sources: list[CurveSource] = []
+    if request.comm is not None:
+        sources.append(user_curves(request.comm))
+    sources += bundled_curves(hw)
+    notes: list[str] = []
+    for s in sources:
+        if s.doc.interconnect not in (hw.interconnect, "unknown"):
+            notes.append(f"{s.path}: measured over {s.doc.interconnect}, the profile says {hw.interconnect}")
+    comm = CommCosts(hw, factors, sources, graph=request.graph)
+    calibration = None
+    if request.calibrate is not None:
+        calibration = calibrate(request.calibrate, arch, hw, comm, context=request.context)
+        factors = apply_calibration(factors, calibration)
+        comm = comm.with_factors(factors)
+        notes += calibration.notes
+    layouts, skipped = candidate_layouts(arch, request.gpus)
+    evaluated = []
+    for layout in layouts:
+        memory = layout_memory(arch, layout, hw, factors, context=request.context)
+        ev = _Evaluated(layout=layout, memory=memory)
+        ev.points = [predict_point(arch, layout, hw, comm, batch=b, context=request.context, memory=memory)
+                     for b in request.batches]
+        evaluated.append(ev)
+    groups = sorted({c.group for ev in evaluated for p in ev.points for c in p.collectives})
+    for g in groups:
+        if not any(comm.curve_for(op, g) for op in ("all_reduce", "all_to_all")):
+            notes.append(f"no collective curve for {g} GPUs: the α-β estimate (assumed) is used; "
+                         f"`servescope bench comm --gpus {g}` measures one")
+    layouts_json = [{
+        "name": ev.layout.name, "kind": ev.layout.kind, "tp": ev.layout.tp, "ep": ev.layout.ep,
+        "pp": ev.layout.pp, "dp": ev.layout.dp, "gpus": ev.layout.gpus, "feasible": ev.memory.feasible,
+        "reason": ev.memory.reason,
+        "memory_gib_per_gpu": {"weights": ev.memory.weights_gib, "kv_cache": ev.memory.kv_cache_gib,
+                               "usable": ev.memory.usable_gib},
+        "memory_origin": sorted({hw.quality, "assumed"}),
+        "kv_tokens_per_gpu": ev.memory.kv_tokens_per_gpu, "kv_capacity_tokens": ev.memory.kv_capacity_tokens,
+        "points": [_point_json(p) for p in ev.points],
+    } for ev in evaluated]
+    feasible = [ev for ev in evaluated if ev.memory.feasible]
+
+    def step_at(i: int, batch: int) -> float:
+        ev = feasible[i]
+        return predict_point(arch, ev.layout, hw, comm, batch=batch, context=request.context,
+                             memory=ev.memory).step_ms
+
+    crossovers = find_crossovers([ev.layout.name for ev in feasible], request.batches, step_at)
+    return {
+        "schema": SCHEMA, "servescope_version": __version__,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "platform": {"python": sys.version.split()[0], "system": platform.platform()},
+        "inputs": {"model": request.model, "hardware": request.hardware, "gpus": request.gpus,
+                   "batches": list(request.batches), "context": request.context,
+                   "comm": _file_info(request.comm), "calibrate": _file_info(request.calibrate),
+                   "graph": request.graph},
+        "model": _model_json(arch), "hardware": _hardware_json(hw), "gpus": request.gpus,
+        "context": request.context, "batches": list(request.batches),
+        "factors": factors.table(),
+        "curves": [{"path": s.path, "origin": s.origin, "device": s.doc.device, "world_size": s.doc.world_size,
+                    "interconnect": s.doc.interconnect} for s in sources],
+        "calibration": asdict(calibration) if calibration else None,
+        "layouts": layouts_json, "skipped": skipped, "crossovers": crossovers,
+        "recommendation": recommend(layouts_json, crossovers), "notes": notes,
+    }

@@ -1,0 +1,155 @@
+"""Views of a plan document (``servescope.plan/1``): terminal tables, JSON text, and an HTML page with a chart.
+
+Only renders: every figure comes from the document :func:`servescope.plan.planner.run_plan` returned (or a
+saved one). The HTML chart div has the stable id ``chart-plan-steps`` (step time vs batch, one line per
+layout; infeasible layouts dotted).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["plan_to_json", "render_plan", "render_plan_html"]
+
+_PARTS = ("weights", "attention", "collectives", "other")
+_SHORT = {"measured curve": "measured", "published curve": "published", "datasheet": "datasheet",
+          "assumed": "assumed", "calibrated": "calibrated"}
+
+
+def plan_to_json(doc: dict[str, Any]) -> str:
+    """The document as indented JSON text ending in a newline."""
+    return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
+
+
+def _origins(point: dict[str, Any]) -> str:
+    marks = sorted({_SHORT.get(o, o) for v in point["origins"].values() for o in v})
+    return ", ".join(marks)
+
+
+def _header(doc: dict[str, Any]) -> str:
+    m, hw = doc["model"], doc["hardware"]
+    return (f"{m['name']} on {doc['gpus']} × {hw['gpu']} ({hw['interconnect']}), context {doc['context']:,} "
+            f"tokens per request")
+
+
+def render_plan(doc: dict[str, Any], console: Console) -> None:
+    """One table of every layout × batch (step and its parts in ms), then memory, crossovers, the choice."""
+    console.print(_header(doc), markup=False)
+    table = Table(box=box.SIMPLE_HEAD, title="predicted decode step (ms)")
+    for col in ("layout", "batch", "step", "weights", "attn", "comm", "other", "tok/s"):
+        table.add_column(col, justify="left" if col == "layout" else "right", no_wrap=True)
+    marks: set[str] = set()
+    for layout in doc["layouts"]:
+        name = layout["name"] + ("" if layout["feasible"] else " ✗")
+        for i, p in enumerate(layout["points"]):
+            tps = p["tokens_per_s"]
+            table.add_row(name if i == 0 else "", str(p["batch"]), f"{p['step_ms']:.2f}",
+                          *(f"{p['parts_ms'][k]:.2f}" for k in _PARTS),
+                          "N/A" if tps is None else f"{tps:,.0f}" + ("" if p["fits_kv"] else " !kv"))
+            marks.update(o for v in p["origins"].values() for o in v)
+    console.print(table)
+    console.print(f"✗ does not fit; !kv the KV cache cannot hold batch × context. Figures from: "
+                  f"{', '.join(sorted(marks))}", markup=False)
+    mem = Table(box=box.SIMPLE_HEAD, title="memory per GPU (GiB)")
+    for col in ("layout", "weights", "KV cache", "KV tokens/GPU", "fits"):
+        mem.add_column(col, justify="left" if col in ("layout", "fits") else "right")
+    for layout in doc["layouts"]:
+        g = layout["memory_gib_per_gpu"]
+        mem.add_row(layout["name"], f"{g['weights']:.1f}", f"{g['kv_cache']:.1f}", f"{layout['kv_tokens_per_gpu']:,}",
+                    layout["reason"] if layout["feasible"] else f"no: {layout['reason']}")
+    console.print(mem)
+    for line in doc["skipped"]:
+        console.print(f"left out: {line}", markup=False)
+    for c in doc["crossovers"]:
+        console.print(f"crossover at batch {c['batch']}: {c['faster_below']} faster below, {c['faster_above']} "
+                      f"from there on", markup=False)
+    rec = doc["recommendation"]
+    console.print(f"recommended: {rec['layout'] or 'none'}", markup=False)
+    for reason in rec["reasons"]:
+        console.print(f"  - {reason}", markup=False)
+    cal = doc.get("calibration")
+    if cal:
+        fitted = ", ".join(f"{k} {v:.3g}" for k, v in cal["fitted"].items()) or "nothing"
+        console.print(f"calibrated from {cal['path']} (rank {cal['rank']}, TP={cal['tp']}, batch {cal['batch']}, "
+                      f"context {cal['context']}): {fitted}", markup=False)
+    for note in doc["notes"]:
+        console.print(f"note: {note}", markup=False)
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _figure(doc: dict[str, Any]) -> Any:
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for layout in doc["layouts"]:
+        pts = layout["points"]
+        custom = [[p["parts_ms"][k] for k in _PARTS] for p in pts]
+        fig.add_trace(go.Scatter(
+            x=[p["batch"] for p in pts], y=[p["step_ms"] for p in pts], mode="lines+markers",
+            name=layout["name"] + ("" if layout["feasible"] else " (does not fit)"), customdata=custom,
+            line={"dash": "solid" if layout["feasible"] else "dot"},
+            hovertemplate=("batch %{x}: %{y:.2f} ms<br>weights %{customdata[0]:.2f} · attention "
+                           "%{customdata[1]:.2f} · collectives %{customdata[2]:.2f} · other %{customdata[3]:.2f}"
+                           "<extra>%{fullData.name}</extra>")))
+    fig.update_layout(template="plotly_white", height=460, margin={"t": 50},
+                      title="predicted decode step time vs batch", xaxis_title="batch (running requests)",
+                      yaxis_title="ms per step", xaxis_type="log", legend_title="layout")
+    return fig
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def render_plan_html(doc: dict[str, Any]) -> str:
+    """A self-contained HTML page: the step-vs-batch chart (plotly.js inlined) and the plan's tables."""
+    import plotly.io as pio
+
+    chart = str(pio.to_html(_figure(doc), full_html=False, include_plotlyjs=True, div_id="chart-plan-steps",
+                            default_height="480px", config={"displaylogo": False, "responsive": True}))
+    rows = [[layout["name"], str(p["batch"]), f"{p['step_ms']:.3f}", *(f"{p['parts_ms'][k]:.3f}" for k in _PARTS),
+             ", ".join(f"{op} ×{c['count']}" for op, c in p["collectives_per_step"].items()) or "none", _origins(p)]
+            for layout in doc["layouts"] for p in layout["points"]]
+    mem = [[x["name"], "yes" if x["feasible"] else "no", f"{x['memory_gib_per_gpu']['weights']:.1f}",
+            f"{x['memory_gib_per_gpu']['kv_cache']:.1f}", f"{x['kv_tokens_per_gpu']:,}", x["reason"]]
+           for x in doc["layouts"]]
+    factors = [[k, f"{v['value']:.4g}", v["origin"]] for k, v in doc["factors"].items()]
+    rec = doc["recommendation"]
+    parts = [
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>servescope plan {_e(doc['model']['name'])}</title>",
+        "<style>body{font-family:system-ui,sans-serif;margin:1.5rem;color:#222}"
+        "table{border-collapse:collapse;margin:.5rem 0 1.2rem;font-size:.9rem}"
+        "th,td{padding:.2rem .6rem;border-bottom:1px solid #ddd;text-align:left}th{background:#f4f4f4}"
+        ".meta{color:#555}</style></head><body>",
+        "<h1>servescope plan</h1>",
+        f'<p class="meta">servescope {_e(doc["servescope_version"])} · {_e(doc["created_at"])} · {_e(_header(doc))}'
+        "</p>",
+        f"<h2>Recommended: {_e(rec['layout'] or 'none')}</h2>",
+        "<ul>" + "".join(f"<li>{_e(r)}</li>" for r in rec["reasons"]) + "</ul>",
+        "<h2>Step time vs batch</h2>", chart,
+        "<h2>Layouts</h2>",
+        _table(["layout", "batch", "step ms", *(f"{k} ms" for k in _PARTS), "collectives per step", "from"], rows),
+        "<h2>Memory per GPU</h2>",
+        _table(["layout", "fits", "weights GiB", "KV cache GiB", "KV tokens per GPU", "why"], mem),
+        "<h2>Crossovers</h2>",
+        _table(["batch", "layouts", "faster below", "faster from there"],
+               [[str(c["batch"]), " vs ".join(c["layouts"]), c["faster_below"], c["faster_above"]]
+                for c in doc["crossovers"]]) if doc["crossovers"] else "<p>none</p>",
+        "<h2>Factors</h2>", _table(["factor", "value", "origin"], factors),
+        "<h2>Notes</h2>",
+        "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in [*doc["notes"], *doc["skipped"]]) + "</ul>",
+        "</body></html>",
+    ]
+    return "\n".join(parts) + "\n"

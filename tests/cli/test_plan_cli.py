@@ -1,0 +1,84 @@
+"""``servescope plan`` through the CLI: tables, --json, -o and --html files, one-line errors with exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from servescope.cli import app
+
+runner = CliRunner()
+DATA = Path(__file__).resolve().parents[1] / "data"
+BASE = ["plan", "--model", "kimi-k2.5", "--hardware", "h200", "--gpus", "8"]
+
+
+def test_table_names_every_layout_and_the_choice() -> None:
+    result = runner.invoke(app, [*BASE, "--batch", "1,64"])
+    assert result.exit_code == 0, result.output
+    for name in ("TP=8", "TP=8 EP=8", "DP=8 EP=8", "PP=8", "TP=4 PP=2"):
+        assert name in result.stdout
+    assert "recommended: " in result.stdout and "memory per GPU" in result.stdout
+
+
+def test_json_output_file_and_html(tmp_path: Path) -> None:
+    out, page = tmp_path / "plan.json", tmp_path / "plan.html"
+    result = runner.invoke(app, [*BASE, "--batch", "1,8", "--context", "1024", "--json", "-o", str(out),
+                                 "--html", str(page)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert json.loads(out.read_text(encoding="utf-8")) == doc
+    assert [p["batch"] for p in doc["layouts"][0]["points"]] == [1, 8] and doc["context"] == 1024
+    html = page.read_text(encoding="utf-8")
+    assert 'id="chart-plan-steps"' in html and "plotly" in html.lower()
+    for layout in doc["layouts"]:
+        assert f'"name":"{layout["name"]}"' in html  # a trace of the chart per layout
+    assert "<script src=" not in html  # self-contained: plotly.js inlined
+    assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temporary files
+
+
+def test_comm_file_and_calibrate_are_recorded(tmp_path: Path) -> None:
+    comm = DATA / "comm" / "h200_ws1_nccl.json"
+    capture = DATA / "vllm-cpu-profile" / "tp1_b1.analysis.json"
+    config = DATA / "vllm-cpu-profile" / "tiny-llama.config.json"
+    result = runner.invoke(app, ["plan", "--model", str(config), "--hardware", "h200", "--gpus", "1", "--batch", "1",
+                                 "--comm", str(comm), "--calibrate", str(capture), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["inputs"]["comm"]["path"] == str(comm) and doc["calibration"]["path"] == str(capture)
+    assert doc["curves"][0]["origin"] == "measured curve" and doc["curves"][0]["world_size"] == 1
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--model", "no-such-model", "--hardware", "h200", "--gpus", "8"], ["no-such-model", "presets"]),
+    (["--model", "kimi-k2.5", "--hardware", "no-such-gpu", "--gpus", "8"], ["no-such-gpu", "profiles"]),
+    (["--model", "kimi-k2.5", "--hardware", "h200", "--gpus", "8", "--batch", "1,x"], ["--batch"]),
+    (["--model", "kimi-k2.5", "--hardware", "h200", "--gpus", "0"], ["--gpus"]),
+    (["--model", "kimi-k2.5", "--hardware", "h200", "--gpus", "8", "--comm", "/no/such.json"], ["/no/such.json"]),
+    (["--model", "kimi-k2.5", "--hardware", "h200", "--gpus", "8", "--calibrate", "/no/a.json"], ["/no/a.json"]),
+])
+def test_bad_input_is_one_line_exit_2(args: list[str], words: list[str]) -> None:
+    result = runner.invoke(app, ["plan", *args])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("servescope: error: "), result.stderr
+    assert all(w in lines[0] for w in words), lines[0]
+    assert "Traceback" not in result.output and result.stdout == ""
+
+
+def test_bad_calibration_file_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "capture.json"
+    bad.write_text("[1, 2", encoding="utf-8")
+    result = runner.invoke(app, [*BASE, "--calibrate", str(bad)])
+    assert result.exit_code == 2 and str(bad) in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_real_subprocess() -> None:
+    proc = subprocess.run([sys.executable, "-m", "servescope", *BASE, "--batch", "1", "--json"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["recommendation"]["layout"] is not None

@@ -1,0 +1,134 @@
+"""plan.hardware and plan.collectives: tolerant profile loading, curve selection, the α-β fallback.
+
+The curve tests use the real H200 world-size-1 file from ``bench comm`` and curve files written here in the
+``servescope.comm-curves/1`` format with known points, so interpolated times can be worked out by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servescope.core.errors import InputError
+from servescope.plan.collectives import CommCosts, bundled_curves, estimate_us, user_curves
+from servescope.plan.factors import default_factors
+from servescope.plan.hardware import list_hardware_profiles, load_hardware
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+FACTORS = default_factors()
+
+
+def test_every_bundled_profile_loads() -> None:
+    names = list_hardware_profiles()
+    assert "h200" in names
+    for name in names:
+        hw = load_hardware(name)
+        assert hw.memory_gb > 0 and hw.hbm_gbps > 0 and hw.p2p_gbps > 0
+        assert hw.interconnect in ("nvlink", "pcie")
+
+
+def test_h200_profile_numbers_and_defaults() -> None:
+    hw = load_hardware("h200")
+    assert (hw.memory_gb, hw.hbm_gbps, hw.nvlink_gbps) == (141.0, 4800.0, 900.0)
+    assert hw.interconnect == "nvlink" and hw.p2p_gbps == 450.0
+    assert hw.tflops_for("bfloat16") == 989 and hw.tflops_for("int4-g32") == 989
+
+
+def test_extra_keys_and_both_interconnect_spellings(tmp_path: Path) -> None:
+    flat = tmp_path / "flat.toml"
+    flat.write_text('memory_gb = 96\nhbm_gbps = 1792\npcie_gbps = 128\ninterconnect = "pcie"\np2p_gbps = 64\n'
+                    'nvlink_multicast = false\nsomething_new = [1, 2]\n[dense_tflops]\nbfloat16 = 500\n',
+                    encoding="utf-8")
+    hw = load_hardware(flat)
+    assert (hw.name, hw.interconnect, hw.p2p_gbps, hw.p2p_origin) == ("flat", "pcie", 64.0, "datasheet")
+    table = tmp_path / "table.toml"
+    table.write_text('memory_gb = 80\nhbm_gbps = 3350\nnvlink_gbps = 900\n[interconnect]\nkind = "nvlink"\n'
+                     "p2p_gbps = 400\nhop_us = 1.0\nextra = 3\n", encoding="utf-8")
+    hw = load_hardware(table)
+    assert (hw.interconnect, hw.p2p_gbps, hw.hop_us, hw.base_us) == ("nvlink", 400.0, 1.0, None)
+    bare = tmp_path / "bare.toml"
+    bare.write_text("memory_gb = 80\nhbm_gbps = 3350\nnvlink_gbps = 900\n", encoding="utf-8")
+    hw = load_hardware(bare)  # no interconnect keys: NVLink (nvlink_gbps > 0), half the bidirectional rate
+    assert (hw.interconnect, hw.p2p_gbps, hw.p2p_origin) == ("nvlink", 450.0, "assumed")
+    bare.write_text("memory_gb = 48\nhbm_gbps = 864\n", encoding="utf-8")
+    hw = load_hardware(bare)  # no NVLink, no PCIe figure: PCIe Gen4 x16, 64 GB/s bidirectional
+    assert (hw.interconnect, hw.p2p_gbps) == ("pcie", 32.0)
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("hbm_gbps = 1\n", "missing field 'memory_gb'"),
+    ("memory_gb = 'lots'\nhbm_gbps = 1\n", "memory_gb: expected a number"),
+    ('memory_gb = 1\nhbm_gbps = 1\ninterconnect = "infiniband"\n', "interconnect.kind"),
+    ("memory_gb = [\n", "not TOML"),
+])
+def test_bad_profiles_name_the_file(tmp_path: Path, text: str, words: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(InputError, match=words) as info:
+        load_hardware(path)
+    assert str(path) in str(info.value)
+
+
+def _curve_file(path: Path, *, world: int, points: list[tuple[int, float]], op: str = "all_reduce",
+                source: str = "measured", graph: bool = False) -> Path:
+    doc: dict[str, Any] = {
+        "schema": "servescope.comm-curves/1", "source": source, "provenance": "written by a test",
+        "device": "NVIDIA H200", "interconnect": "nvlink", "backend": "nccl",
+        "versions": {"torch": "test", "nccl": None}, "date": "2026-12-03", "host": None, "world_size": world,
+        "dtype": "bfloat16",
+        "curves": [{"op": op, "variant": "default", "env": {}, "graph": graph, "points": [
+            {"bytes": b, "time_us": t, "algbw_gbps": 0.0, "busbw_gbps": 0.0, "iters": 10} for b, t in points]}],
+    }
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
+
+
+def test_user_curve_is_used_for_its_world_size_only(tmp_path: Path) -> None:
+    hw = load_hardware("h200")
+    path = _curve_file(tmp_path / "c.json", world=8, points=[(1024, 10.0), (4096, 40.0)])
+    comm = CommCosts(hw, FACTORS, [user_curves(path)])
+    assert comm.time_us("all_reduce", 8, 1024) == (10.0, "measured curve")
+    t, origin = comm.time_us("all_reduce", 8, 2048)  # halfway in log bytes: geometric mean of the times
+    assert origin == "measured curve" and t == pytest.approx(math.sqrt(10.0 * 40.0))
+    assert comm.time_us("all_reduce", 8, 8192)[0] == pytest.approx(80.0)  # beyond: the last bandwidth
+    t4, origin4 = comm.time_us("all_reduce", 4, 2048)  # another group size: the estimate
+    assert origin4 == "assumed" and t4 == pytest.approx(estimate_us("all_reduce", 4, 2048, hw, FACTORS))
+    assert comm.time_us("all_to_all", 8, 2048)[1] == "assumed"  # an op the file lacks
+
+
+def test_graph_curve_preferred_and_scale_applied(tmp_path: Path) -> None:
+    hw = load_hardware("h200")
+    eager = user_curves(_curve_file(tmp_path / "e.json", world=2, points=[(1024, 20.0)]))
+    graph = user_curves(_curve_file(tmp_path / "g.json", world=2, points=[(1024, 5.0)], graph=True,
+                                    source="published"))
+    comm = CommCosts(hw, FACTORS, [eager, graph])
+    assert comm.time_us("all_reduce", 2, 512) == (20.0, "measured curve")  # first file wins, its eager curve
+    comm = CommCosts(hw, FACTORS.replaced("calibrated", collective_scale=2.0), [graph, eager])
+    assert comm.time_us("all_reduce", 2, 512) == (10.0, "published curve")
+
+
+def test_real_world_size_one_file_loads_and_single_gpu_costs_nothing() -> None:
+    hw = load_hardware("h200")
+    comm = CommCosts(hw, FACTORS, [user_curves(DATA / "comm" / "h200_ws1_nccl.json")])
+    assert comm.time_us("all_reduce", 1, 1 << 20) == (0.0, "assumed")
+    assert comm.curve_for("all_reduce", 8) is None
+
+
+def test_estimate_grows_with_hops_and_bytes() -> None:
+    hw = load_hardware("h200")
+    small8, small2 = (estimate_us("all_reduce", n, 1024, hw, FACTORS) for n in (8, 2))
+    assert small8 - small2 == pytest.approx((14 - 2) * 1.9, rel=0.01)  # ring steps 2(n-1), 1.9 µs each
+    a2a = estimate_us("all_to_all", 8, 1 << 24, hw, FACTORS)
+    assert a2a == pytest.approx(8.0 + 1.9 + 7 / 8 * (1 << 24) / (450e3 * 0.8))
+
+
+def test_bundled_curves_match_their_hardware() -> None:
+    for name in list_hardware_profiles():
+        hw = load_hardware(name)
+        for source in bundled_curves(hw):
+            assert any(m.lower() in source.doc.device.lower() for m in hw.match) or name in source.path
+            assert source.origin in ("measured curve", "published curve")

@@ -1,0 +1,102 @@
+"""plan.planner: the document's keys, crossovers found by bisection, the recommendation and its reasons."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from servescope import __version__
+from servescope.core.errors import InputError
+from servescope.plan.planner import PlanRequest, find_crossovers, parse_batches, recommend, run_plan
+
+
+def test_document_keys_and_inputs() -> None:
+    doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="h200", gpus=8, batches=(1, 8, 32, 128), context=2048))
+    assert doc["schema"] == "servescope.plan/1" and doc["servescope_version"] == __version__
+    assert (doc["model"]["name"], doc["hardware"]["name"], doc["gpus"]) == ("kimi-k2.5", "h200", 8)
+    assert doc["inputs"] == {"model": "kimi-k2.5", "hardware": "h200", "gpus": 8, "batches": [1, 8, 32, 128],
+                             "context": 2048, "comm": None, "calibrate": None, "graph": True}
+    layout = doc["layouts"][0]
+    assert {"name", "tp", "ep", "pp", "dp", "feasible", "memory_gib_per_gpu", "points"} <= set(layout)
+    assert set(layout["memory_gib_per_gpu"]) >= {"weights", "kv_cache"}
+    point = layout["points"][0]
+    assert set(point["parts_ms"]) == {"weights", "attention", "collectives", "other"}
+    ar = point["collectives_per_step"]["all_reduce"]
+    assert (ar["count"], ar["bytes"]) == (123, 123 * 7168 * 2)  # batch 1: bytes summed over the step's ops
+    assert set(doc["recommendation"]) == {"layout", "reasons"} and doc["recommendation"]["reasons"]
+    assert all(set(p["origins"]) == {"weights", "attention", "collectives", "other"} for p in layout["points"])
+
+
+def test_crossover_found_exactly() -> None:
+    # Layout 0 costs 10 + b, layout 1 costs 2b: equal at b = 10, so from 11 on layout 0 is faster.
+    def step(i: int, b: int) -> float:
+        return 10.0 + b if i == 0 else 2.0 * b
+    (c,) = find_crossovers(["flat", "steep"], [1, 8, 32, 128], step)
+    assert (c["batch"], c["between"], c["faster_below"], c["faster_above"]) == (11, [8, 32], "steep", "flat")
+    assert find_crossovers(["a", "b"], [1, 2], lambda i, b: float(i)) == []
+
+
+def _layout(name: str, steps: list[float], *, fits: bool = True) -> dict[str, object]:
+    return {"name": name, "feasible": True, "reason": "fits", "kv_tokens_per_gpu": 10, "kv_capacity_tokens": 10,
+            "memory_gib_per_gpu": {"weights": 1.0, "kv_cache": 1.0},
+            "points": [{"batch": b, "step_ms": s, "fits_kv": fits, "parts_ms": {"collectives": 0.0},
+                        "origins": {"weights": ["datasheet"], "collectives": []}}
+                       for b, s in zip([1, 8, 32], steps, strict=True)]}
+
+
+def test_recommendation_counts_wins_and_says_why() -> None:
+    layouts = [_layout("A", [1.0, 5.0, 9.0]), _layout("B", [2.0, 4.0, 8.0])]
+    rec = recommend(layouts, [])
+    assert rec["layout"] == "B"
+    assert rec["reasons"][0] == "fastest at batch 8, 32 of 1, 8, 32"
+    assert "at batch 1 A is faster: 1.00 ms vs 2.00 ms per step" in rec["reasons"]
+    nothing = recommend([{**_layout("A", [1.0, 1.0, 1.0]), "feasible": False, "reason": "too big"}], [])
+    assert nothing["layout"] is None and "too big" in nothing["reasons"][0]
+
+
+def test_kimi_on_two_h200_recommends_nothing() -> None:
+    doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="h200", gpus=2, batches=(1,)))
+    assert not any(x["feasible"] for x in doc["layouts"])
+    assert doc["recommendation"]["layout"] is None
+
+
+def test_pcie_box_without_curves_says_assumed() -> None:
+    doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=8, batches=(1, 64)))
+    tp8 = next(x for x in doc["layouts"] if x["name"] == "TP=8")
+    assert tp8["points"][0]["origins"]["collectives"] == ["assumed"]
+    assert any("no collective curve for 8 GPUs" in n for n in doc["notes"])
+
+
+@pytest.mark.parametrize("text", ["", "0,1", "a", "1,-2", "9999999"])
+def test_bad_batches(text: str) -> None:
+    with pytest.raises(InputError, match="--batch"):
+        parse_batches(text)
+
+
+def test_batches_sorted_and_unique() -> None:
+    assert parse_batches("32, 1,8,8") == (1, 8, 32)
+
+
+def test_user_comm_file_changes_collectives(tmp_path: Path) -> None:
+    from test_plan_hardware import _curve_file
+
+    curves = _curve_file(tmp_path / "c.json", world=8, points=[(1024, 100.0), (1 << 24, 1000.0)])
+    base = run_plan(PlanRequest(model="llama-3-70b", hardware="h200", gpus=8, batches=(1,)))
+    slow = run_plan(PlanRequest(model="llama-3-70b", hardware="h200", gpus=8, batches=(1,), comm=str(curves)))
+    p = slow["layouts"][0]["points"][0]
+    assert p["origins"]["collectives"] == ["measured curve", "assumed"]  # all_gather of logits: not in the file
+    # 161 all_reduces of 16 KiB, at 100 µs x (16384/1024)^(log(10)/log(16384)) by the log-log rule
+    t = 100.0 * 10 ** ((14 - 10) / (24 - 10))
+    assert p["collectives_per_step"]["all_reduce"]["ms"] == pytest.approx(161 * t / 1e3)
+    assert slow["inputs"]["comm"]["size_bytes"] == curves.stat().st_size
+    assert base["layouts"][0]["points"][0]["step_ms"] < p["step_ms"]
+
+
+def test_batches_no_layout_can_hold_are_named() -> None:
+    a = _layout("A", [1.0, 2.0, 3.0])
+    for p in a["points"][2:]:  # type: ignore[index]
+        p["fits_kv"] = False
+    rec = recommend([a], [])
+    assert rec["layout"] == "A"
+    assert "at batch 32 no layout's KV cache holds batch × context (the most any holds: 10 tokens)" in rec["reasons"]
