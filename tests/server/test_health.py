@@ -204,3 +204,54 @@ def test_wait_with_a_unit_systemd_cannot_show_fails_at_once() -> None:
         wait_until_ready(f"http://127.0.0.1:{_dead_port()}", timeout_s=60, unit="servescope-no-such-4242.service")
     assert time.monotonic() - started < 10.0
     assert str(info.value).startswith("--unit: ") and "\n" not in str(info.value)
+
+
+def _recorded_memory_snapshots() -> tuple[object, object, int, int]:
+    """Real H200 readings: idle (`nvidia-smi -q -x`) and while a process held 10 GiB (query-gpu csv)."""
+    import re
+
+    from gpu.gpu_inputs import holding_snapshot, shared_file
+    from servescope.gpu.records import GpuSnapshot
+    from servescope.gpu.smi import parse_smi_xml
+
+    xml = shared_file("nvidia-smi-q.xml")
+    idle = GpuSnapshot(parse_smi_xml(xml)[0], (), None, "nvidia-smi", "2026-12-02T15:20:00+00:00")
+    idle_mib = int(re.search(r"<fb_memory_usage>.*?<used>(\d+) MiB</used>", xml, re.S)[1])  # type: ignore[index]
+    held_mib = int(re.search(r"^0, (\d+), \d+$", shared_file("nvidia-smi-holding-10GiB.txt"), re.M)[1])  # type: ignore[index]
+    return idle, holding_snapshot(), idle_mib, held_mib
+
+
+@pytest.mark.no_server
+def test_rising_gpu_memory_reads_as_loading_without_a_pid() -> None:
+    from servescope.gpu.inventory import memory_used_probe
+
+    idle, holding, idle_mib, held_mib = _recorded_memory_snapshots()
+    readings = iter([idle, idle, holding, holding, holding, holding, holding, holding, holding, holding])
+    seen: list[str] = []
+    url = f"http://127.0.0.1:{_dead_port()}"
+    result = wait_until_ready(url, timeout_s=0.5, poll_s=0.1, gpu_memory=memory_used_probe(snapshot=lambda: next(readings)),
+                              progress=lambda _t, phase, note: seen.append(f"{phase} {note}"))
+    assert result.phase == "loading" and result.timed_out and not result.ready
+    assert f"GPU memory {held_mib} MiB, +{held_mib - idle_mib} MiB in" in result.checks[0].detail
+    assert seen[0].startswith(f"unreachable GPU memory {idle_mib} MiB") and seen[-1].startswith("loading")
+
+
+@pytest.mark.no_server
+def test_flat_gpu_memory_stays_unreachable_and_no_gpu_is_not_zero() -> None:
+    from servescope.gpu.errors import GpuUnavailable
+    from servescope.gpu.inventory import memory_used_probe
+
+    idle, _, idle_mib, _ = _recorded_memory_snapshots()
+    url = f"http://127.0.0.1:{_dead_port()}"
+    flat = wait_until_ready(url, timeout_s=0.3, poll_s=0.1, gpu_memory=memory_used_probe(snapshot=lambda: idle))
+    assert flat.phase == "unreachable" and "give --pid or --unit" in flat.checks[0].detail
+
+    calls = []
+
+    def no_gpu() -> object:
+        calls.append(1)
+        raise GpuUnavailable("no NVIDIA driver")
+
+    probe = memory_used_probe(snapshot=no_gpu)  # type: ignore[arg-type]
+    assert [probe(), probe(), probe()] == [None, None, None] and len(calls) == 1  # asked once, then N/A
+    assert idle_mib == 0

@@ -34,9 +34,13 @@ def health(
 ) -> None:
     """Is the server ready? /health 200, /v1/models lists a model, and a 1-token completion works.
 
+    With --wait, a refused port is judged with the process (--pid / --unit) and the GPU memory in use:
+    alive or memory rising = loading, gone = crashed at once.
+
     Exit 0 when ready, 1 when not (crashed, engine dead, still loading at the timeout), 2 for bad input or
     a server that cannot be checked (unreachable without --wait, wrong API key, not OpenAI-compatible).
     """
+    from servescope.gpu.inventory import memory_used_probe
     from servescope.report.health import encode_health, render_health
     from servescope.server.client import resolve_api_key
     from servescope.server.health import CHECK_TIMEOUT_S, WAIT_TIMEOUT_S, check_health, wait_until_ready
@@ -49,7 +53,8 @@ def health(
                     if bar is not None:
                         bar.advance(f"{elapsed_s:.0f} s  {phase}  {line or ''}")
                 return wait_until_ready(url, timeout_s=WAIT_TIMEOUT_S if timeout is None else timeout, poll_s=poll,
-                                        api_key=key, pid=pid, unit=unit, log_path=log, progress=show)
+                                        api_key=key, pid=pid, unit=unit, log_path=log, progress=show,
+                                        gpu_memory=memory_used_probe())
 
             result = with_progress(as_json, waiting)
         else:

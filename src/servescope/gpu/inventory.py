@@ -13,7 +13,8 @@ from servescope.gpu.nvml import nvml_snapshot
 from servescope.gpu.records import GpuProcess, GpuSnapshot
 from servescope.gpu.smi import smi_snapshot
 
-__all__ = ["PREFER", "GpuMemoryUse", "WaitResult", "gpu_memory_holders", "take_snapshot", "wait_until_gpu_memory_free"]
+__all__ = ["PREFER", "GpuMemoryUse", "WaitResult", "gpu_memory_holders", "memory_used_probe", "take_snapshot",
+           "wait_until_gpu_memory_free"]
 
 #: The allowed values of take_snapshot's `prefer`.
 PREFER = ("nvml", "nvidia-smi")
@@ -45,6 +46,32 @@ def take_snapshot(*, prefer: str = "nvml") -> GpuSnapshot:
         except GpuUnavailable as err:
             reasons.append(str(err))
     raise GpuUnavailable("no GPU query works here: " + "; ".join(reasons))
+
+
+def memory_used_probe(*, gpus: Sequence[int] | None = None,
+                      snapshot: Callable[[], GpuSnapshot] = take_snapshot) -> Callable[[], int | None]:
+    """A function that returns the memory used now on ``gpus`` (all when None), MiB, or None.
+
+    For ``health --wait``: a loading model fills GPU memory. Once no source can read the GPUs (no driver,
+    no GPU) the probe stops trying and answers None. Shell twin:
+    ``nvidia-smi --query-gpu=index,memory.used --format=csv``.
+    """
+    broken = False
+
+    def probe() -> int | None:
+        nonlocal broken
+        if broken:
+            return None
+        try:
+            snap = snapshot()
+        except GpuUnavailable:
+            broken = True
+            return None
+        used = [g.memory_used_mib for g in snap.gpus if gpus is None or g.index in gpus]
+        known = [u for u in used if u is not None]
+        return sum(known) if known else None
+
+    return probe
 
 
 @dataclass(frozen=True, slots=True)

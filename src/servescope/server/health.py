@@ -8,15 +8,19 @@ Ready means all of:
 
 While vLLM loads a model, its port refuses connections: it binds the port at start but listens only once
 the engine is up (``vllm/entrypoints/launchers/launcher.py``, vLLM 0.32). A refused connection alone
-cannot tell *still loading* from *dead*; the process can. :func:`wait_until_ready` therefore looks at
-both: refused + process alive = ``loading``; refused + process gone (or a zombie, or the unit failed) =
-``crashed``, returned at once with the last lines of the log; ``/health`` 503 = ``engine dead``.
+cannot tell *still loading* from *dead*; the process can, and so can GPU memory, which grows while the
+weights load. :func:`wait_until_ready` therefore looks at all three: refused + process alive = ``loading``;
+refused + process gone (or a zombie, or the unit failed) = ``crashed``, returned at once with the last lines
+of the log; ``/health`` 503 = ``engine dead``. Without a process to watch, refused + GPU memory rising over
+the last minute = ``loading`` too (the memory probe is passed in by the caller: ``server/`` does not read
+GPUs itself); each not-ready check names the memory in use and how it moved.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -38,6 +42,7 @@ from servescope.server.process import (
 __all__ = [
     "CHECK_TIMEOUT_S",
     "WAIT_TIMEOUT_S",
+    "GpuMemoryProbe",
     "ProgressCallback",
     "check_health",
     "check_health_async",
@@ -47,6 +52,10 @@ __all__ = [
 
 ProgressCallback = Callable[[float, str, "str | None"], None]
 """Called after each poll with (elapsed_s, phase, newest log line or None)."""
+GpuMemoryProbe = Callable[[], "int | None"]
+"""GPU memory in use now, MiB, summed over the GPUs the server uses; None when it cannot be read."""
+_MEMORY_WINDOW_S = 60.0
+_MEMORY_RISE_MIB = 64  # less than this over the window is noise, not a model loading
 
 CHECK_TIMEOUT_S = 10.0
 """Default seconds per request for a single check."""
@@ -67,6 +76,30 @@ class _Watch:
     start_ticks: int | None = None
     secrets: tuple[str | None, ...] = ()
     last: ProcessInfo | None = field(default=None)
+    gpu_memory: GpuMemoryProbe | None = None
+    memory: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def sample_memory(self, now: float) -> None:
+        """Read the GPU memory probe (when given) and keep the last minute of readings."""
+        used = self.gpu_memory() if self.gpu_memory is not None else None
+        if used is None:
+            return
+        self.memory.append((now, used))
+        while self.memory and now - self.memory[0][0] > _MEMORY_WINDOW_S:
+            self.memory.popleft()
+
+    @property
+    def memory_rising(self) -> bool:
+        return len(self.memory) >= 2 and self.memory[-1][1] - self.memory[0][1] >= _MEMORY_RISE_MIB
+
+    def memory_note(self) -> str | None:
+        """``GPU memory 45312 MiB, +1280 MiB in 10 s`` or None without readings."""
+        if not self.memory:
+            return None
+        (t0, first), (t1, used) = self.memory[0], self.memory[-1]
+        if len(self.memory) < 2:
+            return f"GPU memory {used} MiB"
+        return f"GPU memory {used} MiB, {used - first:+d} MiB in {t1 - t0:.0f} s"
 
     @property
     def knows_process(self) -> bool:
@@ -158,7 +191,11 @@ def _unanswered(exc: ServerUnreachable | ServerTimeout, watch: _Watch) -> _Poll:
     """A poll where nothing answered: the process says loading, crashed, or (without one) unreachable."""
     why = exc.problem
     proc = watch.process()
-    if proc is None:
+    memory = watch.memory_note()
+    if proc is None and watch.memory_rising:
+        phase, final = "loading", False
+        detail = f"{why}; {memory} (rising: a model is loading; give --pid or --unit to tell a crash at once)"
+    elif proc is None:
         phase, final = "unreachable", False
         detail = f"{why} (give --pid or --unit to tell loading from dead)"
     elif proc.alive:
@@ -167,6 +204,8 @@ def _unanswered(exc: ServerUnreachable | ServerTimeout, watch: _Watch) -> _Poll:
     else:
         phase, final = "crashed", True
         detail = f"{why}; {proc.detail}"
+    if memory is not None and proc is not None:
+        detail = f"{detail}; {memory}"
     return _Poll(phase, [Check(name="health", ok=False, detail=detail),
                          *_skipped("models", "completion", why="/health did not answer")], final=final)
 
@@ -186,7 +225,7 @@ def _result(url: str, poll: _Poll, watch: _Watch, *, elapsed_s: float, waited: b
 
 
 def _make_watch(pid: int | None, unit: str | None, log_path: Path | str | None,
-                api_key: ApiKey | None) -> _Watch:
+                api_key: ApiKey | None, gpu_memory: GpuMemoryProbe | None = None) -> _Watch:
     if pid is not None and unit is not None:
         raise InputError("--pid/--unit", "give one of --pid and --unit, not both")
     if pid is not None and pid <= 0:
@@ -195,7 +234,7 @@ def _make_watch(pid: int | None, unit: str | None, log_path: Path | str | None,
         read_unit(unit)  # fail now, not at the first refused connection, when systemd cannot answer
     return _Watch(pid=pid, unit=unit, log_path=Path(log_path) if log_path is not None else None,
                   start_ticks=process_start_ticks(pid) if pid is not None else None,
-                  secrets=(api_key.reveal() if api_key is not None else None,))
+                  secrets=(api_key.reveal() if api_key is not None else None,), gpu_memory=gpu_memory)
 
 
 async def check_health_async(url: str, *, api_key: ApiKey | str | None = None, timeout_s: float = CHECK_TIMEOUT_S,
@@ -253,19 +292,21 @@ async def wait_until_ready_async(
     pid: int | None = None, log_path: Path | str | None = None, unit: str | None = None,
     request_timeout_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, progress: ProgressCallback | None = None,
+    gpu_memory: GpuMemoryProbe | None = None,
 ) -> HealthResult:
     """The async form of :func:`wait_until_ready`."""
     if timeout_s < 0 or poll_s <= 0:
         raise InputError("--timeout", f"timeout must be >= 0 and poll interval > 0 (got {timeout_s}, {poll_s})")
     key = _as_key(api_key)
     base = normalize_base_url(url)
-    watch = _make_watch(pid, unit, log_path, key)
+    watch = _make_watch(pid, unit, log_path, key, gpu_memory)
     start = clock()
     deadline = start + timeout_s
     async with ServerClient(base, api_key=key, connect_timeout_s=min(request_timeout_s, 5.0),
                             read_timeout_s=request_timeout_s) as client:
         while True:
             left_s = deadline - clock()
+            watch.sample_memory(clock())
             try:
                 poll = await _probe(client, max(_MIN_REQUEST_TIMEOUT_S, min(request_timeout_s, left_s)))
                 watch.process()
@@ -277,7 +318,8 @@ async def wait_until_ready_async(
                 poll = _unanswered(exc, watch)
             elapsed_s = clock() - start
             if progress is not None:
-                progress(elapsed_s, poll.phase, watch.newest_log_line())
+                notes = [n for n in (watch.memory_note(), watch.newest_log_line()) if n]
+                progress(elapsed_s, poll.phase, "  ".join(notes) or None)
             timed_out = clock() >= deadline
             if poll.phase == "ready" or poll.final or timed_out:
                 return _result(base, poll, watch, elapsed_s=elapsed_s, waited=True, timed_out=timed_out,
@@ -290,6 +332,7 @@ def wait_until_ready(
     pid: int | None = None, log_path: Path | str | None = None, unit: str | None = None,
     request_timeout_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, progress: ProgressCallback | None = None,
+    gpu_memory: GpuMemoryProbe | None = None,
 ) -> HealthResult:
     """Poll the server at ``url`` until it is ready, it is dead, or ``timeout_s`` seconds have passed.
 
@@ -306,7 +349,9 @@ def wait_until_ready(
         unit: a systemd unit, read with ``systemctl show -p MainPID,ActiveState,SubState NAME``.
         request_timeout_s: the longest any one request may take (never past the deadline, but >= 1 s).
         clock, sleep: a monotonic clock and an async sleep (tests may inject their own).
-        progress: called after each poll with (elapsed_s, phase, newest log line or None).
+        progress: called after each poll with (elapsed_s, phase, GPU memory and newest log line, or None).
+        gpu_memory: returns the GPU memory in use (MiB) or None; sampled every poll. Rising memory marks
+            a refused port as ``loading`` even without ``pid``/``unit``.
 
     Raises:
         InputError: a malformed URL, bad ``timeout_s``/``poll_s``, ``pid`` and ``unit`` together, or
@@ -322,4 +367,4 @@ def wait_until_ready(
     """
     return asyncio.run(wait_until_ready_async(
         url, timeout_s=timeout_s, poll_s=poll_s, api_key=api_key, pid=pid, log_path=log_path, unit=unit,
-        request_timeout_s=request_timeout_s, clock=clock, sleep=sleep, progress=progress))
+        request_timeout_s=request_timeout_s, clock=clock, sleep=sleep, progress=progress, gpu_memory=gpu_memory))
