@@ -30,6 +30,7 @@ __all__ = [
     "TPOT_SERIES",
     "TTFT_SERIES",
     "Snapshot",
+    "parse_info_gauges",
     "parse_metrics",
     "scrape_metrics",
     "server_side",
@@ -72,6 +73,23 @@ def parse_metrics(text: str) -> Snapshot:
                 continue
             values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
     return Snapshot(values)
+
+
+def parse_info_gauges(text: str) -> dict[str, list[dict[str, str]]]:
+    """The label sets of each ``*_info`` series in Prometheus ``text``, e.g. ``vllm:cache_config_info``.
+
+    An info gauge carries its information in labels (its value is 1), which :func:`parse_metrics` drops.
+    Shell twin: ``curl -s URL/metrics | grep '_info{'``.
+
+    Raises:
+        ValueError: the text is not Prometheus exposition format.
+    """
+    found: dict[str, list[dict[str, str]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_info") and family.type in ("gauge", "info", "unknown"):
+                found.setdefault(sample.name, []).append(dict(sample.labels))
+    return found
 
 
 async def scrape_metrics(client: ServerClient) -> Snapshot | None:

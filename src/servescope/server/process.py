@@ -10,17 +10,21 @@ Shell twins::
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from servescope.core.errors import InputError
 from servescope.core.health import ProcessInfo
+from servescope.core.settings import ProcessRecord, ProcessSeen
 from servescope.server.redact import redact
 
-__all__ = ["process_start_ticks", "read_log_tail", "read_process", "read_unit", "read_unit_log_tail"]
+__all__ = ["find_processes", "process_start_ticks", "read_log_tail", "read_process", "read_process_record",
+           "read_unit", "read_unit_log_tail"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _TAIL_BYTES = 64 * 1024
@@ -136,3 +140,86 @@ def _clean(raw: Sequence[str], lines: int, secrets: Sequence[str | None]) -> lis
     kept = [redact(_ANSI.sub("", line).rstrip(), secrets) for line in raw]
     kept = [line for line in kept if line.strip()]
     return kept[-lines:] if lines > 0 else []
+
+
+def _stat_fields(stat: str) -> list[str]:
+    """``/proc/PID/stat`` fields from field 3 (state) on; comm (field 2) may hold spaces and parentheses."""
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def _split_nul(data: bytes) -> list[str]:
+    return [part.decode("utf-8", "replace") for part in data.split(b"\0") if part]
+
+
+def read_process_record(pid: int, *, proc: Path = Path("/proc")) -> ProcessRecord:
+    """The command line, environment, start time, user and working folder of process ``pid``.
+
+    Shell twins: ``tr '\\0' ' ' < /proc/PID/cmdline``, ``tr '\\0' '\\n' < /proc/PID/environ``,
+    ``ps -o lstart= -p PID``. The start time is ``stat`` field 22 (clock ticks after boot) placed on the
+    wall clock through ``CLOCK_BOOTTIME`` (the clock the kernel counts it on), good to ~10 ms.
+
+    Raises:
+        InputError: no such process, a kernel thread (no command line), or ``environ`` not readable
+            (another user's process: run as root or as the service's user).
+    """
+    where = proc / str(pid)
+    try:
+        stat = (where / "stat").read_text(encoding="utf-8", errors="replace")
+        argv = _split_nul((where / "cmdline").read_bytes())
+    except FileNotFoundError:
+        raise InputError(f"--pid {pid}", "no such process") from None
+    except OSError as exc:
+        raise InputError(f"/proc/{pid}", f"cannot read: {exc.strerror or exc}") from None
+    if not argv:
+        raise InputError(f"--pid {pid}", "no command line (a kernel thread or a zombie), not a server")
+    try:
+        env_words = _split_nul((where / "environ").read_bytes())
+    except PermissionError:
+        raise InputError(f"/proc/{pid}/environ", "permission denied: run as root or as the service's user") \
+            from None
+    except OSError as exc:
+        raise InputError(f"/proc/{pid}/environ", f"cannot read: {exc.strerror or exc}") from None
+    env: dict[str, str] = {}
+    for word in env_words:
+        name, sep, value = word.partition("=")
+        if sep:
+            env[name] = value
+    fields = _stat_fields(stat)
+    ppid = int(fields[1]) if len(fields) > 1 else None
+    start_time = None
+    if len(fields) > 19:
+        boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+        start_time = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    uid = None
+    try:
+        for line in (where / "status").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("Uid:"):
+                uid = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        cwd: str | None = os.readlink(where / "cwd")
+    except OSError:
+        cwd = None
+    return ProcessRecord(pid=pid, ppid=ppid, argv=argv, env=env, start_time=start_time, uid=uid, cwd=cwd)
+
+
+def find_processes(match: Callable[[list[str]], bool], *, proc: Path = Path("/proc")) -> list[ProcessSeen]:
+    """Every process whose command line ``match`` accepts, by pid (``ps -eo pid,ppid,args | grep ...``).
+
+    Processes that exit while we look, or that we may not read, are left out.
+    """
+    found: list[ProcessSeen] = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = _split_nul((entry / "cmdline").read_bytes())
+            if not argv or not match(argv):
+                continue
+            fields = _stat_fields((entry / "stat").read_text(encoding="utf-8", errors="replace"))
+        except (OSError, ValueError):
+            continue
+        found.append(ProcessSeen(pid=int(entry.name), ppid=int(fields[1]) if len(fields) > 1 else None,
+                                 argv=argv))
+    return sorted(found, key=lambda seen: seen.pid)

@@ -1,0 +1,71 @@
+"""Terminal and JSON views of the settings document (``servescope settings``); both read only the document.
+
+Values are never cut: in a terminal a long value (the full ExecStart) folds onto more lines, and when
+stdout is a file or a pipe every row stays on one line (:func:`settings_console`), so ``grep`` finds it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import msgspec
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from servescope.core.settings import SettingsDoc
+
+__all__ = ["encode_settings", "render_settings", "settings_console"]
+
+_NA = "N/A"
+_PIPE_WIDTH = 100_000  # wide enough that no row of a real unit wraps when piped
+
+
+def encode_settings(doc: SettingsDoc) -> bytes:
+    """The document as indented UTF-8 JSON ending in a newline; ``None`` is ``null``."""
+    return msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n"
+
+
+def settings_console() -> Console:
+    """A stdout console: the terminal's width on a terminal, else one so wide that no row wraps."""
+    return Console(highlight=False, width=None if sys.stdout.isatty() else _PIPE_WIDTH)
+
+
+def _value(value: str | None) -> str:
+    if value is None:
+        return _NA
+    return "(set)" if value == "" else value
+
+
+def render_settings(doc: SettingsDoc, console: Console) -> None:
+    """A headline, the sources, one table per group (setting, value, source, where), then the drift."""
+    head = [doc.unit or "no unit", f"pid {doc.pid}" if doc.pid is not None else "no process",
+            doc.url or "no server", doc.engine or "engine unknown"]
+    console.print(f"[bold]{escape(' · '.join(head))}[/]")
+    for note in doc.sources:
+        mark = "[green]ok[/]" if note.ok else "[yellow]--[/]"
+        console.print(f"  {mark} {escape(note.name)}: {escape(note.detail)}")
+    for group in doc.groups:
+        console.print()
+        console.print(f"[bold]{escape(group.title)}[/] ({len(group.settings)})")
+        table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 2, 0, 2))
+        table.add_column("setting", overflow="fold", style="cyan")
+        table.add_column("value", overflow="fold")
+        table.add_column("source", overflow="fold", style="dim")
+        table.add_column("where", overflow="fold", style="dim")
+        for setting in group.settings:
+            table.add_row(escape(setting.key), escape(_value(setting.value)), escape(setting.source),
+                          escape(setting.origin or ""))
+        console.print(table)
+    console.print()
+    if not doc.drift:
+        console.print("[green]No drift[/]: the unit, the running process and the server agree.")
+        return
+    console.print(f"[bold yellow]Drift ({len(doc.drift)})[/]")
+    table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 2, 0, 2))
+    table.add_column("kind", overflow="fold", style="yellow")
+    table.add_column("key", overflow="fold", style="cyan")
+    table.add_column("detail", overflow="fold")
+    for item in doc.drift:
+        table.add_row(escape(item.kind), escape(item.key), escape(item.detail))
+    console.print(table)
