@@ -229,7 +229,8 @@ def test_rising_gpu_memory_reads_as_loading_without_a_pid() -> None:
     readings = iter([idle, idle, holding, holding, holding, holding, holding, holding, holding, holding])
     seen: list[str] = []
     url = f"http://127.0.0.1:{_dead_port()}"
-    result = wait_until_ready(url, timeout_s=0.5, poll_s=0.1, gpu_memory=memory_used_probe(snapshot=lambda: next(readings)),
+    probe = memory_used_probe(snapshot=lambda: next(readings))  # type: ignore[arg-type, return-value]
+    result = wait_until_ready(url, timeout_s=0.5, poll_s=0.1, gpu_memory=probe,
                               progress=lambda _t, phase, note: seen.append(f"{phase} {note}"))
     assert result.phase == "loading" and result.timed_out and not result.ready
     assert f"GPU memory {held_mib} MiB, +{held_mib - idle_mib} MiB in" in result.checks[0].detail
