@@ -31,23 +31,53 @@ def test_version() -> None:
     assert result.stdout.strip() == f"servescope {__version__}"
 
 
-def test_example_runs_and_names_its_ranks() -> None:
-    result = runner.invoke(app, ["analyze", "--example"])
+def test_default_example_is_the_h200_capture_and_matches_its_profiler_totals() -> None:
+    """`analyze --example` (the README's first command): a real H200 capture, checked against the truth
+    file the live profiler wrote during the capture (per-kernel count exact, device time within 0.5%)."""
+    from servescope.trace.analyze import example_trace_dir
+
+    result = runner.invoke(app, ["analyze", "--example", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    truth = json.loads((example_trace_dir() / "truth.json").read_text())
+    assert truth["device"] == "NVIDIA H200" and truth["cuda_graphs"] is True
+    got: dict[str, tuple[int, float]] = {}
+    for row in doc["kernels"]:
+        count, total = got.get(row["name"], (0, 0.0))
+        got[row["name"]] = (count + row["count"], total + row["total_us"])
+    assert set(got) == set(truth["kernels"])
+    for name, expected in truth["kernels"].items():
+        assert got[name][0] == expected["count"], name
+        assert got[name][1] == pytest.approx(expected["total_us"], rel=0.005, abs=0.01), name
+    [rank] = doc["ranks"]
+    assert rank["phases"]["decode"]["steps"] == truth["steps"]["decode"]
+    assert rank["phases"]["decode"]["tokens_per_step"] == truth["batch"]
+    assert {"attention", "gemm", "moe"} <= set(rank["phases"]["decode"]["categories"])
+    table = runner.invoke(app, ["analyze", "--example"])
+    assert table.exit_code == 0 and "rank 0 · decode" in table.stdout
+
+
+def test_example_name_picks_the_tp2_capture_and_names_its_ranks() -> None:
+    result = runner.invoke(app, ["analyze", "--example-name", "vllm-cpu-tp2"])
     assert result.exit_code == 0, result.output
     assert "rank 0 · decode" in result.stdout
     assert "rank 1 · decode" in result.stdout
     assert "frontend" in result.stdout
+    wrong = runner.invoke(app, ["analyze", "--example-name", "nope"])
+    assert wrong.exit_code == 2
+    assert wrong.stderr.strip() == ("servescope: error: --example-name: no bundled example 'nope' "
+                                    "(there are: h200-moe-b16-graphs, vllm-cpu-tp2)")
 
 
 def test_example_json_matches_its_own_traces() -> None:
-    result = runner.invoke(app, ["analyze", "--example", "--json"])
+    result = runner.invoke(app, ["analyze", "--example-name", "vllm-cpu-tp2", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert REQUIRED_KEYS <= set(doc)
     from servescope.trace.analyze import example_trace_dir
 
     for rank in (0, 1):
-        events = load_events(example_trace_dir() / f"rank{rank}.pt.trace.json.gz")
+        events = load_events(example_trace_dir("vllm-cpu-tp2") / f"rank{rank}.pt.trace.json.gz")
         shm = [e for e in events if e.get("cat") == "cpu_op" and e["name"] == "_C::shm_allreduce"]
         rows = [k for k in doc["kernels"] if k["rank"] == rank and k["name"] == "_C::shm_allreduce"]
         assert rows[0]["count"] == len(shm) > 0

@@ -38,11 +38,11 @@ def tp2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_diff_figures_come_from_each_side(tp2_dir: Path) -> None:
-    doc = diff_paths(tp2_dir, example_trace_dir())
+    doc = diff_paths(tp2_dir, example_trace_dir("vllm-cpu-tp2"))
     assert [r.rank for r in doc.ranks] == [0, 1]
     for rank in doc.ranks:
         before = _decode_allreduce_per_step(tp2_dir / f"tp2_b4_16tok_rank{rank.rank}.pt.trace.json.gz")
-        after = _decode_allreduce_per_step(example_trace_dir() / f"rank{rank.rank}.pt.trace.json.gz")
+        after = _decode_allreduce_per_step(example_trace_dir("vllm-cpu-tp2") / f"rank{rank.rank}.pt.trace.json.gz")
         delta = rank.categories["comm.all_reduce"]
         assert delta.before_us == pytest.approx(before, rel=1e-6)
         assert delta.after_us == pytest.approx(after, rel=1e-6)
@@ -59,8 +59,8 @@ def test_diff_of_a_run_with_itself_changes_nothing(tp2_dir: Path) -> None:
 def test_saved_analysis_and_traces_give_the_same_diff(tp2_dir: Path, tmp_path: Path) -> None:
     saved = tmp_path / "before.json"
     assert CliRunner().invoke(app, ["analyze", str(tp2_dir), "-o", str(saved)]).exit_code == 0
-    from_saved = diff_paths(saved, example_trace_dir())
-    from_traces = diff_paths(tp2_dir, example_trace_dir())
+    from_saved = diff_paths(saved, example_trace_dir("vllm-cpu-tp2"))
+    from_traces = diff_paths(tp2_dir, example_trace_dir("vllm-cpu-tp2"))
     assert [r.categories for r in from_saved.ranks] == [r.categories for r in from_traces.ranks]
 
 
@@ -80,7 +80,7 @@ def test_phase_missing_on_both_is_an_input_error(tp2_dir: Path) -> None:
 
 
 def test_cli_diff_json(tp2_dir: Path) -> None:
-    result = CliRunner().invoke(app, ["diff", str(tp2_dir), str(example_trace_dir()), "--json"])
+    result = CliRunner().invoke(app, ["diff", str(tp2_dir), str(example_trace_dir("vllm-cpu-tp2")), "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["schema"] == "servescope.diff" and doc["phase"] == "decode"

@@ -28,7 +28,10 @@ _HTML = Flag("html", ("--html",), Path | None, "Write a self-contained HTML repo
 ANALYZE_FLAGS = (
     Flag("paths", (), list[Path] | None, "Trace files or directories (.json, .json.gz).", default=None,
          show_default=False),
-    Flag("example", ("--example",), bool, "Analyze the bundled example capture.", default=False),
+    Flag("example", ("--example",), bool, "Analyze the bundled example: a real H200 decode capture.",
+         default=False),
+    Flag("example_name", ("--example-name",), str | None, "Analyze this bundled example instead: "
+         "h200-moe-b16-graphs or vllm-cpu-tp2 (two ranks, real all-reduces).", default=None),
     Flag("as_json", ("--json",), bool, "Print the analysis document as JSON.", default=False),
     Flag("output", ("--output", "-o"), Path | None, "Write the JSON document here.", default=None),
     _HTML,
@@ -70,8 +73,8 @@ def write_outputs(doc: object, *, json_out: Path | None, html_out: Path | None) 
         raise InputError(str(target), f"cannot write: {exc.strerror or exc}") from None
 
 
-def analyze(paths: list[Path] | None, example: bool, as_json: bool, output: Path | None, html: Path | None,
-            taxonomy: Path | None, step_gap_us: float | None, top: int) -> None:
+def analyze(paths: list[Path] | None, example: bool, example_name: str | None, as_json: bool, output: Path | None,
+            html: Path | None, taxonomy: Path | None, step_gap_us: float | None, top: int) -> None:
     """Where each step's time goes, per rank and phase, and what the bottleneck is.
 
     Reads torch.profiler traces as vLLM, SGLang and plain PyTorch write them (one file per rank; vLLM's
@@ -83,8 +86,8 @@ def analyze(paths: list[Path] | None, example: bool, as_json: bool, output: Path
 
     with user_errors():
         chosen = list(paths or [])
-        if example:
-            chosen.append(example_trace_dir())
+        if example or example_name is not None:
+            chosen.append(example_trace_dir(example_name) if example_name is not None else example_trace_dir())
         if not chosen:
             fail("give trace files or directories, or --example")
         request = AnalyzeRequest(paths=chosen, taxonomy=taxonomy, step_gap_us=step_gap_us)

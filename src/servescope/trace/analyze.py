@@ -22,9 +22,12 @@ from servescope.trace.steps import find_steps
 from servescope.trace.taxonomy import Taxonomy, load_taxonomy
 from servescope.trace.work import select_work
 
-__all__ = ["AnalyzeRequest", "Progress", "analyze", "example_trace_dir"]
+__all__ = ["EXAMPLES", "EXAMPLE_NAME", "AnalyzeRequest", "Progress", "analyze", "example_trace_dir"]
 
-EXAMPLE_NAME = "vllm-cpu-tp2"
+EXAMPLE_NAME = "h200-moe-b16-graphs"
+"""The default bundled example: a real H200 decode capture (CUDA graphs) made with ``capture decode``."""
+EXAMPLES = ("h200-moe-b16-graphs", "vllm-cpu-tp2")
+"""Every bundled example (``data/examples/NAME``, each with a README saying what it is and how it was made)."""
 
 
 class Progress(Protocol):
@@ -42,9 +45,16 @@ class AnalyzeRequest:
     step_gap_us: float | None = None
 
 
-def example_trace_dir() -> Path:
-    """The bundled example: a TP=2 vLLM decode capture made with this project's tools."""
-    resource = files("servescope") / "data" / "examples" / EXAMPLE_NAME
+def example_trace_dir(name: str = EXAMPLE_NAME) -> Path:
+    """The folder of a bundled example: by default a real H200 decode capture; ``vllm-cpu-tp2`` is a
+    vLLM TP=2 capture (two ranks with real all-reduces, and the front end) on the CPU.
+
+    Raises:
+        InputError: ``name`` is not one of :data:`EXAMPLES`, or the installation lacks it.
+    """
+    if name not in EXAMPLES:
+        raise InputError("--example-name", f"no bundled example {name!r} (there are: {', '.join(EXAMPLES)})")
+    resource = files("servescope") / "data" / "examples" / name
     with as_file(resource) as path:
         if not path.is_dir():
             raise InputError(str(path), "bundled example missing from this installation")
