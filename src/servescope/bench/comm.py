@@ -353,7 +353,13 @@ def environment_lines(doc: CurveDoc, choices: Sequence[DecodeChoice]) -> list[st
     wins: dict[str, int] = {}
     for c in choices:
         wins[c.variant] = wins.get(c.variant, 0) + 1
-    top = max(wins, key=lambda v: wins[v])
+
+    def total_us(variant: str) -> float:
+        """The variant's all_reduce time summed over the decode sizes (its faster of eager / graph)."""
+        curves = [c for c in doc.curves if c.op == "all_reduce" and c.variant == variant and c.points]
+        return sum(min(time_us_at(c, ch.bytes) for c in curves) for ch in choices)
+
+    top = min(wins, key=lambda v: (-wins[v], total_us(v), v))
     env = next((c.env for c in doc.curves if c.variant == top), {})
     lines = [f"# servescope bench comm: best all_reduce variant at decode sizes: {top} ({doc.device}, "
              f"{doc.world_size} ranks, {doc.date})"]
