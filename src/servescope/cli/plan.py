@@ -24,7 +24,8 @@ def plan(
     context: Annotated[int, typer.Option("--context", help="Tokens in each request's KV cache.")] = 4096,
     comm: Annotated[Path | None, typer.Option("--comm", help="A `bench comm` curve file for this box.")] = None,
     calibrate: Annotated[Path | None, typer.Option("--calibrate", help="An `analyze --json` of a real capture "
-                                                   "(TP run of this model) to fit the efficiency factors to.")]
+                                                   "(TP run of this model) to fit the step model to: fixed "
+                                                   "times, per-request costs, efficiencies.")]
         = None,
     eager: Annotated[bool, typer.Option("--eager", help="Use eager collective curves, not CUDA-graph ones.")]
         = False,

@@ -1,17 +1,52 @@
-"""Efficiency factors fitted to a real capture: its decode breakdown against the model's own prediction.
+"""Step-model factors fitted to a real capture: per part, a fixed time per step and a cost per request.
 
 The capture is an ``analyze --json`` (or ``profile --json``) document of a TP run of the same model. From its
 decode phase, on the rank that spent least time in collectives (the others' collective time includes
-waiting for the slowest rank):
+waiting for the slowest rank), the measured parts per step are: *weights* = ``gemm`` + ``moe`` +
+``quantize``; *attention* = ``attention``; *collectives* = every ``comm.*`` category; *other* = the step
+span minus those three (so it holds the host's gaps between kernels too).
 
-- measured *weights* = ``gemm`` + ``moe`` + ``quantize`` µs per step; *attention* = ``attention``;
-  *collectives* = every ``comm.*`` category; *other* = the step span minus those three.
-- the model predicts the same four parts at efficiency 1 and scale 1 for the capture's TP size, batch
-  (decode tokens per step) and context (the profile's input tokens plus half its output tokens when the
-  document has them, else the plan's ``--context``).
-- ``hbm_efficiency = weights_model / weights_measured``, ``attention_efficiency = attention_model /
-  attention_measured``, ``collective_scale = collectives_measured / collectives_model``, ``other_scale =
-  other_measured / other_model``. A part the capture lacks keeps its assumed factor.
+The step model (:mod:`servescope.plan.cost`) writes each of weights, attention and other as
+``fixed + slope × X(batch)``:
+
+- weights: ``X`` = the model's weight-read time at HBM efficiency 1 (MoE: the experts a batch touches), so
+  ``slope = 1 / hbm_efficiency`` and ``fixed = weights_fixed_us`` (the GEMMs' per-call floors);
+- attention: ``X`` = the model's KV-read time at efficiency 1 (∝ batch × context), ``slope = 1 /
+  attention_efficiency``, ``fixed = attention_fixed_us``;
+- other: ``X`` = running requests, ``slope = us_per_request``, ``fixed = (us_per_step + us_per_layer ×
+  layers) × other_scale``;
+- collectives: ``collective_scale = measured / modelled`` (curve or α-β times at the capture's sizes).
+
+Two unknowns per part cannot come from one number, so what is fitted depends on what the capture shows
+(``Calibration.mode``):
+
+1. ``steps at several batches``: the capture's own decode steps ran at two or more batch sizes (a staggered
+   workload: requests arrive and finish at different steps), each with at least ``MIN_GROUP_STEPS`` steps.
+   Fixed time and slope of each part are fitted by least squares over those batch groups (weighted by
+   their step counts). A part whose ``X`` does not change between the groups (a dense model's weights), or
+   whose fitted slope or fixed time comes out negative, falls back to rule 2 for that part.
+2. ``one batch of 1``: one request per step cannot tell per-step from per-request costs. The slopes stay as
+   assumed (``hbm_efficiency``, ``attention_efficiency``, ``us_per_request`` from ``data/plan.toml``) and
+   the fixed times are fitted: ``fixed = measured − slope × X``. A batch-dependent cost the model does not
+   know (an engine that copies its whole KV cache every step, per-request host work) is then missed at
+   larger batches; calibrate from a capture at a batch above 1 to see it.
+3. ``one batch above 1``: the fixed times of attention and other come from data, the slopes are fitted from
+   the rest. Fixed attention = the hardware profile's measured ``kernel_floor_us.attention`` × the
+   capture's attention calls per step; fixed other = ``kernel_floor_us.other`` × the capture's other calls
+   per step + the capture's idle time per step (the host's gap around each step, which a CUDA-graph
+   decode pays once per step). Weights keep rule 2: their bytes follow from the config and their slope from
+   the HBM rate, so the capture sets only the GEMM floors. A profile without floors gives fixed attention
+   0 and fixed other = the idle time (noted). If a part's measured time is at or below its floors, rule 2
+   applies to it.
+
+A GPU capture whose device idles more than half of each step is *launch-bound* (eager PyTorch: the host
+launches one kernel at a time). Its idle time is left out of *other* before the rules above, and
+``host_step_us`` = its step: the model's step never gets shorter than the host's time to launch it, and a
+batch whose device work outgrows it is device-bound again. (A CPU trace has no separate host: its idle time
+is the engine's own Python work between operators, and it stays in *other* like any other time.)
+
+No number from a capture at another batch enters the fit; the hardware profile's floors come from
+``tools/bench_kernel_floor.py``, a separate benchmark on the same kind of GPU.
 """
 
 from __future__ import annotations
@@ -21,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servescope.core.analysis import AnalysisDoc, PhaseStats, RankAnalysis
+from servescope.core.analysis import AnalysisDoc, PhaseStats, RankAnalysis, StepRow
 from servescope.core.errors import InputError
 from servescope.plan.collectives import CommCosts
 from servescope.plan.cost import layout_memory, predict_point
@@ -31,35 +66,100 @@ from servescope.plan.layouts import Layout
 from servescope.plan.model import ModelArch
 from servescope.report.jsonout import decode_analysis
 
-__all__ = ["WEIGHT_CATEGORIES", "Calibration", "apply_calibration", "calibrate"]
+__all__ = ["MIN_GROUP_STEPS", "WEIGHT_CATEGORIES", "Calibration", "apply_calibration", "calibrate"]
 
 WEIGHT_CATEGORIES = ("gemm", "moe", "quantize")
 PARTS = ("weights", "attention", "collectives", "other")
+MIN_GROUP_STEPS = 3  # decode steps a batch size needs before the per-step fit uses it
+MODES = ("steps at several batches", "one batch of 1", "one batch above 1")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Calibration:
-    """What was fitted, from which capture, and the per-part times (ms per step) behind each factor."""
+    """What was fitted, from which capture, how, and the per-part times (ms per step) behind it.
+
+    Attributes:
+        path, rank, tp, batch, context: the capture, the rank used, its TP size, decode batch and context.
+        mode: which rule of the module doc fitted the factors.
+        measured_ms: the capture's parts per step (``step`` too).
+        modelled_ms: the model's parts at the capture's batch, efficiency 1 and no fixed times.
+        fitted: the factors replaced, by name.
+        points: per batch group the fit used, ``{batch, steps, measured_ms}``.
+        notes: what was kept as assumed, and why.
+    """
 
     path: str
     rank: int
     tp: int
     batch: int
     context: int
+    mode: str
     measured_ms: dict[str, float]
     modelled_ms: dict[str, float]
     fitted: dict[str, float]
+    points: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
-def _measured(phase: PhaseStats) -> dict[str, float]:
-    cats = phase.categories
-    weights = sum(c.per_step_us for name, c in cats.items() if name in WEIGHT_CATEGORIES)
-    attention = cats["attention"].per_step_us if "attention" in cats else 0.0
-    comm = sum(c.per_step_us for name, c in cats.items() if name.startswith("comm."))
-    other = max(0.0, phase.step_us.mean - weights - attention - comm)
-    return {"weights": weights / 1e3, "attention": attention / 1e3, "collectives": comm / 1e3,
-            "other": other / 1e3, "step": phase.step_us.mean / 1e3}
+def _split(step_us: float, cats: dict[str, float]) -> dict[str, float]:
+    """Measured parts (µs) of one step (or a phase's mean step) from its category times."""
+    weights = sum(us for name, us in cats.items() if name in WEIGHT_CATEGORIES)
+    attention = cats.get("attention", 0.0)
+    comm = sum(us for name, us in cats.items() if name.startswith("comm."))
+    return {"weights": weights, "attention": attention, "collectives": comm,
+            "other": max(0.0, step_us - weights - attention - comm), "step": step_us}
+
+
+def _phase_parts(phase: PhaseStats) -> dict[str, float]:
+    return _split(phase.step_us.mean, {n: c.per_step_us for n, c in phase.categories.items()})
+
+
+def _calls(phase: PhaseStats) -> dict[str, float]:
+    out = {"weights": 0.0, "attention": 0.0, "other": 0.0}
+    for name, c in phase.categories.items():
+        if name.startswith("comm."):
+            continue
+        part = "weights" if name in WEIGHT_CATEGORIES else "attention" if name == "attention" else "other"
+        out[part] += c.calls_per_step
+    return out
+
+
+def _groups(steps: list[StepRow], *, device_only: bool) -> list[tuple[int, int, dict[str, float]]]:
+    """(batch, steps, mean measured parts in µs) per decode batch size with enough steps, by batch; other
+    without the idle time when ``device_only``."""
+    by_batch: dict[int, list[dict[str, float]]] = {}
+    for s in steps:
+        if s.phase == "decode" and s.decode_requests:
+            span = s.busy_us if device_only else s.span_us
+            by_batch.setdefault(s.decode_requests, []).append(_split(span, s.categories))
+    out = []
+    for batch, rows in sorted(by_batch.items()):
+        if len(rows) >= MIN_GROUP_STEPS:
+            out.append((batch, len(rows), {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}))
+    return out
+
+
+def _line(points: list[tuple[float, float, float]]) -> tuple[float, float] | None:
+    """Weighted least-squares (fixed, slope) of ``m = fixed + slope × x`` over (x, m, weight); ``None`` when
+    the x do not vary by 1% or the fit gives a negative term."""
+    total = sum(w for _, _, w in points)
+    mx = sum(x * w for x, _, w in points) / total
+    my = sum(m * w for _, m, w in points) / total
+    sxx = sum(w * (x - mx) ** 2 for x, _, w in points)
+    xs = [x for x, _, _ in points]
+    if max(xs) <= 0 or (max(xs) - min(xs)) < 0.01 * max(xs) or sxx <= 0:
+        return None
+    slope = sum(w * (x - mx) * (m - my) for x, m, w in points) / sxx
+    fixed = my - slope * mx
+    return (fixed, slope) if slope > 0 and fixed >= 0 else None
+
+
+def _source(path: str | Path) -> tuple[str, bytes]:
+    source = str(path)
+    try:
+        return source, Path(path).read_bytes()
+    except OSError as exc:
+        raise InputError(source, exc.strerror or "cannot read") from None
 
 
 def _context(raw: Any, default: int) -> tuple[int, str | None]:
@@ -73,17 +173,13 @@ def _context(raw: Any, default: int) -> tuple[int, str | None]:
 
 def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: CommCosts, *,
               context: int) -> Calibration:
-    """Factors fitted to the decode phase of the capture at ``path`` (see the module doc).
+    """Factors fitted to the decode phase of the capture at ``path`` (rules in the module doc).
 
     Raises:
         InputError: the file is unreadable, not an analysis document, has no decode phase, no batch size,
             or its TP size does not split the model.
     """
-    source = str(path)
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise InputError(source, exc.strerror or "cannot read") from None
+    source, data = _source(path)
     doc: AnalysisDoc = decode_analysis(data, source)
     raw = json.loads(data)
     ranks = [r for r in doc.ranks if "decode" in r.phases and r.phases["decode"].steps > 0]
@@ -105,26 +201,105 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
     layout = Layout(kind="tp", tp=tp)
     if tp > 1 and (arch.heads % tp or arch.hidden % tp):
         raise InputError(source, f"the capture has {tp} ranks, which do not split {arch.name}")
-    unit = comm.factors.replaced("unit", hbm_efficiency=1.0, attention_efficiency=1.0,
-                                 collective_scale=1.0, other_scale=1.0)
+    f = comm.factors
+    unit = f.replaced("unit", hbm_efficiency=1.0, attention_efficiency=1.0, collective_scale=1.0,
+                      other_scale=1.0, us_per_request=0.0, weights_fixed_us=0.0, attention_fixed_us=0.0)
     memory = layout_memory(arch, layout, hw, unit, context=ctx)
-    point = predict_point(arch, layout, hw, comm.with_factors(unit), batch=batch, context=ctx, memory=memory)
-    modelled = dict(point.parts_ms)
-    measured = _measured(phase)
+    unit_comm = comm.with_factors(unit)
+
+    def modelled(b: int) -> dict[str, float]:  # µs at efficiency 1, no fixed times; other = requests
+        parts = predict_point(arch, layout, hw, unit_comm, batch=b, context=ctx, memory=memory).parts_ms
+        return {"weights": parts["weights"] * 1e3, "attention": parts["attention"] * 1e3,
+                "collectives": parts["collectives"] * 1e3, "other": float(b)}
+
+    measured = _phase_parts(phase)
+    # A GPU capture whose device idles most of the step is launch-bound (eager PyTorch): its step is the host's
+    # time, and only the device's work is fitted to the parts (host_step_us holds the step).
+    host_bound = rank.work_kind == "device" and phase.idle_us_per_step > phase.busy_us_per_step
+    idle = max(0.0, phase.idle_us_per_step)
+    if host_bound:
+        measured["other"] = max(0.0, measured["other"] - idle)
+    at_batch = modelled(batch)
+    base_other = f.us_per_step + f.us_per_layer * arch.layers
+    prior = {"weights": 1.0 / f.hbm_efficiency, "attention": 1.0 / f.attention_efficiency,
+             "other": f.us_per_request}
+    fits: dict[str, tuple[float, float]] = {}  # part -> (fixed µs, slope)
+
+    def by_rule_2(part: str) -> tuple[float, float]:
+        m, slope = measured[part], prior[part]
+        fixed = m - slope * at_batch[part]
+        if fixed < 0:  # faster than the assumed rate: no fixed time, and the slope carries it all
+            return 0.0, m / at_batch[part]
+        return fixed, slope
+
+    groups = _groups(rank.steps, device_only=host_bound)
+    points: list[dict[str, Any]] = []
+    if len(groups) >= 2:
+        mode = MODES[0]
+        xs = {b: modelled(b) for b, _, _ in groups}
+        for b, n, parts in groups:
+            points.append({"batch": b, "steps": n, "measured_ms": {k: v / 1e3 for k, v in parts.items()}})
+        for part in ("weights", "attention", "other"):
+            line = _line([(xs[b][part], parts[part], float(n)) for b, n, parts in groups])
+            fits[part] = line if line is not None else by_rule_2(part)
+            if line is None:
+                notes.append(f"{part}: no fixed time and slope from the batch groups; fixed time fitted at "
+                             f"batch {batch}, slope as assumed")
+    elif batch == 1:
+        mode = MODES[1]
+        fits = {part: by_rule_2(part) for part in ("weights", "attention", "other")}
+        notes.append("calibrated at batch 1: the per-request costs are as assumed (the capture cannot show "
+                     "them); a capture at a larger batch fits them")
+    else:
+        mode = MODES[2]
+        calls = _calls(phase)
+        floors = hw.kernel_floor_us
+        for kind in ("attention", "other"):
+            if kind not in floors:
+                notes.append(f"the hardware profile has no kernel_floor_us.{kind}: fixed {kind} time taken as "
+                             f"{'the idle time' if kind == 'other' else '0'}")
+        fixed0 = {"attention": calls["attention"] * floors.get("attention", 0.0),
+                  "other": calls["other"] * floors.get("other", 0.0) + (0.0 if host_bound else idle)}
+        fits["weights"] = by_rule_2("weights")
+        for part in ("attention", "other"):
+            m, x = measured[part], at_batch[part]
+            if m > fixed0[part] and x > 0:
+                fits[part] = (fixed0[part], (m - fixed0[part]) / x)
+            else:
+                fits[part] = by_rule_2(part)
+                notes.append(f"{part}: the capture's time is within its kernel floors; fixed time fitted, "
+                             f"slope as assumed")
     fitted: dict[str, float] = {}
-    ratios = {"hbm_efficiency": ("weights", True), "attention_efficiency": ("attention", True),
-              "collective_scale": ("collectives", False), "other_scale": ("other", False)}
-    for name, (part, inverse) in ratios.items():
-        m, p = measured[part], modelled[part]
-        if m <= 0 or p <= 0:
-            notes.append(f"{name}: kept as assumed (the {'capture' if m <= 0 else 'model'} has no {part} time)")
-            continue
-        fitted[name] = p / m if inverse else m / p
+    for part, name, fixed_name in (("weights", "hbm_efficiency", "weights_fixed_us"),
+                                   ("attention", "attention_efficiency", "attention_fixed_us")):
+        fixed, slope = fits[part]
+        fitted[fixed_name] = fixed
+        if slope > 0:
+            fitted[name] = 1.0 / slope
+        elif measured[part] > 0:
+            notes.append(f"{name}: kept as assumed (the model has no {part} bytes)")
+    fixed, slope = fits["other"]
+    if base_other > 0:
+        fitted["other_scale"] = fixed / base_other
+    fitted["us_per_request"] = slope
+    m, p = measured["collectives"], at_batch["collectives"]
+    if m > 0 and p > 0:
+        fitted["collective_scale"] = m / p
+    else:
+        notes.append(f"collective_scale: kept as assumed (the {'capture' if m <= 0 else 'model'} has no "
+                     f"collectives)")
+    if host_bound:
+        fitted["host_step_us"] = phase.step_us.mean
+        notes.append(f"launch-bound capture: the device idled {phase.idle_us_per_step:.0f} of "
+                     f"{phase.step_us.mean:.0f} µs per step; the step is held at least that long (host_step_us)")
     if fitted.get("hbm_efficiency", 0.0) > 1.0:
         notes.append("hbm_efficiency above 1: the capture read weights faster than the profile's HBM rate "
                      "(another device, or a cache-resident model)")
-    return Calibration(path=source, rank=rank.rank, tp=tp, batch=batch, context=ctx, measured_ms=measured,
-                       modelled_ms=modelled, fitted=fitted, notes=notes)
+    return Calibration(path=source, rank=rank.rank, tp=tp, batch=batch, context=ctx, mode=mode,
+                       measured_ms={k: v / 1e3 for k, v in measured.items()},
+                       modelled_ms={**{k: at_batch[k] / 1e3 for k in ("weights", "attention", "collectives")},
+                                    "other": base_other / 1e3}, fitted=fitted,
+                       points=points, notes=notes)
 
 
 def apply_calibration(factors: Factors, calibration: Calibration) -> Factors:

@@ -3,14 +3,18 @@
 A *step* gives every one of ``batch`` running requests one more token; its time is the time per output
 token a request sees. Four parts, added without overlap:
 
-- **weights**: weight bytes one GPU reads on a token's path ÷ (HBM GB/s × ``hbm_efficiency``), or the
-  GEMM FLOPs ÷ (dense TFLOP/s × ``tflops_efficiency``) when that is longer. Routed experts count only the
+- **weights**: ``weights_fixed_us`` (the GEMMs' per-call floors; 0 until calibrated) + weight bytes one GPU
+  reads on a token's path ÷ (HBM GB/s × ``hbm_efficiency``), or the GEMM FLOPs ÷ (dense TFLOP/s ×
+  ``tflops_efficiency``) when that is longer. Routed experts count only the
   expected active ones (:func:`servescope.plan.model.active_experts` of the tokens the MoE layer sees),
   divided over the EP ranks.
-- **attention**: KV-cache bytes read = requests per attention rank × context × KV bytes per token per layer
-  (MLA: ``kv_lora_rank + qk_rope_head_dim`` elements) × layers ÷ (HBM GB/s × ``attention_efficiency``).
+- **attention**: ``attention_fixed_us`` (kernel floors; 0 until calibrated) + KV-cache bytes read = requests
+  per attention rank × context × KV bytes per token per layer (MLA: ``kv_lora_rank + qk_rope_head_dim``
+  elements) × layers ÷ (HBM GB/s × ``attention_efficiency``).
 - **collectives**: Σ count × time of one op (curve or α-β, :mod:`servescope.plan.collectives`).
-- **other**: ``us_per_step + us_per_layer × layers``, times ``other_scale``.
+- **other**: ``(us_per_step + us_per_layer × layers) × other_scale + us_per_request × requests`` (requests
+  per attention rank); when a launch-bound capture calibrated ``host_step_us`` (the host's time to launch a
+  step), other grows so that the step is never shorter than it: the device waits for the host.
 
 Collectives per step, counted along one token's path (``T`` = tokens per microbatch, ``h`` = hidden ×
 activation bytes):
@@ -203,10 +207,10 @@ def predict_point(arch: ModelArch, layout: Layout, hw: HardwareProfile, comm: Co
     bytes_us = read / (hw.hbm_gbps * 1e3 * f.hbm_efficiency)
     rate = hw.tflops_for(arch.expert_weight_dtype if moe_layers else arch.weight_dtype)
     flops_us = flops / (rate * 1e6 * f.tflops_efficiency) if rate else 0.0
-    weights_us = max(bytes_us, flops_us)
+    weights_us = f.weights_fixed_us + max(bytes_us, flops_us)
 
     kv_read = attn_requests * context * kv_bytes_per_token_layer(arch, layout.tp, f.kv_bytes) * arch.layers
-    attention_us = kv_read / (hw.hbm_gbps * 1e3 * f.attention_efficiency)
+    attention_us = f.attention_fixed_us + kv_read / (hw.hbm_gbps * 1e3 * f.attention_efficiency)
 
     colls = collectives_per_step(arch, layout, batch)
     coll_ms: dict[str, float] = {}
@@ -218,8 +222,10 @@ def predict_point(arch: ModelArch, layout: Layout, hw: HardwareProfile, comm: Co
             coll_origins.append(origin)
     if colls and f.origins.get("collective_scale") == "calibrated":
         coll_origins.append("calibrated")
-    other_us = (f.us_per_step + f.us_per_layer * arch.layers) * f.other_scale
+    other_us = (f.us_per_step + f.us_per_layer * arch.layers) * f.other_scale + f.us_per_request * attn_requests
 
+    device_us = weights_us + attention_us + sum(coll_ms.values()) * 1e3 + other_us
+    other_us += max(0.0, f.host_step_us - device_us)  # a launch-bound step: the device idles until the host is done
     parts = {"weights": weights_us / 1e3, "attention": attention_us / 1e3,
              "collectives": sum(coll_ms.values()), "other": other_us / 1e3}
 
@@ -227,10 +233,10 @@ def predict_point(arch: ModelArch, layout: Layout, hw: HardwareProfile, comm: Co
         return sorted({f.origins.get(n, "assumed") for n in names})
 
     origins = {
-        "weights": sorted({hw.quality, *marks("hbm_efficiency", "tflops_efficiency")}),
-        "attention": sorted({hw.quality, *marks("attention_efficiency", "kv_bytes")}),
+        "weights": sorted({hw.quality, *marks("hbm_efficiency", "tflops_efficiency", "weights_fixed_us")}),
+        "attention": sorted({hw.quality, *marks("attention_efficiency", "kv_bytes", "attention_fixed_us")}),
         "collectives": coll_origins,
-        "other": marks("us_per_layer", "us_per_step", "other_scale"),
+        "other": marks("us_per_layer", "us_per_step", "other_scale", "us_per_request", "host_step_us"),
     }
     per_gpu_requests = math.ceil(batch / layout.dp) if layout.kind == "dp_ep" else batch
     return PointCost(

@@ -16,7 +16,8 @@ from typing import Any
 __all__ = ["FACTOR_NAMES", "Factors", "default_factors"]
 
 # Factors --calibrate can fit (the rest stay as assumed).
-FACTOR_NAMES = ("hbm_efficiency", "attention_efficiency", "collective_scale", "other_scale")
+FACTOR_NAMES = ("hbm_efficiency", "attention_efficiency", "collective_scale", "other_scale", "weights_fixed_us",
+                "attention_fixed_us", "us_per_request", "host_step_us")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,8 +30,13 @@ class Factors:
         tflops_efficiency: achieved fraction of the dense tensor-core rate.
         link_efficiency: achieved fraction of the p2p link in the α-β collective estimate.
         collective_scale: multiplies every collective time (curves and estimate).
-        other_scale: multiplies the "other" time.
+        other_scale: multiplies the fixed "other" time (``us_per_step + us_per_layer × layers``).
         us_per_layer, us_per_step: the "other" time per decoder layer and per step, µs.
+        us_per_request: the "other" time per running request and step, µs.
+        weights_fixed_us, attention_fixed_us: per-step time of the weights and attention parts that does not
+            depend on the bytes read (kernel floors × calls), µs; 0 until calibrated.
+        host_step_us: the host's time to launch one step of a launch-bound engine (eager PyTorch), µs: the
+            step is never shorter; 0 (the device sets the step) until a launch-bound capture calibrates it.
         memory_utilization: share of a GPU's memory the engine may use.
         reserve_gib: activations, graphs and buffers per GPU, GiB.
         kv_bytes: bytes per KV-cache element.
@@ -46,6 +52,10 @@ class Factors:
     other_scale: float = 1.0
     us_per_layer: float
     us_per_step: float
+    us_per_request: float = 0.0
+    weights_fixed_us: float = 0.0
+    attention_fixed_us: float = 0.0
+    host_step_us: float = 0.0
     memory_utilization: float
     reserve_gib: float
     kv_bytes: float
@@ -80,7 +90,9 @@ def default_factors() -> Factors:
         hbm_efficiency=float(eff["hbm"]), attention_efficiency=float(eff["attention"]),
         tflops_efficiency=float(eff["tflops"]), link_efficiency=float(eff["link"]),
         us_per_layer=float(over["us_per_layer"]), us_per_step=float(over["us_per_step"]),
+        us_per_request=float(over.get("us_per_request", 0.0)),
         memory_utilization=float(mem["utilization"]), reserve_gib=float(mem["reserve_gib"]),
         kv_bytes=float(mem["kv_bytes"]))
     return Factors(**values, comm_alpha=alpha,
-                   origins=dict.fromkeys([*values, "collective_scale", "other_scale"], "assumed"))
+                   origins=dict.fromkeys([*values, "collective_scale", "other_scale", "weights_fixed_us",
+                                           "attention_fixed_us", "host_step_us"], "assumed"))

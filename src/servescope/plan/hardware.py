@@ -19,6 +19,10 @@ Fields read (top level unless a table is named):
   default half of ``nvlink_gbps`` for NVLink or half of ``pcie_gbps`` for PCIe (marked "assumed").
 - ``base_us``, ``hop_us`` (top level or in ``[interconnect]``, optional): the α terms of plan's α-β
   collective estimate; defaults by kind in ``data/plan.toml``.
+- ``[kernel_floor_us]`` (optional table, keys among ``gemm``, ``attention``, ``other``; ``source`` names where
+  they were measured): the time one small kernel of that kind takes however little it reads, µs (measured
+  with ``tools/bench_kernel_floor.py``). ``--calibrate`` uses them to split a capture's time into floors
+  and per-request work; a profile without them has none (plan says so in its notes).
 
 Other keys (``p2p``, ``nvlink_multicast``, ``pcie_gen``, ``tdp_w``, …) are ignored.
 
@@ -37,9 +41,10 @@ from typing import Any
 
 from servescope.core.errors import InputError
 
-__all__ = ["INTERCONNECT_KINDS", "HardwareProfile", "list_hardware_profiles", "load_hardware"]
+__all__ = ["FLOOR_KINDS", "INTERCONNECT_KINDS", "HardwareProfile", "list_hardware_profiles", "load_hardware"]
 
 INTERCONNECT_KINDS = ("nvlink", "pcie")
+FLOOR_KINDS = ("gemm", "attention", "other")
 _DIR = ("data", "hardware")
 _DEFAULT_PCIE_GBPS = 64.0
 
@@ -64,6 +69,9 @@ class HardwareProfile:
         p2p_origin: ``datasheet`` when the profile states ``p2p_gbps``, else ``assumed`` (derived from the
             link's bidirectional figure).
         base_us, hop_us: α terms of the α-β collective estimate; ``None`` means plan's default for the kind.
+        kernel_floor_us: per kernel kind (``gemm``, ``attention``, ``other``), the measured time of one
+            small kernel, µs; a kind absent is not known.
+        kernel_floor_source: where the floors were measured.
     """
 
     name: str
@@ -81,6 +89,8 @@ class HardwareProfile:
     p2p_origin: str
     base_us: float | None = None
     hop_us: float | None = None
+    kernel_floor_us: dict[str, float] = field(default_factory=dict)
+    kernel_floor_source: str = ""
 
     def tflops_for(self, dtype: str) -> float | None:
         """Dense TFLOP/s for weights of ``dtype`` (int4/fp8 labels map to their math type), ``None`` if unknown.
@@ -170,7 +180,15 @@ def _profile_from_text(text: str, where: str, *, default_name: str) -> HardwareP
         p2p, p2p_origin = (nvlink if kind == "nvlink" and nvlink > 0 else pcie) / 2, "assumed"
     if p2p <= 0:
         raise InputError(where, "interconnect: p2p bandwidth must be positive")
+    floors = data.get("kernel_floor_us", {})
+    if not isinstance(floors, dict):
+        raise InputError(where, "kernel_floor_us: expected a table of kind = µs")
+    bad = sorted(set(floors) - {*FLOOR_KINDS, "source"})
+    if bad:
+        raise InputError(where, f"kernel_floor_us: unknown kind {bad[0]!r}; kinds: {', '.join(FLOOR_KINDS)}")
+    floor_us = {k: _number(floors, k, f"{where}: kernel_floor_us") for k in FLOOR_KINDS if k in floors}
     return HardwareProfile(
+        kernel_floor_us=floor_us, kernel_floor_source=_text(floors, "source", where, ""),
         name=_text(data, "name", where, default_name), gpu=_text(data, "gpu", where, default_name),
         quality=_text(data, "quality", where, "datasheet"), source=_text(data, "source", where, where),
         match=tuple(match), memory_gb=memory, hbm_gbps=hbm, nvlink_gbps=nvlink, pcie_gbps=pcie,

@@ -51,7 +51,8 @@ class PlanRequest:
         batches: running requests per step to predict.
         context: tokens in each request's KV cache (prompt + generated so far).
         comm: a ``bench comm`` curve file, used before bundled curves.
-        calibrate: an ``analyze --json`` document of a capture to fit the efficiency factors to.
+        calibrate: an ``analyze --json`` document of a capture to fit the step model to
+            (:mod:`servescope.plan.calibrate`).
         graph: prefer collective curves timed inside CUDA graphs.
     """
 

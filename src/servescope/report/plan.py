@@ -76,8 +76,9 @@ def render_plan(doc: dict[str, Any], console: Console) -> None:
     cal = doc.get("calibration")
     if cal:
         fitted = ", ".join(f"{k} {v:.3g}" for k, v in cal["fitted"].items()) or "nothing"
+        mode = f", {cal['mode']}" if cal.get("mode") else ""  # documents saved before the fitting rules had none
         console.print(f"calibrated from {cal['path']} (rank {cal['rank']}, TP={cal['tp']}, batch {cal['batch']}, "
-                      f"context {cal['context']}): {fitted}", markup=False)
+                      f"context {cal['context']}{mode}): {fitted}", markup=False)
     for note in doc["notes"]:
         console.print(f"note: {note}", markup=False)
 
