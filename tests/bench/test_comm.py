@@ -215,3 +215,27 @@ def test_table_renders_from_the_document() -> None:
         "Environment=A=1",
         "failed: x: broke",
     ]
+
+
+def test_the_gloo_curve_file_drives_plan(gloo_run: tuple[dict, dict, str], tmp_path: Path) -> None:
+    """The file `bench comm` wrote feeds `plan --comm`: TP=2 all-reduce time = count x the measured point."""
+    doc, _, _ = gloo_run
+    path = tmp_path / "gloo.json"
+    path.write_text(json.dumps(doc))
+    config = Path(__file__).parents[1] / "data" / "vllm-cpu-profile" / "tiny-llama.config.json"
+    hidden = json.loads(config.read_text())["hidden_size"]
+    res = CliRunner().invoke(app, ["plan", "--model", str(config), "--hardware", "h200", "--gpus", "2",
+                                   "--batch", "2,8", "--comm", str(path), "--json"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.stdout)
+    assert plan["curves"][0]["origin"] == "measured curve" and plan["curves"][0]["world_size"] == 2
+    measured = {p["bytes"]: p["time_us"] for c in doc["curves"]
+                if c["op"] == "all_reduce" and c["variant"] == "default" and not c["graph"] for p in c["points"]}
+    [tp2] = [layout for layout in plan["layouts"] if (layout["tp"], layout["pp"], layout["ep"]) == (2, 1, 1)]
+    scale = plan["factors"]["collective_scale"]["value"]
+    for point in tp2["points"]:
+        ar = point["collectives_per_step"]["all_reduce"]
+        [each] = ar["bytes_each"]  # one size: 2 per layer + the embedding, each batch x hidden x 2 bytes
+        assert each["bytes"] == point["batch"] * hidden * 2 and each["bytes"] in measured
+        assert each["count"] == ar["count"] == 2 * 2 + 1  # the tiny Llama has 2 layers
+        assert ar["ms"] == pytest.approx(each["count"] * measured[each["bytes"]] * scale / 1000, rel=1e-6)
