@@ -192,11 +192,14 @@ def server_argv(opts: Options, model: Path, trace_dir: Path, port: int) -> list[
 
 
 def server_env(opts: Options) -> dict[str, str]:
-    """Environment additions: KV cache size, one OpenMP core per TP rank, no usage telemetry."""
+    """Environment additions: KV cache size, one OpenMP core per TP rank, no usage telemetry.
+
+    At TP=1 the engine is bound to core 0 too: left to itself its OpenMP threads spin on every core and
+    starve the API front end and any client on the same machine (a load test then measures its own lag).
+    """
     env = {"VLLM_CPU_KVCACHE_SPACE": str(opts.kvcache_gib), "VLLM_NO_USAGE_STATS": "1",
-           "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    if opts.tp > 1:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(opts.tp))
+           "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "VLLM_CPU_OMP_THREADS_BIND": "|".join(str(i) for i in range(opts.tp))}
     return env
 
 
