@@ -82,3 +82,15 @@ def test_real_subprocess() -> None:
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["recommendation"]["layout"] is not None
+
+
+def test_report_re_renders_a_saved_plan_without_recomputing(tmp_path: Path) -> None:
+    saved, page = tmp_path / "plan.json", tmp_path / "plan.html"
+    first = runner.invoke(app, [*BASE, "--batch", "1,8", "-o", str(saved)])
+    assert first.exit_code == 0, first.output
+    again = runner.invoke(app, ["report", str(saved), "--html", str(page)])
+    assert again.exit_code == 0, again.output
+    assert again.stdout == first.stdout  # the same view, from the document alone
+    assert 'id="chart-plan-steps"' in page.read_text(encoding="utf-8")
+    cannot = runner.invoke(app, ["report", str(saved), "--html", str(saved / "under-a-file.html")])
+    assert cannot.exit_code == 2 and len(cannot.stderr.strip().splitlines()) == 1 and "cannot write" in cannot.stderr

@@ -105,6 +105,8 @@ def test_cli_json_png_html_and_compare(ready_server: LiveServer, tmp_path: Path)
     assert second.exit_code == 0, second.output
     assert "against the older run" in second.stdout and "concurrency 2" in second.stdout
     assert ready_server.api_key not in first.output + second.output + out.read_text() + page.read_text()
+    shown = CliRunner().invoke(app, ["report", str(out)])  # re-rendered from the saved run alone
+    assert shown.exit_code == 0 and "concurrency 2" in shown.stdout and "TPOT" in shown.stdout
 
 
 def test_bad_input_is_one_line(ready_server: LiveServer) -> None:

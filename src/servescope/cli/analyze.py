@@ -42,7 +42,7 @@ ANALYZE_FLAGS = (
     _TOP,
 )
 REPORT_FLAGS = (
-    Flag("analysis", (), Path, "A saved `analyze -o` / `--json` document."),
+    Flag("document", (), Path, "A saved `analyze`, `plan` or `bench serve` JSON document (-o / --json)."),
     _HTML,
     _TOP,
 )
@@ -103,21 +103,54 @@ def analyze(paths: list[Path] | None, example: bool, example_name: str | None, a
     render_analysis(doc, Console(highlight=False), top=top)
 
 
-def report(analysis: Path, html: Path | None, top: int) -> None:
-    """Re-render a saved analysis (tables, HTML) without reading the traces again."""
+def report(document: Path, html: Path | None, top: int) -> None:
+    """Re-render a saved document (tables, HTML) without recomputing: an analysis, a plan or a bench serve run.
+
+    The document's ``schema`` field says which it is.
+    """
+    import json
+
     from rich.console import Console
 
-    from servescope.report.jsonout import decode_analysis
-    from servescope.report.tables import render_analysis
+    def write_html(text: str) -> None:
+        from servescope.core.atomic import write_text_atomic
+
+        if html is not None:
+            try:
+                write_text_atomic(html, text)
+            except OSError as exc:
+                raise InputError(str(html), f"cannot write: {exc.strerror or exc}") from None
 
     with user_errors():
         try:
-            data = analysis.read_bytes()
+            data = document.read_bytes()
         except OSError as exc:
-            raise InputError(str(analysis), exc.strerror or "cannot read") from None
-        doc = decode_analysis(data, str(analysis))
+            raise InputError(str(document), exc.strerror or "cannot read") from None
+        try:
+            head = json.loads(data)
+        except ValueError:
+            head = None  # decode_analysis below names the problem
+        schema = head.get("schema") if isinstance(head, dict) else None
+        console = Console(highlight=False)
+        if isinstance(schema, str) and schema.startswith("servescope.plan"):
+            from servescope.report.plan import render_plan, render_plan_html
+
+            write_html(render_plan_html(head))
+            render_plan(head, console)
+            return
+        if schema == "servescope.bench_serve":
+            from servescope.report.serve import decode_serve, render_serve, render_serve_html
+
+            run = decode_serve(data, str(document))
+            write_html(render_serve_html(run))
+            render_serve(run, console)
+            return
+        from servescope.report.jsonout import decode_analysis
+        from servescope.report.tables import render_analysis
+
+        doc = decode_analysis(data, str(document))
         write_outputs(doc, json_out=None, html_out=html)
-    render_analysis(doc, Console(highlight=False), top=top)
+    render_analysis(doc, console, top=top)
 
 
 def diff(before: Path, after: Path, phase: str, as_json: bool, taxonomy: Path | None) -> None:
