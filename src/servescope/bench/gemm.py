@@ -33,6 +33,7 @@ from typing import Any
 
 from servescope import __version__
 from servescope.core.errors import InputError
+from servescope.core.files import HARDWARE_DIR, hardware_profile_names
 from servescope.core.gemm import (
     GEMM_SCHEMA_VERSION,
     CopyCeiling,
@@ -52,7 +53,6 @@ _ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 _DEFAULTS = {"cuda": (512 << 20, 1 << 30, 8192), "cpu": (64 << 20, 64 << 20, 1024)}
 _MIN_CALLS = 4        # calls per sample at least, so two events bracket more than one kernel
 _MAX_COPIES = 512     # weight copies per shape at most (tiny weights: 512 distinct copies is cold enough)
-_HARDWARE_DIR = ("data", "hardware")
 
 Progress = Callable[[int, int], None]
 
@@ -142,10 +142,7 @@ def run_gemm_bench(shapes: Sequence[GemmShape], *, device: str = "auto", dtype: 
         datasheet=datasheet)
 
 
-def list_hardware_profiles() -> list[str]:
-    """Names of the bundled hardware profiles (``data/hardware/*.toml``), sorted."""
-    folder = files("servescope").joinpath(*_HARDWARE_DIR)
-    return sorted(p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml"))
+list_hardware_profiles = hardware_profile_names
 
 
 def load_datasheet(name: str, *, dtype: str = "bfloat16") -> Datasheet:
@@ -179,7 +176,7 @@ def _read_profile(name: str) -> tuple[dict[str, Any], str]:
             raise InputError(where, exc.strerror or "cannot read") from None
     else:
         where = f"hardware profile {name}"
-        resource = files("servescope").joinpath(*_HARDWARE_DIR, f"{name}.toml")
+        resource = files("servescope").joinpath(*HARDWARE_DIR, f"{name}.toml")
         if not resource.is_file():
             raise InputError(name, f"no such hardware profile; profiles: {', '.join(list_hardware_profiles())}")
         text = resource.read_text(encoding="utf-8")

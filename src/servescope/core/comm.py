@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from servescope.core.errors import InputError
+from servescope.core.files import read_json
 
 __all__ = [
     "CURVES_SCHEMA",
@@ -139,16 +140,7 @@ def load_curves(path: str | Path) -> CurveDoc:
     Raises:
         InputError: unreadable, not JSON, another schema id, or a field missing or of the wrong type/value.
     """
-    source = Path(path)
-    try:
-        text = source.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(str(source), exc.strerror or "cannot read") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(str(source), f"not JSON: {exc.msg} at line {exc.lineno}") from None
-    return curve_doc_from_dict(data, source=str(source))
+    return curve_doc_from_dict(read_json(path), source=str(path))
 
 
 def curve_doc_from_dict(data: Any, *, source: str) -> CurveDoc:

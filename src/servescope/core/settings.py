@@ -13,6 +13,8 @@ from typing import Any
 
 import msgspec
 
+from servescope.core.redact import MASK
+
 __all__ = [
     "GROUPS",
     "MASK",
@@ -32,7 +34,6 @@ __all__ = [
 
 SETTINGS_SCHEMA = "servescope.settings"
 SETTINGS_SCHEMA_VERSION = 1
-MASK = "***"
 
 #: Group ids in the order they are shown, with their titles.
 GROUPS: dict[str, str] = {

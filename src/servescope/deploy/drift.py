@@ -24,7 +24,7 @@ from typing import Any
 
 from servescope.core.errors import InputError
 from servescope.core.settings import MASK, Drift
-from servescope.deploy.importer import _engine as _importer_engine
+from servescope.deploy.importer import detect_engine
 
 __all__ = [
     "EngineArgs",
@@ -142,7 +142,7 @@ def parse_engine_argv(argv: Sequence[str]) -> EngineArgs:
     """
     words = list(argv)
     try:
-        engine, first = _importer_engine(words, "argv")
+        engine, first = detect_engine(words, "argv")
     except (InputError, IndexError):
         engine, first = None, min(1, len(words))
     command, rest = tuple(words[:first]), words[first:]

@@ -11,7 +11,7 @@ from servescope.core.errors import InputError
 from servescope.deploy.lint import UnitText, split_command, time_span_s
 from servescope.deploy.spec import defaults, is_secret_name
 
-__all__ = ["ImportResult", "import_unit", "spec_toml"]
+__all__ = ["ImportResult", "detect_engine", "import_unit", "spec_toml"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +28,7 @@ class ImportResult:
         return tuple(self.secrets)
 
 
-def _engine(argv: list[str], source: str) -> tuple[str, int]:
+def detect_engine(argv: list[str], source: str) -> tuple[str, int]:
     """(engine, index of the first engine argument) of an ExecStart argv."""
     for i, word in enumerate(argv):
         if word in ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server"):
@@ -50,7 +50,7 @@ def import_unit(unit: UnitText, *, name: str | None = None) -> ImportResult:
     if start is None:
         raise InputError(unit.source, "no ExecStart= in [Service]")
     _, argv = split_command(start.value)
-    engine, first = _engine(argv, unit.source)
+    engine, first = detect_engine(argv, unit.source)
     command, rest = argv[:first], argv[first:]
     model_flag = defaults()["engines"][engine]["model_flag"]
     model: str | None = None

@@ -23,13 +23,12 @@ buffer, send_recv the message.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
 from servescope.core.comm import OPS, CurveDoc, OpCurve, bus_factor, curve_doc_from_dict, time_us_at
-from servescope.core.errors import InputError
+from servescope.core.files import read_json
 from servescope.plan.factors import Factors
 from servescope.plan.hardware import HardwareProfile
 
@@ -78,10 +77,7 @@ def bundled_curves(hw: HardwareProfile) -> list[CurveSource]:
         if not entry.name.endswith(".json"):
             continue
         where = f"bundled curves {entry.name}"
-        try:
-            data = json.loads(entry.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise InputError(where, f"not JSON: {exc.msg}") from None
+        data = read_json(entry, source=where)
         device = str(data.get("device", "")).lower() if isinstance(data, dict) else ""
         named = entry.name.lower().startswith(hw.name.lower())
         if not named and not any(m.lower() in device for m in hw.match if m):

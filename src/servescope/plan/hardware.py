@@ -40,12 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from servescope.core.errors import InputError
+from servescope.core.files import HARDWARE_DIR, hardware_profile_names
 
 __all__ = ["FLOOR_KINDS", "INTERCONNECT_KINDS", "HardwareProfile", "list_hardware_profiles", "load_hardware"]
 
 INTERCONNECT_KINDS = ("nvlink", "pcie")
 FLOOR_KINDS = ("gemm", "attention", "other")
-_DIR = ("data", "hardware")
 _DEFAULT_PCIE_GBPS = 64.0
 
 
@@ -105,10 +105,7 @@ class HardwareProfile:
         return self.dense_tflops.get("bfloat16")
 
 
-def list_hardware_profiles() -> list[str]:
-    """Names of the bundled hardware profiles (``data/hardware/*.toml``), sorted."""
-    folder = files("servescope").joinpath(*_DIR)
-    return sorted(p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml"))
+list_hardware_profiles = hardware_profile_names
 
 
 def load_hardware(source: str | Path) -> HardwareProfile:
@@ -126,7 +123,7 @@ def load_hardware(source: str | Path) -> HardwareProfile:
             raise InputError(str(path), exc.strerror or "cannot read") from None
         return _profile_from_text(text, str(path), default_name=path.stem)
     name = str(source)
-    resource = files("servescope").joinpath(*_DIR, f"{name}.toml")
+    resource = files("servescope").joinpath(*HARDWARE_DIR, f"{name}.toml")
     if not resource.is_file():
         raise InputError(name, f"no such hardware profile; profiles: {', '.join(list_hardware_profiles())}")
     return _profile_from_text(resource.read_text(encoding="utf-8"), f"hardware profile {name}", default_name=name)

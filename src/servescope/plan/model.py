@@ -17,7 +17,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import tomllib
 from collections.abc import Mapping
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from servescope.core.errors import InputError
+from servescope.core.files import read_json
 from servescope.core.gemm import GemmShape
 
 __all__ = [
@@ -268,14 +268,7 @@ def load_model_arch(source: str | Path) -> ModelArch:
     if path.suffix == ".toml" and path.is_file():
         return _preset_from_text(path.read_text(encoding="utf-8"), str(path))
     if path.is_file() or path.suffix == ".json":
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise InputError(str(path), exc.strerror or "cannot read") from None
-        try:
-            config = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(str(path), f"not JSON: {exc.msg} at line {exc.lineno}") from None
+        config = read_json(path)
         if not isinstance(config, dict):
             raise InputError(str(path), "a config.json holds one JSON object")
         return arch_from_hf_config(config, name=str(source), source=str(path))

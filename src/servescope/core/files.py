@@ -1,0 +1,39 @@
+"""Reading the files users and the package hand us, with one-line errors: JSON documents, bundled presets."""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import Any
+
+from servescope.core.errors import InputError
+
+__all__ = ["HARDWARE_DIR", "hardware_profile_names", "read_json"]
+
+#: Where the bundled hardware profiles live inside the package.
+HARDWARE_DIR = ("data", "hardware")
+
+
+def read_json(path: str | Path | Traversable, *, source: str | None = None) -> Any:
+    """The JSON value in ``path`` (a file, or a file bundled in the package).
+
+    Raises:
+        InputError: the file cannot be read or is not JSON; named ``source`` (default: the path).
+    """
+    where = source if source is not None else str(path)
+    try:
+        text = (Path(path) if isinstance(path, str) else path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(where, exc.strerror or "cannot read") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(where, f"not JSON: {exc.msg} at line {exc.lineno}") from None
+
+
+def hardware_profile_names() -> list[str]:
+    """Names of the bundled hardware profiles (``data/hardware/*.toml``), sorted."""
+    folder = files("servescope").joinpath(*HARDWARE_DIR)
+    return sorted(p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml"))
