@@ -3,12 +3,30 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 
 from servescope.cli.common import fail, gpu_app
+
+T = TypeVar("T")
+
+
+def _show(query: Callable[..., T], render: Callable[[T, Console], None], *, prefer: str, as_json: bool) -> None:
+    """Run one GPU query (a failure is one line, exit 2), then print its record as JSON or a table."""
+    from servescope.gpu.errors import GpuQueryError, GpuUnavailable
+    from servescope.report.gpu import encode_dataclass
+
+    try:
+        record: Any = query(prefer=prefer)
+    except (GpuUnavailable, GpuQueryError, ValueError) as exc:
+        fail(str(exc))
+    if as_json:
+        sys.stdout.buffer.write(encode_dataclass(record))
+    else:
+        render(record, Console(highlight=False))
 
 
 @gpu_app.command("list")
@@ -17,18 +35,10 @@ def gpu_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print the snapshot as JSON.")] = False,
 ) -> None:
     """GPUs, their memory, PCIe link and the processes holding memory (NVML, else nvidia-smi)."""
-    from servescope.gpu.errors import GpuQueryError, GpuUnavailable
     from servescope.gpu.inventory import take_snapshot
-    from servescope.report.gpu import encode_dataclass, render_snapshot
+    from servescope.report.gpu import render_snapshot
 
-    try:
-        snapshot = take_snapshot(prefer=prefer)
-    except (GpuUnavailable, GpuQueryError, ValueError) as exc:
-        fail(str(exc))
-    if as_json:
-        sys.stdout.buffer.write(encode_dataclass(snapshot))
-    else:
-        render_snapshot(snapshot, Console(highlight=False))
+    _show(take_snapshot, render_snapshot, prefer=prefer, as_json=as_json)
 
 
 @gpu_app.command("topo")
@@ -37,18 +47,10 @@ def gpu_topo(
     as_json: Annotated[bool, typer.Option("--json", help="Print the topology as JSON.")] = False,
 ) -> None:
     """Per GPU pair NVLink or the PCIe path and P2P; each GPU's PCIe link and CPU/NUMA affinity; a verdict."""
-    from servescope.gpu.errors import GpuQueryError, GpuUnavailable
     from servescope.gpu.topology import read_topology
-    from servescope.report.gpu import encode_dataclass, render_topology
+    from servescope.report.gpu import render_topology
 
-    try:
-        report = read_topology(prefer=prefer)
-    except (GpuUnavailable, GpuQueryError, ValueError) as exc:
-        fail(str(exc))
-    if as_json:
-        sys.stdout.buffer.write(encode_dataclass(report))
-    else:
-        render_topology(report, Console(highlight=False))
+    _show(read_topology, render_topology, prefer=prefer, as_json=as_json)
 
 
 @gpu_app.command("holders")
@@ -57,18 +59,10 @@ def gpu_holders(
     as_json: Annotated[bool, typer.Option("--json", help="Print the holders as JSON.")] = False,
 ) -> None:
     """Processes holding GPU memory, per GPU: pid, user, MiB, command line (secrets redacted), and the total."""
-    from servescope.gpu.errors import GpuQueryError, GpuUnavailable
     from servescope.gpu.holders import read_gpu_holders
-    from servescope.report.gpu import encode_dataclass, render_holders
+    from servescope.report.gpu import render_holders
 
-    try:
-        report = read_gpu_holders(prefer=prefer)
-    except (GpuUnavailable, GpuQueryError, ValueError) as exc:
-        fail(str(exc))
-    if as_json:
-        sys.stdout.buffer.write(encode_dataclass(report))
-    else:
-        render_holders(report, Console(highlight=False))
+    _show(read_gpu_holders, render_holders, prefer=prefer, as_json=as_json)
 
 
 @gpu_app.command("wait-free")
