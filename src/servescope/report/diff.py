@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import msgspec
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from servescope.core.diff import CategoryDelta, DiffDoc
+from servescope.report.jsonout import encode_document
 from servescope.report.tables import format_us
 
 __all__ = ["encode_diff", "render_diff"]
@@ -15,7 +15,7 @@ __all__ = ["encode_diff", "render_diff"]
 
 def encode_diff(doc: DiffDoc) -> bytes:
     """The diff document as indented JSON ending in a newline."""
-    return msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n"
+    return encode_document(doc)
 
 
 def _pct(delta: CategoryDelta) -> str:

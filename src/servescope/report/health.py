@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import msgspec
 from rich.console import Console
 from rich.text import Text
 
-from servescope.core.errors import InputError
 from servescope.core.health import HEALTH_SCHEMA, HealthResult
+from servescope.report.jsonout import decode_document, encode_document
 
 __all__ = ["decode_health", "encode_health", "render_health"]
 
@@ -18,7 +17,7 @@ _PHASE_STYLE = {"ready": "bold green", "loading": "yellow", "unreachable": "yell
 
 def encode_health(result: HealthResult) -> bytes:
     """The result as indented UTF-8 JSON ending in a newline; ``None`` is ``null``."""
-    return msgspec.json.format(msgspec.json.encode(result), indent=2) + b"\n"
+    return encode_document(result)
 
 
 def decode_health(data: bytes, source: str) -> HealthResult:
@@ -27,13 +26,7 @@ def decode_health(data: bytes, source: str) -> HealthResult:
     Raises:
         InputError: ``data`` is not a ``servescope.health`` document.
     """
-    try:
-        result = msgspec.json.decode(data, type=HealthResult)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise InputError(source, f"not a servescope health result ({exc})") from None
-    if result.schema != HEALTH_SCHEMA:
-        raise InputError(source, f"not a servescope health result (schema is {result.schema!r})")
-    return result
+    return decode_document(data, HealthResult, schema=HEALTH_SCHEMA, source=source, what="health result")
 
 
 def render_health(result: HealthResult, console: Console) -> None:

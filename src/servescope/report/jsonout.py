@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import msgspec
 
 from servescope.core.analysis import SCHEMA_VERSION, AnalysisDoc
 from servescope.core.errors import InputError
 
-__all__ = ["decode_analysis", "encode_analysis"]
+__all__ = ["decode_analysis", "decode_document", "encode_analysis", "encode_document"]
+
+D = TypeVar("D")
 
 _SCHEMA = "servescope.analysis"
 
@@ -19,9 +23,29 @@ class _Header(msgspec.Struct):
     schema_version: object = None
 
 
+def encode_document(doc: object) -> bytes:
+    """Any result document as UTF-8 JSON, indented by 2 spaces, ending in a newline; ``None`` is ``null``."""
+    return msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n"
+
+
+def decode_document(data: bytes, kind: type[D], *, schema: str, source: str, what: str) -> D:
+    """A ``kind`` document saved by :func:`encode_document`, whose ``schema`` field must be ``schema``.
+
+    Raises:
+        InputError: ``data`` is not such a document; the line names ``source`` and ``what`` it should be.
+    """
+    try:
+        doc = msgspec.json.decode(data, type=kind)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise InputError(source, f"not a servescope {what} ({exc})") from None
+    if getattr(doc, "schema", None) != schema:
+        raise InputError(source, f"not a servescope {what} (schema is {getattr(doc, 'schema', None)!r})")
+    return doc
+
+
 def encode_analysis(doc: AnalysisDoc) -> bytes:
     """The document as UTF-8 JSON, indented by 2 spaces, ending in a newline; ``None`` is ``null``."""
-    return msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n"
+    return encode_document(doc)
 
 
 def decode_analysis(data: bytes, source: str) -> AnalysisDoc:

@@ -10,6 +10,7 @@ import msgspec
 from rich.console import Console
 
 from servescope.core.analysis import AnalysisDoc
+from servescope.report.jsonout import encode_document
 
 __all__ = ["encode_profile", "render_capture"]
 
@@ -21,7 +22,7 @@ def encode_profile(doc: AnalysisDoc, trace_files: Sequence[Path], *,
     body["trace_files"] = [str(p) for p in trace_files]
     if capture is not None:
         body["profile"] = dict(capture)
-    return msgspec.json.format(msgspec.json.encode(body), indent=2) + b"\n"
+    return encode_document(body)
 
 
 def render_capture(console: Console, *, url: str, model: str, batch: int, output_tokens: int, input_tokens: int,

@@ -9,13 +9,12 @@ import html
 import io
 from typing import Any
 
-import msgspec
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from servescope.core.errors import InputError
 from servescope.core.serve import DEFINITIONS, SERVE_SCHEMA, Dist, ServePoint, ServeResult
+from servescope.report.jsonout import decode_document, encode_document
 
 __all__ = [
     "compare_points",
@@ -35,7 +34,7 @@ _FIGURES = (("TTFT", "ttft_ms", "ttft_ms_mean"), ("TPOT", "tpot_ms", "tpot_ms_me
 
 def encode_serve(result: ServeResult) -> bytes:
     """The result as indented UTF-8 JSON ending in a newline; ``None`` is ``null``."""
-    return msgspec.json.format(msgspec.json.encode(result), indent=2) + b"\n"
+    return encode_document(result)
 
 
 def decode_serve(data: bytes, source: str) -> ServeResult:
@@ -44,13 +43,7 @@ def decode_serve(data: bytes, source: str) -> ServeResult:
     Raises:
         InputError: ``data`` is not a ``servescope.bench_serve`` document.
     """
-    try:
-        result = msgspec.json.decode(data, type=ServeResult)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise InputError(source, f"not a servescope bench serve result ({exc})") from None
-    if result.schema != SERVE_SCHEMA:
-        raise InputError(source, f"not a servescope bench serve result (schema is {result.schema!r})")
-    return result
+    return decode_document(data, ServeResult, schema=SERVE_SCHEMA, source=source, what="bench serve result")
 
 
 def point_label(point: ServePoint) -> str:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import sys
 
-import msgspec
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from servescope.core.settings import SettingsDoc
+from servescope.report.jsonout import encode_document
 
 __all__ = ["encode_settings", "render_settings", "settings_console"]
 
@@ -23,7 +23,7 @@ _PIPE_WIDTH = 100_000  # wide enough that no row of a real unit wraps when piped
 
 def encode_settings(doc: SettingsDoc) -> bytes:
     """The document as indented UTF-8 JSON ending in a newline; ``None`` is ``null``."""
-    return msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n"
+    return encode_document(doc)
 
 
 def settings_console() -> Console:
