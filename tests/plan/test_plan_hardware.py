@@ -57,7 +57,7 @@ def test_extra_keys_and_both_interconnect_spellings(tmp_path: Path) -> None:
     bare.write_text("memory_gb = 48\nhbm_gbps = 864\n", encoding="utf-8")
     hw = load_hardware(bare)  # no NVLink, no PCIe figure: PCIe Gen4 x16, 64 GB/s bidirectional
     assert (hw.interconnect, hw.p2p_gbps) == ("pcie", 32.0)
-    assert hw.kernel_floor_us == {}  # no floors: not known, not 0
+    assert hw.kernel_floor_us == {} and hw.other_floor_us(16) is None  # no floors: not known, not 0
 
 
 @pytest.mark.parametrize(("text", "words"), [
@@ -67,6 +67,9 @@ def test_extra_keys_and_both_interconnect_spellings(tmp_path: Path) -> None:
     ("memory_gb = [\n", "not TOML"),
     ("memory_gb = 1\nhbm_gbps = 1\n[kernel_floor_us]\nlaunch = 2.0\n", "kernel_floor_us: unknown kind 'launch'"),
     ("memory_gb = 1\nhbm_gbps = 1\n[kernel_floor_us]\nother = -1\n", "other: expected a number"),
+    ('memory_gb = 1\nhbm_gbps = 1\n[other_floor_by_batch_us]\n"0" = 1.0\n', "'0' is not a batch size"),
+    ('memory_gb = 1\nhbm_gbps = 1\n[other_floor_by_batch_us]\nb16 = 1.0\n', "'b16' is not a batch size"),
+    ('memory_gb = 1\nhbm_gbps = 1\n[other_floor_by_batch_us]\n"16" = "fast"\n', "16: expected a number"),
 ])
 def test_bad_profiles_name_the_file(tmp_path: Path, text: str, words: str) -> None:
     path = tmp_path / "bad.toml"

@@ -14,7 +14,12 @@ The step model (:mod:`servescope.plan.cost`) writes each of weights, attention a
 - attention: ``X`` = the model's KV-read time at efficiency 1 (∝ batch × context), ``slope = 1 /
   attention_efficiency``, ``fixed = attention_fixed_us``;
 - other: ``X`` = running requests, ``slope = us_per_request``, ``fixed = (us_per_step + us_per_layer ×
-  layers) × other_scale``;
+  layers) × other_scale``, plus, when the hardware profile has measured kernel floors, ``other_calls`` =
+  the capture's small "other" kernels per step, each at the profile's floor *at the predicted batch*
+  (``HardwareProfile.other_floor_us``: a decoder layer's norms, rotary, residual adds and SiLU, timed at
+  several batch sizes by ``tools/bench_kernel_floor.py``). Those kernels move activation-sized bytes, far
+  below what HBM moves in a floor's time, so their time follows the floor curve and not the request count;
+  the fits below see other *less* ``other_calls × floor(batch)`` (written *other′*);
 - collectives: ``collective_scale = measured / modelled`` (curve or α-β times at the capture's sizes).
 
 Two unknowns per part cannot come from one number, so what is fitted depends on what the capture shows
@@ -22,19 +27,19 @@ Two unknowns per part cannot come from one number, so what is fitted depends on 
 
 1. ``steps at several batches``: the capture's own decode steps ran at two or more batch sizes (a staggered
    workload: requests arrive and finish at different steps), each with at least ``MIN_GROUP_STEPS`` steps.
-   Fixed time and slope of each part are fitted by least squares over those batch groups (weighted by
-   their step counts). A part whose ``X`` does not change between the groups (a dense model's weights), or
-   whose fitted slope or fixed time comes out negative, falls back to rule 2 for that part.
+   Fixed time and slope of each part (other′ for other) are fitted by least squares over those batch
+   groups (weighted by their step counts). A part whose ``X`` does not change between the groups (a dense
+   model's weights), or whose fitted slope or fixed time comes out negative, falls back to rule 2 for it.
 2. ``one batch of 1``: one request per step cannot tell per-step from per-request costs. The slopes stay as
    assumed (``hbm_efficiency``, ``attention_efficiency``, ``us_per_request`` from ``data/plan.toml``) and
-   the fixed times are fitted: ``fixed = measured − slope × X``. A batch-dependent cost the model does not
-   know (an engine that copies its whole KV cache every step, per-request host work) is then missed at
-   larger batches; calibrate from a capture at a batch above 1 to see it.
+   the fixed times are fitted: ``fixed = measured − slope × X`` (other′ for other). A batch-dependent cost
+   the model does not know (an engine that copies its whole KV cache every step, per-request host work) is
+   then missed at larger batches; calibrate from a capture at a batch above 1 to see it.
 3. ``one batch above 1``: the fixed times of attention and other come from data, the slopes are fitted from
    the rest. Fixed attention = the hardware profile's measured ``kernel_floor_us.attention`` × the
-   capture's attention calls per step; fixed other = ``kernel_floor_us.other`` × the capture's other calls
-   per step + the capture's idle time per step (the host's gap around each step, which a CUDA-graph
-   decode pays once per step). Weights keep rule 2: their bytes follow from the config and their slope from
+   capture's attention calls per step; fixed other′ = the capture's idle time per step (the gaps between
+   the kernels of a step and around it, which do not grow with the batch), the small kernels being in
+   ``other_calls`` already. Weights keep rule 2: their bytes follow from the config and their slope from
    the HBM rate, so the capture sets only the GEMM floors. A profile without floors gives fixed attention
    0 and fixed other = the idle time (noted). If a part's measured time is at or below its floors, rule 2
    applies to it.
@@ -220,7 +225,15 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
     if host_bound:
         measured["other"] = max(0.0, measured["other"] - idle)
     at_batch = modelled(batch)
+    calls = _calls(phase)
     base_other = f.us_per_step + f.us_per_layer * arch.layers
+    floors = hw.kernel_floor_us
+
+    def small_kernels(b: int) -> float:  # µs of the capture's small "other" kernels at the floor of batch b
+        return calls["other"] * (hw.other_floor_us(b) or 0.0)
+
+    measured_other = measured["other"]
+    measured["other"] = max(0.0, measured_other - small_kernels(batch))
     prior = {"weights": 1.0 / f.hbm_efficiency, "attention": 1.0 / f.attention_efficiency,
              "other": f.us_per_request}
     fits: dict[str, tuple[float, float]] = {}  # part -> (fixed µs, slope)
@@ -239,6 +252,7 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
         xs = {b: modelled(b) for b, _, _ in groups}
         for b, n, parts in groups:
             points.append({"batch": b, "steps": n, "measured_ms": {k: v / 1e3 for k, v in parts.items()}})
+            parts["other"] = max(0.0, parts["other"] - small_kernels(b))
         for part in ("weights", "attention", "other"):
             line = _line([(xs[b][part], parts[part], float(n)) for b, n, parts in groups])
             fits[part] = line if line is not None else by_rule_2(part)
@@ -252,14 +266,12 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
                      "them); a capture at a larger batch fits them")
     else:
         mode = MODES[2]
-        calls = _calls(phase)
-        floors = hw.kernel_floor_us
         for kind in ("attention", "other"):
             if kind not in floors:
                 notes.append(f"the hardware profile has no kernel_floor_us.{kind}: fixed {kind} time taken as "
                              f"{'the idle time' if kind == 'other' else '0'}")
         fixed0 = {"attention": calls["attention"] * floors.get("attention", 0.0),
-                  "other": calls["other"] * floors.get("other", 0.0) + (0.0 if host_bound else idle)}
+                  "other": 0.0 if host_bound else idle}
         fits["weights"] = by_rule_2("weights")
         for part in ("attention", "other"):
             m, x = measured[part], at_batch[part]
@@ -282,6 +294,8 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
     if base_other > 0:
         fitted["other_scale"] = fixed / base_other
     fitted["us_per_request"] = slope
+    if hw.other_floor_us(1) is not None:
+        fitted["other_calls"] = calls["other"]
     m, p = measured["collectives"], at_batch["collectives"]
     if m > 0 and p > 0:
         fitted["collective_scale"] = m / p
@@ -295,6 +309,7 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
     if fitted.get("hbm_efficiency", 0.0) > 1.0:
         notes.append("hbm_efficiency above 1: the capture read weights faster than the profile's HBM rate "
                      "(another device, or a cache-resident model)")
+    measured["other"] = measured_other
     return Calibration(path=source, rank=rank.rank, tp=tp, batch=batch, context=ctx, mode=mode,
                        measured_ms={k: v / 1e3 for k, v in measured.items()},
                        modelled_ms={**{k: at_batch[k] / 1e3 for k in ("weights", "attention", "collectives")},

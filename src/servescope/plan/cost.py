@@ -12,9 +12,12 @@ token a request sees. Four parts, added without overlap:
   per attention rank × context × KV bytes per token per layer (MLA: ``kv_lora_rank + qk_rope_head_dim``
   elements) × layers ÷ (HBM GB/s × ``attention_efficiency``).
 - **collectives**: Σ count × time of one op (curve or α-β, :mod:`servescope.plan.collectives`).
-- **other**: ``(us_per_step + us_per_layer × layers) × other_scale + us_per_request × requests`` (requests
-  per attention rank); when a launch-bound capture calibrated ``host_step_us`` (the host's time to launch a
-  step), other grows so that the step is never shorter than it: the device waits for the host.
+- **other**: ``(us_per_step + us_per_layer × layers) × other_scale + other_calls × floor(requests) +
+  us_per_request × requests`` (requests per attention rank; ``floor`` = the hardware profile's measured
+  duration of one small kernel at that batch, :meth:`~servescope.plan.hardware.HardwareProfile.other_floor_us`;
+  ``other_calls`` is 0 until calibrated); when a launch-bound capture calibrated ``host_step_us`` (the
+  host's time to launch a step), other grows so that the step is never shorter than it: the device waits
+  for the host.
 
 Collectives per step, counted along one token's path (``T`` = tokens per microbatch, ``h`` = hidden ×
 activation bytes):
@@ -223,6 +226,8 @@ def predict_point(arch: ModelArch, layout: Layout, hw: HardwareProfile, comm: Co
     if colls and f.origins.get("collective_scale") == "calibrated":
         coll_origins.append("calibrated")
     other_us = (f.us_per_step + f.us_per_layer * arch.layers) * f.other_scale + f.us_per_request * attn_requests
+    if f.other_calls:
+        other_us += f.other_calls * (hw.other_floor_us(attn_requests) or 0.0)
 
     device_us = weights_us + attention_us + sum(coll_ms.values()) * 1e3 + other_us
     other_us += max(0.0, f.host_step_us - device_us)  # a launch-bound step: the device idles until the host is done
@@ -236,7 +241,8 @@ def predict_point(arch: ModelArch, layout: Layout, hw: HardwareProfile, comm: Co
         "weights": sorted({hw.quality, *marks("hbm_efficiency", "tflops_efficiency", "weights_fixed_us")}),
         "attention": sorted({hw.quality, *marks("attention_efficiency", "kv_bytes", "attention_fixed_us")}),
         "collectives": coll_origins,
-        "other": marks("us_per_layer", "us_per_step", "other_scale", "us_per_request", "host_step_us"),
+        "other": marks("us_per_layer", "us_per_step", "other_scale", "us_per_request", "host_step_us",
+                       "other_calls"),
     }
     per_gpu_requests = math.ceil(batch / layout.dp) if layout.kind == "dp_ep" else batch
     return PointCost(

@@ -17,7 +17,7 @@ __all__ = ["FACTOR_NAMES", "Factors", "default_factors"]
 
 # Factors --calibrate can fit (the rest stay as assumed).
 FACTOR_NAMES = ("hbm_efficiency", "attention_efficiency", "collective_scale", "other_scale", "weights_fixed_us",
-                "attention_fixed_us", "us_per_request", "host_step_us")
+                "attention_fixed_us", "us_per_request", "host_step_us", "other_calls")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +33,9 @@ class Factors:
         other_scale: multiplies the fixed "other" time (``us_per_step + us_per_layer × layers``).
         us_per_layer, us_per_step: the "other" time per decoder layer and per step, µs.
         us_per_request: the "other" time per running request and step, µs.
+        other_calls: small "other" kernels per step (norms, rotary, residual adds, …), each costing the
+            hardware profile's floor at the step's batch (``HardwareProfile.other_floor_us``); 0 (their
+            time is in ``us_per_layer``) until calibrated.
         weights_fixed_us, attention_fixed_us: per-step time of the weights and attention parts that does not
             depend on the bytes read (kernel floors × calls), µs; 0 until calibrated.
         host_step_us: the host's time to launch one step of a launch-bound engine (eager PyTorch), µs: the
@@ -53,6 +56,7 @@ class Factors:
     us_per_layer: float
     us_per_step: float
     us_per_request: float = 0.0
+    other_calls: float = 0.0
     weights_fixed_us: float = 0.0
     attention_fixed_us: float = 0.0
     host_step_us: float = 0.0
@@ -95,4 +99,4 @@ def default_factors() -> Factors:
         kv_bytes=float(mem["kv_bytes"]))
     return Factors(**values, comm_alpha=alpha,
                    origins=dict.fromkeys([*values, "collective_scale", "other_scale", "weights_fixed_us",
-                                           "attention_fixed_us", "host_step_us"], "assumed"))
+                                           "attention_fixed_us", "host_step_us", "other_calls"], "assumed"))

@@ -20,9 +20,15 @@ Fields read (top level unless a table is named):
 - ``base_us``, ``hop_us`` (top level or in ``[interconnect]``, optional): the α terms of plan's α-β
   collective estimate; defaults by kind in ``data/plan.toml``.
 - ``[kernel_floor_us]`` (optional table, keys among ``gemm``, ``attention``, ``other``; ``source`` names where
-  they were measured): the time one small kernel of that kind takes however little it reads, µs (measured
-  with ``tools/bench_kernel_floor.py``). ``--calibrate`` uses them to split a capture's time into floors
-  and per-request work; a profile without them has none (plan says so in its notes).
+  they were measured): the duration of one small kernel of that kind however little it reads, µs, without
+  the gap between two kernels (measured with ``tools/bench_kernel_floor.py``). ``--calibrate`` uses them to
+  split a capture's time into floors and per-request work; a profile without them has none (plan says so in
+  its notes).
+- ``[other_floor_by_batch_us]`` (optional table, batch size → µs, e.g. ``"16" = 1.93``): the mean duration of
+  a decoder layer's small activation-sized kernels (norms, rotary, residual adds, SiLU, KV-cache writes) at
+  that many requests, from the same benchmark. Between two measured batches the floor is interpolated
+  linearly, outside them held at the nearest; without the table it is ``kernel_floor_us.other`` at every
+  batch.
 
 Other keys (``p2p``, ``nvlink_multicast``, ``pcie_gen``, ``tdp_w``, …) are ignored.
 
@@ -72,6 +78,8 @@ class HardwareProfile:
         kernel_floor_us: per kernel kind (``gemm``, ``attention``, ``other``), the measured time of one
             small kernel, µs; a kind absent is not known.
         kernel_floor_source: where the floors were measured.
+        other_floor_by_batch_us: batch size → mean duration of a decoder layer's small kernels, µs; empty
+            when not measured.
     """
 
     name: str
@@ -91,6 +99,23 @@ class HardwareProfile:
     hop_us: float | None = None
     kernel_floor_us: dict[str, float] = field(default_factory=dict)
     kernel_floor_source: str = ""
+    other_floor_by_batch_us: dict[int, float] = field(default_factory=dict)
+
+    def other_floor_us(self, batch: int) -> float | None:
+        """The duration of one small "other" kernel at ``batch`` requests, µs; ``None`` when not measured.
+
+        Linear between the two measured batches around ``batch``, the nearest one's outside them, and
+        ``kernel_floor_us.other`` at every batch when the profile has no ``[other_floor_by_batch_us]``.
+        """
+        curve = sorted(self.other_floor_by_batch_us.items())
+        if not curve:
+            return self.kernel_floor_us.get("other")
+        if batch <= curve[0][0]:
+            return curve[0][1]
+        for (b0, f0), (b1, f1) in zip(curve, curve[1:], strict=False):
+            if batch <= b1:
+                return f0 + (f1 - f0) * (batch - b0) / (b1 - b0)
+        return curve[-1][1]
 
     def tflops_for(self, dtype: str) -> float | None:
         """Dense TFLOP/s for weights of ``dtype`` (int4/fp8 labels map to their math type), ``None`` if unknown.
@@ -184,8 +209,16 @@ def _profile_from_text(text: str, where: str, *, default_name: str) -> HardwareP
     if bad:
         raise InputError(where, f"kernel_floor_us: unknown kind {bad[0]!r}; kinds: {', '.join(FLOOR_KINDS)}")
     floor_us = {k: _number(floors, k, f"{where}: kernel_floor_us") for k in FLOOR_KINDS if k in floors}
+    by_batch = data.get("other_floor_by_batch_us", {})
+    if not isinstance(by_batch, dict):
+        raise InputError(where, "other_floor_by_batch_us: expected a table of batch = µs")
+    curve: dict[int, float] = {}
+    for key in by_batch:
+        if not (isinstance(key, str) and key.isdigit() and int(key) >= 1):
+            raise InputError(where, f"other_floor_by_batch_us: {key!r} is not a batch size (an integer >= 1)")
+        curve[int(key)] = _number(by_batch, key, f"{where}: other_floor_by_batch_us")
     return HardwareProfile(
-        kernel_floor_us=floor_us, kernel_floor_source=_text(floors, "source", where, ""),
+        kernel_floor_us=floor_us, other_floor_by_batch_us=curve, kernel_floor_source=_text(floors, "source", where, ""),
         name=_text(data, "name", where, default_name), gpu=_text(data, "gpu", where, default_name),
         quality=_text(data, "quality", where, "datasheet"), source=_text(data, "source", where, where),
         match=tuple(match), memory_gb=memory, hbm_gbps=hbm, nvlink_gbps=nvlink, pcie_gbps=pcie,
