@@ -20,7 +20,7 @@ import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -57,15 +57,33 @@ class Rule:
     category: str
     patterns: tuple[str, ...]
     ignore_case: bool
-    pattern: re.Pattern[str]
     kinds: frozenset[str]
     note: str
     source: str
     index: int
 
+    @property
+    def flags(self) -> int:
+        return re.IGNORECASE if self.ignore_case else 0
 
-# A rule as classify tests it: (category, ignore_case, plain-text patterns, other regexes, whole pattern).
-_Matcher = tuple[str, bool, tuple[str, ...], tuple[re.Pattern[str], ...], re.Pattern[str]]
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        """The patterns joined into one regex, compiled on first use (classify rarely needs it)."""
+        return _joined(self.patterns, self.flags)
+
+
+@cache
+def _joined(patterns: tuple[str, ...], flags: int) -> re.Pattern[str]:
+    return re.compile("|".join(f"(?:{text})" for text in patterns), flags)
+
+
+def _is_literal(text: str) -> bool:
+    """A pattern with no regex syntax: found with ``in``, never compiled."""
+    return re.escape(text) == text and text.isascii()
+
+
+# A rule as classify tests it: (category, ignore_case, plain-text patterns, other regexes, the rule).
+_Matcher = tuple[str, bool, tuple[str, ...], tuple[re.Pattern[str], ...], Rule]
 
 
 def _matcher(rule: Rule) -> _Matcher:
@@ -79,11 +97,11 @@ def _matcher(rule: Rule) -> _Matcher:
     literals: list[str] = []
     regexes: list[re.Pattern[str]] = []
     for text in rule.patterns:
-        if re.escape(text) == text and text.isascii():
+        if _is_literal(text):
             literals.append(text.lower() if rule.ignore_case else text)
         else:
-            regexes.append(re.compile(text, rule.pattern.flags))
-    return rule.category, rule.ignore_case, tuple(literals), tuple(regexes), rule.pattern
+            regexes.append(re.compile(text, rule.flags))
+    return rule.category, rule.ignore_case, tuple(literals), tuple(regexes), rule
 
 
 @dataclass(frozen=True)
@@ -125,11 +143,11 @@ class Taxonomy:
         if matchers is None:
             raise ValueError(f"kind {kind!r} is not one of: {', '.join(_KINDS)}")
         folded = name.lower() if name.isascii() else None
-        for category, ignore_case, literals, regexes, whole in matchers:
+        for category, ignore_case, literals, regexes, rule in matchers:
             text = name
             if ignore_case:
                 if folded is None:  # not ASCII: lower() is not IGNORECASE there
-                    if whole.search(name) is not None:
+                    if rule.pattern.search(name) is not None:
                         return category
                     continue
                 text = folded
@@ -302,19 +320,23 @@ def _merge_categories(builtin: Mapping[str, str], user: Mapping[str, str], sourc
 
 
 def _compile_rule(raw: _RawRule, source: str, categories: Mapping[str, str]) -> Rule:
+    """The rule, its regexes checked (plain-text patterns need no check)."""
     where = f"rule {raw.index}: "
     if raw.category not in categories:
         raise InputError(source, f"{where}category {raw.category!r} is not declared in [categories]")
     flags = re.IGNORECASE if raw.ignore_case else 0
     for text in raw.patterns:
+        if _is_literal(text):
+            continue
         try:
             compiled = re.compile(text, flags)
         except re.error as exc:
             raise InputError(source, f"{where}bad regex {text!r}: {exc}") from None
         if compiled.flags & _INLINE_FLAGS & ~flags:
             raise InputError(source, f"{where}bad regex {text!r}: {_NO_INLINE_FLAGS}")
-    try:
-        pattern = re.compile("|".join(f"(?:{text})" for text in raw.patterns), flags)
-    except re.error:
-        raise InputError(source, f"{where}bad regex: {_NO_INLINE_FLAGS}") from None
-    return Rule(raw.category, raw.patterns, raw.ignore_case, pattern, raw.kinds, raw.note, source, raw.index)
+    if source != _BUILTIN_SOURCE:  # a user's patterns must also join into one regex
+        try:
+            _joined(raw.patterns, flags)
+        except re.error:
+            raise InputError(source, f"{where}bad regex: {_NO_INLINE_FLAGS}") from None
+    return Rule(raw.category, raw.patterns, raw.ignore_case, raw.kinds, raw.note, source, raw.index)
