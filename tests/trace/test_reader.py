@@ -67,7 +67,7 @@ def test_bare_list_form_reads_like_object_form(tmp_path: Path) -> None:
 
 def test_chunked_decoding_equals_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Large traces are decoded in chunks; forcing tiny chunks must not change a single number."""
-    import servescope.trace.reader as reader
+    import servescope.trace.decode as reader
 
     path = all_shared_traces()[0].parent.parent / "hta" / "nccl_allreduce_2rank_rank0.json.gz"
     whole = read_trace(path)
@@ -81,7 +81,7 @@ def test_chunked_decoding_equals_whole(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_minified_trace_with_tricky_strings_falls_back_to_whole_decode(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    import servescope.trace.reader as reader
+    import servescope.trace.decode as reader
 
     events = [{"ph": "X", "cat": "kernel", "name": f"k}},{{{i}", "ts": float(i), "dur": 1.0,
                "args": {"correlation": i}} for i in range(4000)]
@@ -111,7 +111,7 @@ def test_collective_message_bytes_from_kineto_args() -> None:
 def test_streamed_reading_equals_whole(name: str, compressed: bool, inflate_as_stream: bool, tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Big traces are decoded block by block from the file; tiny blocks must not change a number."""
-    import servescope.trace.reader as reader
+    import servescope.trace.decode as reader
 
     source = TRACES / name
     path = source if compressed else tmp_path / "plain.pt.trace.json"
@@ -133,7 +133,7 @@ def test_streamed_reading_equals_whole(name: str, compressed: bool, inflate_as_s
 
 
 def test_streaming_a_truncated_gzip_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import servescope.trace.reader as reader
+    import servescope.trace.decode as reader
     from servescope.core.errors import InputError
 
     raw = (TRACES / "hta/nccl_allreduce_2rank_rank0.json.gz").read_bytes()

@@ -80,9 +80,8 @@ def analyze(paths: list[Path] | None, example: bool, example_name: str | None, a
     Reads torch.profiler traces as vLLM, SGLang and plain PyTorch write them (one file per rank; vLLM's
     front-end trace is recognised), finds the steps, and breaks their device time down by category.
     """
-    from servescope.report.jsonout import encode_analysis
-    from servescope.trace.analyze import AnalyzeRequest, example_trace_dir
-    from servescope.trace.analyze import analyze as run_analysis
+    from servescope.trace.files import discover_traces, example_trace_dir
+    from servescope.trace.readahead import ReadAhead
 
     with user_errors():
         chosen = list(paths or [])
@@ -90,10 +89,18 @@ def analyze(paths: list[Path] | None, example: bool, example_name: str | None, a
             chosen.append(example_trace_dir(example_name) if example_name is not None else example_trace_dir())
         if not chosen:
             fail("give trace files or directories, or --example")
-        request = AnalyzeRequest(paths=chosen, taxonomy=taxonomy, step_gap_us=step_gap_us)
-        doc = with_progress(as_json, lambda progress: run_analysis(request, progress=progress))
+        # The traces start decoding in child processes now, while this one imports the analysis.
+        with ReadAhead(discover_traces(chosen), min_files=1) as read_ahead:
+            from servescope.trace.analyze import AnalyzeRequest
+            from servescope.trace.analyze import analyze as run_analysis
+
+            request = AnalyzeRequest(paths=chosen, taxonomy=taxonomy, step_gap_us=step_gap_us)
+            doc = with_progress(as_json, lambda progress: run_analysis(request, progress=progress,
+                                                                      read_ahead=read_ahead))
         write_outputs(doc, json_out=output, html_out=html)
     if as_json:
+        from servescope.report.jsonout import encode_analysis
+
         sys.stdout.buffer.write(encode_analysis(doc) + b"\n")
         return
     from rich.console import Console

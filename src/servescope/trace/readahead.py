@@ -1,0 +1,219 @@
+"""Trace files decoded in forked child processes while the caller goes on with other work.
+
+Decoding a trace is CPU work in one thread (msgspec holds the GIL), and so is importing numpy and the
+analysis modules; with two or more cores they can run at once. :class:`ReadAhead` forks its children
+*before* its caller imports anything heavy (this module imports only the standard library); each imports
+just the decoder (:mod:`servescope.trace.decode`) and sends what it decodes back through a pipe, one pickle
+at a time, read by a thread per child so that no child waits on a full pipe.
+
+Up to one child per core is started, each decoding its share of the files, biggest first; one file gets
+one child, which decodes it while the caller imports. (Sharing one file's blocks between the child and the
+caller was tried: the caller must inflate the file again to help, which costs what its help saves.)
+
+It never changes a result, only when it is computed: if ``fork`` is missing, the caller already runs other
+threads (forking those is unsafe), the machine has one core, a child cannot be started or dies, or a file
+fails in any way other than an ``InputError`` (which the child sends back), what was not delivered is decoded
+in the caller's process by :meth:`ReadAhead.take`, exactly as without read-ahead.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:
+    from servescope.trace.decode import DecodedTrace
+
+__all__ = ["ReadAhead", "usable_cores"]
+
+def usable_cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@dataclass(slots=True)
+class _Child:
+    pid: int
+    fd: int
+    paths: list[Path]
+    reader: threading.Thread | None = None
+    ended: bool = False  # its pipe reached the end: whatever it did not send, it never will
+
+
+@dataclass(slots=True)
+class _Outcome:
+    trace: DecodedTrace | None = None
+    error: tuple[str, str] | None = None  # an InputError's (source, problem)
+
+
+@dataclass
+class ReadAhead:
+    """Decode ``paths`` in child processes (up to ``jobs``, default one per usable core), starting now.
+
+    Use it as a context manager, and :meth:`take` each file when needed; leaving the block stops and reaps
+    every child still running. ``min_files``: fewer files than this are not worth a process and are read in
+    :meth:`take` (the CLI passes 1, to overlap even one file with its imports).
+    """
+
+    paths: Sequence[Path]
+    jobs: int | None = None
+    min_files: int = 2
+    _children: list[_Child] = field(default_factory=list, init=False)
+    _child_of: dict[Path, _Child] = field(default_factory=dict, init=False)
+    _done: dict[Path, _Outcome] = field(default_factory=dict, init=False)
+    _ready: threading.Condition = field(default_factory=threading.Condition, init=False)
+
+    def __post_init__(self) -> None:
+        jobs = min(len(self.paths), self.jobs or usable_cores())
+        if len(self.paths) < self.min_files or jobs < 1 or not _safe_to_fork():
+            return
+        if self.jobs is None and usable_cores() < 2:
+            return
+        for share in _shares(self.paths, jobs):
+            child = _fork(share)
+            if child is None:
+                break  # its files and the rest are read in take()
+            self._children.append(child)
+            self._child_of.update(dict.fromkeys(share, child))
+        for child in self._children:  # threads only after the last fork
+            child.reader = threading.Thread(target=self._drain, args=(child,), daemon=True)
+            child.reader.start()
+
+    @property
+    def forked(self) -> int:
+        """How many child processes were started."""
+        return len(self._children)
+
+    def take(self, path: Path) -> DecodedTrace:
+        """The decoded trace at ``path``: from its child when it delivered it, else decoded here.
+
+        Raises:
+            InputError: the file is not a readable trace (as :func:`~servescope.trace.decode.decode_trace`).
+        """
+        from servescope.core.errors import InputError
+
+        child = self._child_of.get(path)
+        if child is not None:
+            with self._ready:
+                self._ready.wait_for(lambda: path in self._done or child.ended)
+                outcome = self._done.pop(path, None)
+            if outcome is not None and outcome.error is not None:
+                raise InputError(*outcome.error)
+            if outcome is not None and outcome.trace is not None:
+                return outcome.trace
+        from servescope.trace.decode import decode_trace
+
+        return decode_trace(path)
+
+    def _drain(self, child: _Child) -> None:
+        """Read the child's results as they come (a thread per child)."""
+        try:
+            with os.fdopen(child.fd, "rb") as pipe:
+                while True:
+                    index, outcome = pickle.load(pipe)
+                    with self._ready:
+                        self._done[child.paths[index]] = outcome
+                        self._ready.notify_all()
+        except Exception:  # noqa: BLE001, S110 - the end of the pipe, or a child that died mid-result: take() reads the rest
+            pass
+        finally:
+            with self._ready:
+                child.ended = True
+                self._ready.notify_all()
+
+    def close(self) -> None:
+        """Stop the children still running and reap them all."""
+        import signal
+
+        for child in self._children:
+            if not child.ended:
+                try:
+                    os.kill(child.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            try:
+                os.waitpid(child.pid, 0)
+            except ChildProcessError:
+                pass
+            if child.reader is not None:
+                child.reader.join()
+        self._children.clear()
+
+    def __enter__(self) -> ReadAhead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _safe_to_fork() -> bool:
+    return hasattr(os, "fork") and threading.active_count() == 1
+
+
+def _shares(paths: Sequence[Path], jobs: int) -> list[list[Path]]:
+    """``paths`` dealt to ``jobs`` children, biggest file first to the least loaded, each share biggest first."""
+    def size(path: Path) -> int:
+        try:
+            return path.stat().st_size
+        except OSError:
+            return 0
+
+    shares: list[list[Path]] = [[] for _ in range(jobs)]
+    load = [0] * jobs
+    for path in sorted(paths, key=size, reverse=True):
+        least = load.index(min(load))
+        shares[least].append(path)
+        load[least] += size(path)
+    return [share for share in shares if share]
+
+
+def _fork(paths: list[Path]) -> _Child | None:
+    """A child decoding ``paths`` into a pipe; None when it cannot be started."""
+    try:
+        read_end, write_end = os.pipe()
+    except OSError:
+        return None
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        return None
+    if pid == 0:  # the child: never returns, and exits without cleanup (the buffers, atexit handlers and
+        status = 1  # threads it inherited are the caller's)
+        try:
+            import gc
+
+            gc.disable()  # it makes millions of acyclic objects and lives for a moment
+            os.close(read_end)
+            with os.fdopen(write_end, "wb") as pipe:
+                _decode_files(paths, pipe)
+            status = 0
+        except BaseException:  # noqa: BLE001, S110 - anything else: the caller decodes what is missing itself
+            pass
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    return _Child(pid=pid, fd=read_end, paths=paths)
+
+
+def _decode_files(paths: list[Path], pipe: BinaryIO) -> None:
+    """The child's work: each file's trace, or the InputError that names its problem, pickled into ``pipe``."""
+    from servescope.core.errors import InputError
+    from servescope.trace.decode import decode_trace
+
+    for index, path in enumerate(paths):
+        try:
+            outcome = _Outcome(trace=decode_trace(path))
+        except InputError as exc:
+            outcome = _Outcome(error=(exc.source, exc.problem))
+        pickle.dump((index, outcome), pipe, protocol=pickle.HIGHEST_PROTOCOL)
+        pipe.flush()

@@ -1,0 +1,99 @@
+"""ReadAhead: traces decoded in forked children equal the same traces decoded here, errors included, and
+a child that dies or cannot be forked changes nothing but where the work happens."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+import servescope.trace.readahead as readahead
+from servescope.core.errors import InputError
+from servescope.trace.decode import DecodedTrace, decode_trace
+from servescope.trace.readahead import ReadAhead
+from tracefiles import TRACES
+
+FILES = [TRACES / "vllm-cpu/tp2_b4_16tok_rank0.pt.trace.json.gz",
+         TRACES / "vllm-cpu/tp2_b4_16tok_rank1.pt.trace.json.gz",
+         TRACES / "hta/nccl_allreduce_2rank_rank0.json.gz"]
+
+
+def _same(a: DecodedTrace, b: DecodedTrace) -> None:
+    assert (a.path, a.size_bytes, a.event_count, a.names) == (b.path, b.size_bytes, b.event_count, b.names)
+    for table in ("device", "cpu_ops", "launches"):
+        x, y = getattr(a, table), getattr(b, table)
+        assert (x.kind, x.name, x.ts_us, x.dur_us, x.correlation) == (y.kind, y.name, y.ts_us, y.dur_us,
+                                                                      y.correlation), table
+        assert (x.tid, x.pid, x.msg_bytes) == (y.tid, y.pid, y.msg_bytes), table
+    assert (a.annotations, a.distributed, a.metadata) == (b.annotations, b.distributed, b.metadata)
+
+
+@pytest.fixture(autouse=True)
+def _no_threads() -> None:
+    if threading.active_count() > 1:  # something earlier in this process left a thread: forking is refused
+        pytest.skip("another thread runs in this test process; ReadAhead rightly refuses to fork")
+
+
+def test_children_decode_what_this_process_decodes() -> None:
+    with ReadAhead(FILES, jobs=2) as ahead:
+        assert ahead.forked == 2
+        got = [ahead.take(path) for path in reversed(FILES)]  # in any order
+    for path, trace in zip(reversed(FILES), got, strict=True):
+        _same(trace, decode_trace(path))
+
+
+def test_one_file_is_read_ahead_only_when_asked() -> None:
+    with ReadAhead(FILES[:1]) as default:
+        assert default.forked == 0
+        _same(default.take(FILES[0]), decode_trace(FILES[0]))
+    with ReadAhead(FILES[:1], min_files=1, jobs=1) as ahead:
+        assert ahead.forked == 1
+        _same(ahead.take(FILES[0]), decode_trace(FILES[0]))
+
+
+def test_a_bad_file_raises_the_same_error_from_a_child(tmp_path: Path) -> None:
+    bad = tmp_path / "cut.pt.trace.json.gz"
+    bad.write_bytes(gzip.compress(FILES[0].read_bytes())[:5000])  # a gzip of a gzip, cut short
+    with pytest.raises(InputError) as here:
+        decode_trace(bad)
+    with ReadAhead([FILES[0], bad], jobs=2) as ahead:
+        assert ahead.forked == 2
+        with pytest.raises(InputError) as there:
+            ahead.take(bad)
+        _same(ahead.take(FILES[0]), decode_trace(FILES[0]))
+    assert (there.value.source, there.value.problem) == (here.value.source, here.value.problem)
+
+
+def test_a_child_that_dies_leaves_its_files_to_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    def die(paths: list[Path], pipe: object) -> None:
+        os._exit(3)
+
+    monkeypatch.setattr(readahead, "_decode_files", die)  # the forked children run this and die at once
+    with ReadAhead(FILES, jobs=2) as ahead:
+        assert ahead.forked == 2
+        for path in FILES:
+            _same(ahead.take(path), decode_trace(path))
+
+
+def test_no_fork_while_other_threads_run() -> None:
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        with ReadAhead(FILES, jobs=2) as ahead:
+            assert ahead.forked == 0
+            _same(ahead.take(FILES[1]), decode_trace(FILES[1]))
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_children_are_reaped_even_when_nothing_is_taken() -> None:
+    with ReadAhead(FILES, jobs=2) as ahead:
+        pids = [child.pid for child in ahead._children]
+    for pid in pids:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # already reaped: no such child any more
