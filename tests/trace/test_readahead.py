@@ -22,12 +22,13 @@ FILES = [TRACES / "vllm-cpu/tp2_b4_16tok_rank0.pt.trace.json.gz",
 
 
 def _same(a: DecodedTrace, b: DecodedTrace) -> None:
-    assert (a.path, a.size_bytes, a.event_count, a.names) == (b.path, b.size_bytes, b.event_count, b.names)
+    assert (a.path, a.size_bytes, a.event_count, a.names, a.threads) == (b.path, b.size_bytes, b.event_count,
+                                                                           b.names, b.threads)
     for table in ("device", "cpu_ops", "launches"):
         x, y = getattr(a, table), getattr(b, table)
         assert (x.kind, x.name, x.ts_us, x.dur_us, x.correlation) == (y.kind, y.name, y.ts_us, y.dur_us,
                                                                       y.correlation), table
-        assert (x.tid, x.pid, x.msg_bytes) == (y.tid, y.pid, y.msg_bytes), table
+        assert (x.thread, x.msg_bytes) == (y.thread, y.msg_bytes), table
     assert (a.annotations, a.distributed, a.metadata) == (b.annotations, b.distributed, b.metadata)
 
 

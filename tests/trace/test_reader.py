@@ -52,6 +52,10 @@ def test_event_count_and_cpu_ops_match(path: Path) -> None:
                  and not e["name"].startswith("ProfilerStep#")]
     assert len(data.cpu_ops) == len(plain_cpu)
     assert float(data.cpu_ops.dur_us.sum()) == pytest.approx(sum(float(e["dur"]) for e in plain_cpu), rel=1e-9)
+    # rows keep the trace's order, and each row's thread is its event's (pid, tid)
+    assert [data.threads[t] for t in data.cpu_ops.thread.tolist()] == [(e["pid"], e["tid"]) for e in plain_cpu]
+    plain_device = [e for e in events if e.get("ph") == "X" and e.get("cat") in DEVICE_CATS]
+    assert [data.threads[t] for t in data.device.thread.tolist()] == [(e["pid"], e["tid"]) for e in plain_device]
 
 
 def test_bare_list_form_reads_like_object_form(tmp_path: Path) -> None:

@@ -157,16 +157,15 @@ class Columns:
     ts_us: array[float] = field(default_factory=lambda: array("d"))
     dur_us: array[float] = field(default_factory=lambda: array("d"))
     correlation: array[int] = field(default_factory=lambda: array("q"))  # -1 where absent
-    tid: list[int | str] = field(default_factory=list)
-    pid: list[int | str] = field(default_factory=list)
+    thread: array[int] = field(default_factory=lambda: array("i"))  # index into DecodedTrace.threads
     msg_bytes: dict[int, int] = field(default_factory=dict)  # row -> bytes, for collectives that record it
 
     def __len__(self) -> int:
         return len(self.ts_us)
 
-    def add(self, events: list[_Event], kind: int | list[int], name_ids: list[int]) -> int:
-        """Append ``events`` (all of one kind, or a kind each) with their interned names; returns the first
-        new row."""
+    def add(self, events: list[_Event], kind: int | list[int], name_ids: list[int], thread_ids: list[int]) -> int:
+        """Append ``events`` (all of one kind, or a kind each) with their interned names and threads; returns
+        the first new row."""
         first = len(self.ts_us)
         self.kind.extend([kind] * len(events) if isinstance(kind, int) else kind)
         self.name.extend(name_ids)
@@ -174,8 +173,7 @@ class Columns:
         self.dur_us.extend([e.dur for e in events])
         self.correlation.extend([a.correlation if (a := e.args) is not None and a.correlation is not None else -1
                                  for e in events])
-        self.tid.extend([e.tid for e in events])
-        self.pid.extend([e.pid for e in events])
+        self.thread.extend(thread_ids)
         return first
 
 
@@ -187,6 +185,7 @@ class DecodedTrace:
     size_bytes: int
     event_count: int
     names: list[str]
+    threads: list[tuple[int | str, int | str]]  # (pid, tid) of each thread id the columns use
     device: Columns  # kernels, memcpy, memset
     cpu_ops: Columns  # every cpu_op (the work in traces without device events)
     launches: Columns  # runtime calls with a correlation id
@@ -212,6 +211,7 @@ class _Collector:
 
     def __init__(self) -> None:
         self._ids: defaultdict[str, int] = defaultdict(itertools.count().__next__)  # name -> id, in first-seen order
+        self._threads: defaultdict[tuple[int | str, int | str], int] = defaultdict(itertools.count().__next__)
         self.device = Columns()
         self.cpu_ops = Columns()
         self.launches = Columns()
@@ -222,9 +222,13 @@ class _Collector:
     def names(self) -> list[str]:
         return list(self._ids)  # dicts keep insertion order: position == id
 
-    def _intern(self, events: list[_Event]) -> list[int]:
-        ids = self._ids
-        return [ids[e.name] for e in events]
+    @property
+    def threads(self) -> list[tuple[int | str, int | str]]:
+        return list(self._threads)
+
+    def _add(self, table: Columns, events: list[_Event], kind: int | list[int]) -> int:
+        ids, threads = self._ids, self._threads
+        return table.add(events, kind, [ids[e.name] for e in events], [threads[e.pid, e.tid] for e in events])
 
 
     def take(self, events: list[_Event]) -> None:
@@ -238,17 +242,17 @@ class _Collector:
                     tables[table].append(e)
         device, cpu, launches, annotations = tables
         if device:
-            first = self.device.add(device, [_DEVICE_KINDS[e.cat] for e in device], self._intern(device))
+            first = self._add(self.device, device, [_DEVICE_KINDS[e.cat] for e in device])
             self._collectives(device, first)
         if cpu:
             if any(e.name.startswith("ProfilerStep#") for e in cpu):
                 steps = [e for e in cpu if e.name.startswith("ProfilerStep#")]
                 cpu = [e for e in cpu if not e.name.startswith("ProfilerStep#")]
                 self.annotations.extend(Annotation(e.name, e.ts, e.dur, e.pid, e.tid, False) for e in steps)
-            self.cpu_ops.add(cpu, KIND_CPU_OP, self._intern(cpu))
+            self._add(self.cpu_ops, cpu, KIND_CPU_OP)
         launches = [e for e in launches if e.args is not None and e.args.correlation is not None]
         if launches:
-            self.launches.add(launches, -1, self._intern(launches))
+            self._add(self.launches, launches, -1)
         self.annotations.extend(Annotation(e.name, e.ts, e.dur, e.pid, e.tid, e.cat == "gpu_user_annotation")
                                 for e in annotations)
 
@@ -678,6 +682,7 @@ def _trace_data(path: Path, size: int, sink: _Collector, header: _Header | _Whol
         size_bytes=size,
         event_count=sink.count,
         names=sink.names,
+        threads=sink.threads,
         device=sink.device,
         cpu_ops=sink.cpu_ops,
         launches=sink.launches,

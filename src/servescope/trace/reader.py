@@ -48,8 +48,7 @@ class OpTable:
     ts_us: npt.NDArray[np.float64]
     dur_us: npt.NDArray[np.float64]
     correlation: npt.NDArray[np.int64]  # -1 where absent
-    tid: list[int | str]
-    pid: list[int | str]
+    thread: npt.NDArray[np.int32]  # index into TraceData.threads
     msg_bytes: dict[int, int] = field(default_factory=dict)  # row -> bytes, for collectives that record it
 
     def __len__(self) -> int:
@@ -64,7 +63,8 @@ class OpTable:
             ts_us=np.frombuffer(columns.ts_us, dtype=np.float64),
             dur_us=np.frombuffer(columns.dur_us, dtype=np.float64),
             correlation=np.frombuffer(columns.correlation, dtype=np.int64),
-            tid=columns.tid, pid=columns.pid, msg_bytes=columns.msg_bytes,
+            thread=np.frombuffer(columns.thread, dtype=np.intc).astype(np.int32, copy=False),
+            msg_bytes=columns.msg_bytes,
         )
 
 
@@ -76,6 +76,7 @@ class TraceData:
     size_bytes: int
     event_count: int
     names: list[str]
+    threads: list[tuple[int | str, int | str]]  # (pid, tid) of each thread id the tables use
     device: OpTable  # kernels, memcpy, memset
     cpu_ops: OpTable  # every cpu_op (the work in traces without device events)
     launches: OpTable  # runtime calls with a correlation id
@@ -88,6 +89,7 @@ def to_trace_data(decoded: DecodedTrace) -> TraceData:
     """The arrays analysis works on, over ``decoded``'s columns."""
     return TraceData(
         path=decoded.path, size_bytes=decoded.size_bytes, event_count=decoded.event_count, names=decoded.names,
+        threads=decoded.threads,
         device=OpTable.of(decoded.device), cpu_ops=OpTable.of(decoded.cpu_ops), launches=OpTable.of(decoded.launches),
         annotations=decoded.annotations, distributed=decoded.distributed, metadata=decoded.metadata,
     )

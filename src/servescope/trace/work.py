@@ -35,9 +35,9 @@ class Work:
 
 def cpu_self_time(table: OpTable) -> npt.NDArray[np.float64]:
     """Self time of every ``cpu_op`` row: its duration less its direct children's on the same thread."""
-    by_thread: dict[tuple[int | str, int | str], list[int]] = defaultdict(list)
-    for row, key in enumerate(zip(table.pid, table.tid, strict=True)):
-        by_thread[key].append(row)
+    by_thread: dict[int, list[int]] = defaultdict(list)
+    for row, thread in enumerate(table.thread.tolist()):
+        by_thread[thread].append(row)
     ts = table.ts_us.tolist()
     dur = table.dur_us.tolist()
     self_us = list(dur)
