@@ -55,15 +55,18 @@ DIFF_FLAGS = (
 )
 
 
-def write_outputs(doc: object, *, json_out: Path | None, html_out: Path | None) -> None:
+def write_outputs(doc: object, *, json_out: Path | None, html_out: Path | None, encoded: bytes | None = None) -> None:
+    """Write the analysis as JSON (``encoded`` when already made) and as HTML, each atomically."""
     from servescope.core.atomic import write_bytes_atomic, write_text_atomic
 
     target = json_out
     try:
         if json_out is not None:
-            from servescope.report.jsonout import encode_analysis
+            if encoded is None:
+                from servescope.report.jsonout import encode_analysis
 
-            write_bytes_atomic(json_out, encode_analysis(doc))  # type: ignore[arg-type]
+                encoded = encode_analysis(doc)  # type: ignore[arg-type]
+            write_bytes_atomic(json_out, encoded)
         target = html_out
         if html_out is not None:
             from servescope.report.html import render_analysis_html
@@ -97,11 +100,14 @@ def analyze(paths: list[Path] | None, example: bool, example_name: str | None, a
             request = AnalyzeRequest(paths=chosen, taxonomy=taxonomy, step_gap_us=step_gap_us)
             doc = with_progress(as_json, lambda progress: run_analysis(request, progress=progress,
                                                                       read_ahead=read_ahead))
-        write_outputs(doc, json_out=output, html_out=html)
-    if as_json:
-        from servescope.report.jsonout import encode_analysis
+        encoded = None
+        if as_json or output is not None:
+            from servescope.report.jsonout import encode_analysis
 
-        sys.stdout.buffer.write(encode_analysis(doc) + b"\n")
+            encoded = encode_analysis(doc)
+        write_outputs(doc, json_out=output, html_out=html, encoded=encoded)
+    if encoded is not None and as_json:
+        sys.stdout.buffer.write(encoded + b"\n")
         return
     from rich.console import Console
 
