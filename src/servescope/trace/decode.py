@@ -167,13 +167,13 @@ class Columns:
         """Append ``events`` (all of one kind, or a kind each) with their interned names and threads; returns
         the first new row."""
         first = len(self.ts_us)
-        self.kind.extend([kind] * len(events) if isinstance(kind, int) else kind)
-        self.name.extend(name_ids)
-        self.ts_us.extend([e.ts for e in events])
-        self.dur_us.extend([e.dur for e in events])
-        self.correlation.extend([a.correlation if (a := e.args) is not None and a.correlation is not None else -1
-                                 for e in events])
-        self.thread.extend(thread_ids)
+        self.kind.fromlist([kind] * len(events) if isinstance(kind, int) else kind)  # fromlist: 2x extend
+        self.name.fromlist(name_ids)
+        self.ts_us.fromlist([e.ts for e in events])
+        self.dur_us.fromlist([e.dur for e in events])
+        self.correlation.fromlist([a.correlation if (a := e.args) is not None and a.correlation is not None else -1
+                                   for e in events])
+        self.thread.fromlist(thread_ids)
         return first
 
 
@@ -245,8 +245,8 @@ class _Collector:
             first = self._add(self.device, device, [_DEVICE_KINDS[e.cat] for e in device])
             self._collectives(device, first)
         if cpu:
-            if any(e.name.startswith("ProfilerStep#") for e in cpu):
-                steps = [e for e in cpu if e.name.startswith("ProfilerStep#")]
+            steps = [e for e in cpu if e.name.startswith("ProfilerStep#")]
+            if steps:
                 cpu = [e for e in cpu if not e.name.startswith("ProfilerStep#")]
                 self.annotations.extend(Annotation(e.name, e.ts, e.dur, e.pid, e.tid, False) for e in steps)
             self._add(self.cpu_ops, cpu, KIND_CPU_OP)
@@ -383,11 +383,14 @@ def _stream_events(source: _Readable, sink: _Collector) -> bytes:
     Only one block (``_CHUNK_BYTES``) and its decoded events are in memory at a time.
     """
     decoder = _BlockDecoder()
-    pending = source.read(_CHUNK_BYTES)
-    key = _EVENTS_KEY.search(pending)
+    first = source.read(_CHUNK_BYTES)
+    key = _EVENTS_KEY.search(first)
     if key is None:
         raise _NotStreamable("traceEvents not near the start")
-    head, pending = pending[: key.start()], pending[key.end() :]
+    head = first[: key.start()]
+    # Events are decoded in place (_decode_in_place): pending[0] is always the byte before the next event
+    # (the array's "[", or a separator), and a bytearray drops decoded bytes from its front without copying.
+    pending = bytearray(first[key.end() - 1 :])
     while True:
         block = source.read(_CHUNK_BYTES)
         if not block:
@@ -397,9 +400,9 @@ def _stream_events(source: _Readable, sink: _Collector) -> bytes:
         if cut is None:
             continue
         left_end, right_start = cut
-        sink.take(decoder.decode(b"[" + pending[:left_end] + b"]"))
-        pending = pending[right_start:]
-    events, rest = _last_events(pending, decoder)
+        sink.take(_decode_in_place(pending, 1, left_end, decoder))
+        del pending[: right_start - 1]
+    events, rest = _last_events(bytes(pending[1:]), decoder)
     sink.take(events)
     return head + b'"traceEvents":[]' + rest
 
