@@ -321,7 +321,7 @@ class _NotStreamable(Exception):
 _WHITESPACE = b" \t\r\n"
 
 
-def _last_boundary(buf: bytes) -> tuple[int, int] | None:
+def _last_boundary(buf: bytes | bytearray) -> tuple[int, int] | None:
     """(end of the left event, start of the right one) of the last ``}`` ``,`` ``{`` in ``buf``."""
     pos = len(buf)
     floor = max(0, pos - 4 * _CHUNK_BYTES)
