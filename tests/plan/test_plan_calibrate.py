@@ -332,3 +332,19 @@ def test_h200_dense_uncalibrated_same_order_of_magnitude(h200_captures: dict[str
               for p in doc["layouts"][0]["points"]}
     print("predicted / measured, uncalibrated:", {b: round(r, 3) for b, r in ratios.items()})
     assert all(0.1 < r < 10 for r in ratios.values()), ratios
+
+
+def test_calibrating_from_few_requests_warns_about_far_batches(h200_captures: dict[str, Any]) -> None:
+    """The misses above (from batch 1 or 4 to 32 and up) are said in the plan's notes, and only then."""
+    config, context = h200_captures["dense"]
+
+    def notes(fit: int, batches: tuple[int, ...]) -> list[str]:
+        capture, _ = h200_captures[f"dense_graphs_b{fit}"]
+        doc = run_plan(PlanRequest(model=str(config), hardware="h200", gpus=1, batches=batches, context=context,
+                                   calibrate=str(capture)))
+        return [n for n in doc["notes"] if "shows little of the per-request cost" in n]
+
+    assert len(notes(1, (1, 4, 64))) == 1 and "batches 64 " in notes(1, (1, 4, 64))[0]
+    assert len(notes(4, (32, 128))) == 1 and "batches 32, 128 " in notes(4, (32, 128))[0]
+    assert notes(1, (1, 4)) == []  # within 4x
+    assert notes(16, (1, 128)) == []  # 16 requests show it: 16 -> 128 was within 1.2%

@@ -73,6 +73,23 @@ class _Evaluated:
     points: list[PointCost] = field(default_factory=list)
 
 
+# A capture below this many requests shows little of the per-request cost; predictions far above it drift
+# (H200 skeletons, README "Against measurement": from 1 or 4, batches 32..128 were off by 10-46%).
+_FEW_REQUESTS = 16
+_FAR_ABOVE = 4  # times the capture's batch
+
+
+def _extrapolation_notes(captured: int, batches: Sequence[int]) -> list[str]:
+    """A warning when a capture of few requests is asked for batches far above its own."""
+    far = [b for b in batches if b > _FAR_ABOVE * captured]
+    if captured >= _FEW_REQUESTS or not far:
+        return []
+    return [f"calibrated at batch {captured}: batches {', '.join(map(str, far))} are more than {_FAR_ABOVE}x "
+            f"that, and a capture of under {_FEW_REQUESTS} requests shows little of the per-request cost (on "
+            f"H200 skeletons such predictions were off by 10-46%); calibrate from a capture at or above the "
+            f"batches you plan for"]
+
+
 def parse_batches(text: str) -> tuple[int, ...]:
     """Batch sizes from ``"1,8,32"``: sorted, distinct, each 1 … 2²⁰.
 
@@ -231,6 +248,7 @@ def run_plan(request: PlanRequest) -> dict[str, Any]:
         factors = apply_calibration(factors, calibration)
         comm = comm.with_factors(factors)
         notes += calibration.notes
+        notes += _extrapolation_notes(calibration.batch, request.batches)
     layouts, skipped = candidate_layouts(arch, request.gpus)
     evaluated = []
     for layout in layouts:
