@@ -119,8 +119,7 @@ def service_import(
             write_text_atomic(output, text)
             if result.secrets:
                 env = output.with_name(f"{result.name}.env")
-                write_text_atomic(env, "".join(f"{k}={v}\n" for k, v in result.secrets.items()))
-                env.chmod(0o600)
+                write_text_atomic(env, "".join(f"{k}={v}\n" for k, v in result.secrets.items()), mode=0o600)
                 env_path = str(env)
         elif result.secrets and not as_json:
             typer.echo(f"# {len(result.secrets)} secret(s) not written: use -o to write them to NAME.env", err=True)

@@ -32,8 +32,7 @@ def install_unit(path: Path, *, directory: Path = SYSTEM_DIR) -> Path:
         data = path.read_bytes()
     except OSError as exc:
         raise InputError(str(path), f"cannot read ({exc.strerror or exc})") from None
-    target = write_bytes_atomic(directory / path.name, data)
-    target.chmod(0o644)
+    target = write_bytes_atomic(directory / path.name, data, mode=0o644)
     run_systemctl(["daemon-reload"])
     return target
 
