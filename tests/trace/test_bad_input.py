@@ -251,12 +251,19 @@ def test_header_field_of_wrong_type(tmp_path: Path) -> None:
     _assert_names(err, path, "not a profiler trace", "distributedInfo")
 
 
-def test_correlation_beyond_int64(tmp_path: Path) -> None:
+@pytest.mark.parametrize("streamed", [False, True])
+def test_correlation_beyond_int64(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, streamed: bool) -> None:
+    import servescope.trace.decode as decode
+
     events = load_events(SMALL)
     kernel = next(i for i, ev in enumerate(events) if ev.get("cat") == "kernel")
     events[kernel] = dict(events[kernel], args={**events[kernel].get("args", {}), "correlation": 2**64 - 1})
     path = tmp_path / "corr.json"
     path.write_text(json.dumps({"traceEvents": events}))
+    if streamed:  # as a trace too big to hold whole is read
+        monkeypatch.setattr(decode, "_CHUNK_BYTES", 1 << 10)
+        monkeypatch.setattr(decode, "_WHOLE_LIMIT", 1 << 12)
+        assert path.stat().st_size > 1 << 12
     _assert_names(_read_error(path), path, "not a profiler trace")
 
 

@@ -569,6 +569,8 @@ def _read_streamed(path: Path, size: int) -> tuple[_Collector, _Header | _WholeT
         header = msgspec.json.decode(rest, type=_Header)
     except (_NotStreamable, msgspec.DecodeError, ValueError):
         return None  # an odd layout or a damaged file: the whole-buffer path decides, and explains
+    except OverflowError as exc:  # an id beyond int64 (the whole-buffer path says the same)
+        raise InputError(str(path), f"not a profiler trace ({exc})") from None
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
         problem = "truncated gzip" if isinstance(exc, EOFError) else f"corrupt gzip ({exc})"
         raise InputError(str(path), problem) from None
