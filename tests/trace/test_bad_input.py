@@ -13,6 +13,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -452,6 +453,21 @@ def _result_or_input_error(run: Callable[[Path], object], path: Path) -> object 
 def test_fuzz_read_trace_bytes(fuzz_dir: Path, case: tuple[str, bytes]) -> None:
     suffix, data = case
     result = _result_or_input_error(read_trace, _write(fuzz_dir, "bytes" + suffix, data))
+    assert result is None or isinstance(result, TraceData)
+
+
+@settings(_FUZZ, max_examples=100)
+@given(_mutated(), st.sampled_from([(1 << 10, 1 << 40), (1 << 10, 0)]))
+def test_fuzz_read_trace_bytes_in_small_blocks(fuzz_dir: Path, case: tuple[str, bytes],
+                                               sizes: tuple[int, int]) -> None:
+    """The same mutations with 1 KB blocks, held whole (cut in place) or streamed: every block boundary,
+    in-place decode and fallback is reached."""
+    import servescope.trace.decode as decode
+
+    chunk, whole_limit = sizes
+    suffix, data = case
+    with mock.patch.object(decode, "_CHUNK_BYTES", chunk), mock.patch.object(decode, "_WHOLE_LIMIT", whole_limit):
+        result = _result_or_input_error(read_trace, _write(fuzz_dir, "blocks" + suffix, data))
     assert result is None or isinstance(result, TraceData)
 
 
