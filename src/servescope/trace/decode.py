@@ -230,7 +230,6 @@ class _Collector:
         ids, threads = self._ids, self._threads
         return table.add(events, kind, [ids[e.name] for e in events], [threads[e.pid, e.tid] for e in events])
 
-
     def take(self, events: list[_Event]) -> None:
         self.count += len(events)
         tables: tuple[list[_Event], ...] = ([], [], [], [])

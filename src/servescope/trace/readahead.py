@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ReadAhead", "usable_cores"]
 
+
 def usable_cores() -> int:
     """CPU cores this process may run on."""
     try:
