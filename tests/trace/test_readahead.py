@@ -22,13 +22,14 @@ FILES = [TRACES / "vllm-cpu/tp2_b4_16tok_rank0.pt.trace.json.gz",
 
 
 def _same(a: DecodedTrace, b: DecodedTrace) -> None:
-    assert (a.path, a.size_bytes, a.event_count, a.names, a.threads) == (b.path, b.size_bytes, b.event_count,
-                                                                           b.names, b.threads)
+    """Equal row by row: names and threads compared by what they are (their ids depend on decoding order)."""
+    assert (a.path, a.size_bytes, a.event_count) == (b.path, b.size_bytes, b.event_count)
     for table in ("device", "cpu_ops", "launches"):
         x, y = getattr(a, table), getattr(b, table)
-        assert (x.kind, x.name, x.ts_us, x.dur_us, x.correlation) == (y.kind, y.name, y.ts_us, y.dur_us,
-                                                                      y.correlation), table
-        assert (x.thread, x.msg_bytes) == (y.thread, y.msg_bytes), table
+        assert (x.kind, x.ts_us, x.dur_us, x.correlation, x.msg_bytes) == (y.kind, y.ts_us, y.dur_us,
+                                                                           y.correlation, y.msg_bytes), table
+        assert [a.names[i] for i in x.name] == [b.names[i] for i in y.name], table
+        assert [a.threads[i] for i in x.thread] == [b.threads[i] for i in y.thread], table
     assert (a.annotations, a.distributed, a.metadata) == (b.annotations, b.distributed, b.metadata)
 
 
@@ -98,3 +99,49 @@ def test_children_are_reaped_even_when_nothing_is_taken() -> None:
     for pid in pids:
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)  # already reaped: no such child any more
+
+
+# --- one big plain file, decoded in parts by several children ------------------------------------------------
+
+def _plain(tmp_path: Path, source: Path, name: str = "big.pt.trace.json") -> Path:
+    path = tmp_path / name
+    path.write_bytes(gzip.decompress(source.read_bytes()))
+    return path
+
+
+@pytest.mark.parametrize("parts", [2, 3, 5])
+def test_a_big_plain_file_decoded_in_parts_equals_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        parts: int) -> None:
+    path = _plain(tmp_path, TRACES / "hta/nccl_allreduce_2rank_rank0.json.gz")
+    monkeypatch.setattr(readahead, "SPLIT_BYTES", 1 << 10)
+    monkeypatch.setattr(readahead, "_PART_BYTES", path.stat().st_size // parts)
+    with ReadAhead([path], jobs=parts, min_files=1) as ahead:
+        assert ahead.forked == parts
+        got = ahead.take(path)
+        assert len(ahead._parts) == parts  # every part came from its child
+    _same(got, decode_trace(path))
+
+
+def test_gzip_files_and_files_under_the_limit_are_not_split(tmp_path: Path) -> None:
+    plain = _plain(tmp_path, FILES[2])
+    for path in (FILES[2], plain):  # gzip; plain but far under SPLIT_BYTES
+        assert readahead._parts_for([path], 8) == 1
+    assert readahead._parts_for([plain, FILES[2]], 8) == 1  # several files: one child each instead
+
+
+def test_parts_that_do_not_decode_leave_the_file_to_this_process(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Names holding `},{` make the cut land inside a string: the parts fail, the whole file is decoded here."""
+    import json
+
+    events = [{"ph": "X", "cat": "kernel", "name": f"k}},{{{i}" * 40, "ts": float(i), "dur": 1.0,
+               "args": {"correlation": i}} for i in range(3000)]
+    path = tmp_path / "tricky.json"
+    path.write_text(json.dumps({"traceEvents": events}, separators=(",", ":")))
+    monkeypatch.setattr(readahead, "SPLIT_BYTES", 1 << 10)
+    monkeypatch.setattr(readahead, "_PART_BYTES", 1 << 10)
+    with ReadAhead([path], jobs=2, min_files=1) as ahead:
+        assert ahead.forked == 2
+        got = ahead.take(path)
+    _same(got, decode_trace(path))
+    assert len(got.device) == 3000

@@ -21,6 +21,7 @@ from __future__ import annotations
 import gc
 import gzip
 import itertools
+import mmap
 import os
 import queue
 import re
@@ -46,7 +47,10 @@ __all__ = [
     "Annotation",
     "Columns",
     "DecodedTrace",
+    "Part",
+    "decode_part",
     "decode_trace",
+    "join_parts",
 ]
 
 KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, KIND_CPU_OP = 0, 1, 2, 3
@@ -163,6 +167,17 @@ class Columns:
     def __len__(self) -> int:
         return len(self.ts_us)
 
+    def extend(self, other: Columns, name_ids: list[int], thread_ids: list[int]) -> None:
+        """Append ``other``'s rows, its name and thread ids mapped through ``name_ids`` and ``thread_ids``."""
+        first = len(self.ts_us)
+        self.kind.extend(other.kind)
+        self.name.fromlist([name_ids[i] for i in other.name])
+        self.ts_us.extend(other.ts_us)
+        self.dur_us.extend(other.dur_us)
+        self.correlation.extend(other.correlation)
+        self.thread.fromlist([thread_ids[i] for i in other.thread])
+        self.msg_bytes.update({first + row: size for row, size in other.msg_bytes.items()})
+
     def add(self, events: list[_Event], kind: int | list[int], name_ids: list[int], thread_ids: list[int]) -> int:
         """Append ``events`` (all of one kind, or a kind each) with their interned names and threads; returns
         the first new row."""
@@ -267,7 +282,7 @@ class _Collector:
                     self.device.msg_bytes[row] = args.in_nelems * width
 
 
-_Buffer = bytes | bytearray  # libdeflate inflates into a bytearray; copying it would double the peak
+_Buffer = bytes | bytearray | mmap.mmap  # libdeflate inflates into a bytearray; copying it would double the peak
 
 
 def _load_bytes(path: Path) -> _Buffer:
@@ -625,7 +640,7 @@ def _read_in_place(buf: _Buffer) -> tuple[_Collector, _Header] | None:
 def _decode_in_place(buf: _Buffer, lo: int, hi: int, decoder: _BlockDecoder) -> list[Any]:
     """The events of ``buf[lo:hi]`` (whole events; a separator byte on each side), decoded where they lie:
     those two bytes are ``[`` and ``]`` for the call and restored after. A bytes ``buf`` is copied instead."""
-    if not isinstance(buf, bytearray):
+    if not isinstance(buf, bytearray | mmap.mmap):
         return decoder.decode(b"[" + buf[lo:hi] + b"]")
     before, after = buf[lo - 1], buf[hi]
     buf[lo - 1], buf[hi] = 0x5B, 0x5D  # "[", "]"
@@ -671,6 +686,103 @@ def _read_whole(path: Path, buf: _Buffer) -> tuple[_Collector, _Header | _WholeT
     except (ValueError, OverflowError) as exc:  # OverflowError: an id beyond int64
         raise InputError(str(path), f"not a profiler trace ({exc})") from None
     return sink, header
+
+
+@dataclass(slots=True)
+class Part:
+    """The events of one byte range of a trace, names and threads interned locally (picklable: a read-ahead
+    child sends it). The first part holds the object up to ``traceEvents``, the one that reached the end of
+    the events array the object's keys after it."""
+
+    names: list[str]
+    threads: list[tuple[int | str, int | str]]
+    device: Columns
+    cpu_ops: Columns
+    launches: Columns
+    annotations: list[Annotation]
+    count: int
+    head: bytes | None
+    rest: bytes | None
+
+
+def decode_part(path: Path, index: int, parts: int) -> Part:
+    """The events of the ``index``-th of ``parts`` equal byte ranges of a plain (not gzip) object-form trace,
+    each range moved to the next event boundary, so that the parts meet exactly; the file is mapped, not read.
+
+    Raises:
+        ValueError: the file is not a plain object-form trace of the usual layout, or a block of the range does
+            not decode alone (:func:`decode_trace` must decide).
+    """
+    with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY) as buf:
+        size = len(buf)
+        key = _EVENTS_KEY.search(buf, 0, _CHUNK_BYTES)
+        first = _NON_SPACE.search(buf, 0, 64)
+        if key is None or first is None or buf[first.start()] != 0x7B:  # "{"
+            raise ValueError("not an object-form trace with traceEvents near the start")
+
+        def cut(i: int) -> re.Match[bytes] | None:  # the boundary the ranges i-1 and i meet at
+            return _EVENT_BOUNDARY.search(buf, max(key.end(), size * i // parts))
+
+        start_at = cut(index) if index else None
+        if index and start_at is None:  # the events ended before this range: an empty part
+            return Part([], [], Columns(), Columns(), Columns(), [], 0, None, None)
+        start = start_at.end() - 1 if start_at is not None else key.end()
+        end_at = cut(index + 1) if index + 1 < parts else None
+        sink, decoder = _Collector(), _BlockDecoder()
+        try:
+            if end_at is not None:  # a middle range: whole events up to the next part's first
+                for lo, hi in _iter_chunks(buf, start, end_at.start() + 1):
+                    if lo < hi:
+                        sink.take(_decode_in_place(buf, lo, hi, decoder))
+                        _drop(buf, lo, hi)
+                rest = None
+            else:  # the last range: it ends the array
+                *blocks, (lo, hi) = _iter_chunks(buf, start, size)
+                for block_lo, block_hi in blocks:
+                    sink.take(_decode_in_place(buf, block_lo, block_hi, decoder))
+                    _drop(buf, block_lo, block_hi)
+                events, rest = _last_events(bytes(buf[lo:hi]), decoder)
+                sink.take(events)
+        except (_NotStreamable, msgspec.DecodeError, OverflowError) as exc:
+            raise ValueError(str(exc)) from None
+        head = bytes(buf[: key.start()]) if index == 0 else None
+    return Part(sink.names, sink.threads, sink.device, sink.cpu_ops, sink.launches, sink.annotations, sink.count,
+                head, rest)
+
+
+def _drop(buf: _Buffer, lo: int, hi: int) -> None:
+    """Let the kernel take back the mapped pages inside ``buf[lo:hi]``, a block already decoded (a page
+    touched again is read again from the file, so nothing is lost): a part of a gigabyte stays small."""
+    first = -(-lo // mmap.PAGESIZE) * mmap.PAGESIZE
+    last = hi - hi % mmap.PAGESIZE
+    if isinstance(buf, mmap.mmap) and last > first:
+        buf.madvise(mmap.MADV_DONTNEED, first, last - first)
+
+
+def join_parts(path: Path, parts: list[Part]) -> DecodedTrace:
+    """The whole trace from its parts, in order: names and threads interned anew, rows renumbered.
+
+    Raises:
+        ValueError: the parts do not make one trace (no head, or no end of the events array).
+        InputError: the trace holds no events.
+    """
+    head, rest = parts[0].head, next((p.rest for p in parts if p.rest is not None), None)
+    if head is None or rest is None:
+        raise ValueError("the parts do not start and end the events array")
+    sink = _Collector()
+    for part in parts:
+        names = [sink._ids[name] for name in part.names]
+        threads = [sink._threads[thread] for thread in part.threads]
+        for into, columns in ((sink.device, part.device), (sink.cpu_ops, part.cpu_ops),
+                              (sink.launches, part.launches)):
+            into.extend(columns, names, threads)
+        sink.annotations.extend(part.annotations)
+        sink.count += part.count
+    try:
+        header = msgspec.json.decode(head + b'"traceEvents":[]' + rest, type=_Header)
+    except msgspec.DecodeError as exc:
+        raise ValueError(str(exc)) from None
+    return _trace_data(path, path.stat().st_size, sink, header)
 
 
 def _trace_data(path: Path, size: int, sink: _Collector, header: _Header | _WholeTrace) -> DecodedTrace:

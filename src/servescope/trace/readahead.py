@@ -7,8 +7,11 @@ just the decoder (:mod:`servescope.trace.decode`) and sends what it decodes back
 at a time, read by a thread per child so that no child waits on a full pipe.
 
 Up to one child per core is started, each decoding its share of the files, biggest first; one file gets
-one child, which decodes it while the caller imports. (Sharing one file's blocks between the child and the
-caller was tried: the caller must inflate the file again to help, which costs what its help saves.)
+one child, which decodes it while the caller imports. One plain (not gzip) file over ``SPLIT_BYTES`` is cut
+into byte ranges instead, one per child, each moved to the next event boundary
+(:func:`~servescope.trace.decode.decode_part`), and the caller joins the parts in order. (Sharing one
+gzip file's blocks between a child and the caller was tried: the caller must inflate the file again to
+help, which costs what its help saves.)
 
 It never changes a result, only when it is computed: if ``fork`` is missing, the caller already runs other
 threads (forking those is unsafe), the machine has one core, a child cannot be started or dies, or a file
@@ -21,15 +24,20 @@ from __future__ import annotations
 import os
 import pickle
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
-    from servescope.trace.decode import DecodedTrace
+    from servescope.trace.decode import DecodedTrace, Part
 
-__all__ = ["ReadAhead", "usable_cores"]
+__all__ = ["SPLIT_BYTES", "ReadAhead", "usable_cores"]
+
+SPLIT_BYTES = 256 << 20
+"""A plain JSON trace bigger than this, read alone, is decoded in parts by several children."""
+_PART_BYTES = 128 << 20  # at least this much JSON per part
 
 
 def usable_cores() -> int:
@@ -70,6 +78,8 @@ class ReadAhead:
     _children: list[_Child] = field(default_factory=list, init=False)
     _child_of: dict[Path, _Child] = field(default_factory=dict, init=False)
     _done: dict[Path, _Outcome] = field(default_factory=dict, init=False)
+    _parts: dict[int, Part] = field(default_factory=dict, init=False)
+    _split: Path | None = field(default=None, init=False)  # the one file decoded in parts
     _ready: threading.Condition = field(default_factory=threading.Condition, init=False)
 
     def __post_init__(self) -> None:
@@ -78,12 +88,21 @@ class ReadAhead:
             return
         if self.jobs is None and usable_cores() < 2:
             return
-        for share in _shares(self.paths, jobs):
-            child = _fork(share)
-            if child is None:
-                break  # its files and the rest are read in take()
-            self._children.append(child)
-            self._child_of.update(dict.fromkeys(share, child))
+        parts = _parts_for(self.paths, self.jobs or usable_cores())
+        if parts > 1:
+            self._split = self.paths[0]
+            for index in range(parts):
+                child = _fork([self._split], partial(_decode_part, self._split, index, parts))
+                if child is None:
+                    break  # take() decodes the file itself
+                self._children.append(child)
+        else:
+            for share in _shares(self.paths, jobs):
+                child = _fork(share, partial(_decode_files, share))
+                if child is None:
+                    break  # its files and the rest are read in take()
+                self._children.append(child)
+                self._child_of.update(dict.fromkeys(share, child))
         for child in self._children:  # threads only after the last fork
             child.reader = threading.Thread(target=self._drain, args=(child,), daemon=True)
             child.reader.start()
@@ -101,6 +120,8 @@ class ReadAhead:
         """
         from servescope.core.errors import InputError
 
+        if path == self._split:
+            return self._take_parts(path)
         child = self._child_of.get(path)
         if child is not None:
             with self._ready:
@@ -114,14 +135,34 @@ class ReadAhead:
 
         return decode_trace(path)
 
+    def _take_parts(self, path: Path) -> DecodedTrace:
+        """The file joined from every child's part, or decoded here when a part is missing or they do not join."""
+        from servescope.trace.decode import decode_trace, join_parts
+
+        count = len(self._children)
+        with self._ready:
+            self._ready.wait_for(lambda: all(c.ended for c in self._children) or len(self._parts) == count)
+            parts = [self._parts.get(i) for i in range(count)]
+        if count and all(part is not None for part in parts):
+            try:
+                return join_parts(path, [part for part in parts if part is not None])
+            except ValueError:
+                pass
+        return decode_trace(path)
+
     def _drain(self, child: _Child) -> None:
         """Read the child's results as they come (a thread per child)."""
+        from servescope.trace.decode import Part
+
         try:
             with os.fdopen(child.fd, "rb") as pipe:
                 while True:
                     index, outcome = pickle.load(pipe)
                     with self._ready:
-                        self._done[child.paths[index]] = outcome
+                        if isinstance(outcome, Part):
+                            self._parts[index] = outcome
+                        else:
+                            self._done[child.paths[index]] = outcome
                         self._ready.notify_all()
         except Exception:  # noqa: BLE001, S110 - the end of the pipe, or a child that died mid-result: take() reads the rest
             pass
@@ -176,8 +217,23 @@ def _shares(paths: Sequence[Path], jobs: int) -> list[list[Path]]:
     return [share for share in shares if share]
 
 
-def _fork(paths: list[Path]) -> _Child | None:
-    """A child decoding ``paths`` into a pipe; None when it cannot be started."""
+def _parts_for(paths: Sequence[Path], cores: int) -> int:
+    """Into how many parts one file is cut: 1 unless it is a single plain file over SPLIT_BYTES."""
+    if len(paths) != 1 or cores < 2:
+        return 1
+    try:
+        size = paths[0].stat().st_size
+        with paths[0].open("rb") as handle:
+            gzipped = handle.read(2) == b"\x1f\x8b"
+    except OSError:
+        return 1
+    if gzipped or size <= SPLIT_BYTES:
+        return 1
+    return max(2, min(cores, size // _PART_BYTES))
+
+
+def _fork(paths: list[Path], work: Callable[[BinaryIO], None]) -> _Child | None:
+    """A child running ``work`` into a pipe (its results for ``paths``); None when it cannot be started."""
     try:
         read_end, write_end = os.pipe()
     except OSError:
@@ -196,7 +252,7 @@ def _fork(paths: list[Path]) -> _Child | None:
             gc.disable()  # it makes millions of acyclic objects and lives for a moment
             os.close(read_end)
             with os.fdopen(write_end, "wb") as pipe:
-                _decode_files(paths, pipe)
+                work(pipe)
             status = 0
         except BaseException:  # noqa: BLE001, S110 - anything else: the caller decodes what is missing itself
             pass
@@ -204,6 +260,19 @@ def _fork(paths: list[Path]) -> _Child | None:
             os._exit(status)
     os.close(write_end)
     return _Child(pid=pid, fd=read_end, paths=paths)
+
+
+def _send(pipe: BinaryIO, index: int, outcome: object) -> None:
+    pickle.dump((index, outcome), pipe, protocol=pickle.HIGHEST_PROTOCOL)
+    pipe.flush()
+
+
+def _decode_part(path: Path, index: int, parts: int, pipe: BinaryIO) -> None:
+    """A child's work on one range of a big file: its part; any problem ends it quietly (the caller decodes
+    the whole file itself, and names the problem)."""
+    from servescope.trace.decode import decode_part
+
+    _send(pipe, index, decode_part(path, index, parts))
 
 
 def _decode_files(paths: list[Path], pipe: BinaryIO) -> None:
@@ -216,5 +285,4 @@ def _decode_files(paths: list[Path], pipe: BinaryIO) -> None:
             outcome = _Outcome(trace=decode_trace(path))
         except InputError as exc:
             outcome = _Outcome(error=(exc.source, exc.problem))
-        pickle.dump((index, outcome), pipe, protocol=pickle.HIGHEST_PROTOCOL)
-        pipe.flush()
+        _send(pipe, index, outcome)
