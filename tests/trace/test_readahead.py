@@ -6,15 +6,18 @@ from __future__ import annotations
 import gzip
 import os
 import threading
+from functools import cache
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import servescope.trace.readahead as readahead
 from servescope.core.errors import InputError
 from servescope.trace.decode import DecodedTrace, decode_trace
 from servescope.trace.readahead import ReadAhead
-from tracefiles import TRACES
+from tracefiles import TRACES, load_events
 
 FILES = [TRACES / "vllm-cpu/tp2_b4_16tok_rank0.pt.trace.json.gz",
          TRACES / "vllm-cpu/tp2_b4_16tok_rank1.pt.trace.json.gz",
@@ -145,3 +148,28 @@ def test_parts_that_do_not_decode_leave_the_file_to_this_process(tmp_path: Path,
         got = ahead.take(path)
     _same(got, decode_trace(path))
     assert len(got.device) == 3000
+
+
+@cache
+def _events() -> list[dict[str, object]]:
+    return load_events(TRACES / "hta/nccl_allreduce_2rank_rank0.json.gz")
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(0, 5000), st.integers(50, 3000), st.sampled_from([None, 0, 1, 2]),
+       st.sampled_from([(",", ":"), (", ", ": ")]), st.integers(2, 6))
+def test_parts_join_to_the_whole_however_the_json_is_laid_out(tmp_path: Path, first: int, count: int,
+                                                               indent: int | None, separators: tuple[str, str],
+                                                               parts: int) -> None:
+    """Any slice of a real trace, in any layout, cut into 2-6 parts: the joined parts equal the whole decode."""
+    import json
+
+    from servescope.trace.decode import decode_part, join_parts
+
+    events = _events()[first : first + count]
+    path = tmp_path / "laid_out.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events, "traceName": "x"}, indent=indent,
+                               separators=separators))
+    whole = decode_trace(path)
+    _same(join_parts(path, [decode_part(path, i, parts) for i in range(parts)]), whole)
