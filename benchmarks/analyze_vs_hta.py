@@ -18,7 +18,10 @@ cached in ``--work-dir``: its events repeated, each copy shifted by the span + 1
 numbers offset. Goals: 35 MB -> servescope >=10x faster and <=0.5x HTA's RSS; 1 GB -> <=10 s, <=1.5 GB.
 MB = 10^6 bytes. See benchmarks/README.md.
 
-Run:  /work/venv/bin/python benchmarks/analyze_vs_hta.py [--skip-large|--skip-hta-large] [--json-out F]
+``--ranks N`` adds a row with no goal: the trace as ranks 0..N-1 in one directory (one run's rank traces), which
+HTA and servescope each analyze whole.
+
+Run:  /work/venv/bin/python benchmarks/analyze_vs_hta.py [--skip-large|--skip-hta-large] [--ranks N] [--json-out F]
 """
 
 from __future__ import annotations
@@ -209,6 +212,8 @@ def main() -> int:
     ap.add_argument("--large-gb", type=float, default=1.0, help="size of the built trace (default 1.0)")
     ap.add_argument("--skip-large", action="store_true", help="only the 35 MB trace")
     ap.add_argument("--skip-hta-large", action="store_true", help="don't run HTA on the large trace")
+    ap.add_argument("--ranks", type=int, default=0,
+                    help="also N ranks in one directory: the trace as ranks 0..N-1 (no goal; default: skip)")
     ap.add_argument("--hta-timeout", type=float, default=300.0)
     ap.add_argument("--timeout", type=float, default=300.0, help="for servescope and plain json")
     ap.add_argument("--mem-limit-gb", type=float, default=16.0, help="address-space cap for each child")
@@ -218,6 +223,8 @@ def main() -> int:
     traces = [("small", a.trace)]
     if not a.skip_large:
         traces.append(("large", build_large(a.trace, a.work_dir, int(a.large_gb * 1e9))))
+    if a.ranks:
+        traces.append(("ranks", build_ranks(a.trace, a.work_dir, a.ranks)))
     compile_package(shlex.split(a.servescope)[0], "servescope")
     compile_package(a.hta_python, "hta")
     results = [bench_trace(kind, trace, a, int(a.mem_limit_gb * 2**30)) for kind, trace in traces]
@@ -239,17 +246,41 @@ def compile_package(python: str, package: str) -> None:
                        check=False)
 
 
+def build_ranks(src: Path, work_dir: Path, ranks: int) -> Path:
+    """Write (once; cached) a directory of ``ranks`` copies of ``src``, each with its own distributedInfo.rank:
+    one run's rank traces, as vLLM writes them."""
+    out = work_dir / f"ranks{ranks}"
+    if out.is_dir() and len(list(out.glob("rank*.pt.trace.json.gz"))) == ranks:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    with (gzip.open if src.suffix == ".gz" else open)(src, "rb") as fin:
+        doc = json.loads(fin.read())
+    for rank in range(ranks):
+        doc["distributedInfo"] = {**doc.get("distributedInfo", {}), "rank": rank, "world_size": ranks}
+        with gzip.open(out / f"rank{rank}.pt.trace.json.gz", "wb", compresslevel=6) as fout:
+            fout.write(json.dumps(doc).encode())
+    return out
+
+
+def json_mb(path: Path) -> float:
+    """MB of JSON in a trace file, or in every trace file of a directory."""
+    if path.is_dir():
+        return sum(json_mb(p) for p in sorted(path.glob("*.json*")))
+    if path.suffix != ".gz":
+        return path.stat().st_size / 1e6
+    with gzip.open(path, "rb") as gz:
+        return sum(len(b) for b in iter(lambda: gz.read(1 << 24), b"")) / 1e6
+
+
 def bench_trace(kind: str, trace: Path, a: argparse.Namespace, mem_limit: int) -> dict[str, Any]:
-    """All three tools on one trace, plus the ratios and the goal verdict."""
-    size_mb = trace.stat().st_size / 1e6
-    if trace.suffix == ".gz":
-        with gzip.open(trace, "rb") as gz:
-            size_mb = sum(len(b) for b in iter(lambda: gz.read(1 << 24), b"")) / 1e6
+    """All three tools on one trace (HTA and servescope on a directory of ranks), the ratios and the goal."""
+    size_mb = json_mb(trace)
     print(f"{trace.name} ({size_mb:.0f} MB of JSON)", flush=True)
-    subprocess.run(["cat", str(trace)], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
-    hta_dir = a.work_dir / f"hta-{trace.name}"  # HTA loads every trace of a directory: give it this one
+    for path in [trace] if trace.is_file() else sorted(trace.iterdir()):
+        subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
+    hta_dir = trace if trace.is_dir() else a.work_dir / f"hta-{trace.name}"  # HTA loads a whole directory
     hta_dir.mkdir(parents=True, exist_ok=True)
-    if not (hta_dir / trace.name).is_symlink():
+    if trace.is_file() and not (hta_dir / trace.name).is_symlink():
         (hta_dir / trace.name).symlink_to(trace.resolve())
     row: dict[str, Any] = {"trace": str(trace), "kind": kind, "json_mb": size_mb}
     if kind == "large" and a.skip_hta_large:
@@ -259,13 +290,16 @@ def bench_trace(kind: str, trace: Path, a: argparse.Namespace, mem_limit: int) -
                              a.repeat, a.hta_timeout, mem_limit, check_stdout)
     ss_argv = [*shlex.split(a.servescope), "analyze", str(trace), "--json", "-o", "{OUT}"]
     row["servescope"] = measure("servescope", ss_argv, a.repeat, a.timeout, mem_limit, check_json_file)
-    row["plain"] = measure("plain json", [sys.executable, "-c", PLAIN_CHILD, str(trace)],
-                           a.repeat, a.timeout, mem_limit, check_stdout)
+    row["plain"] = (measure("plain json", [sys.executable, "-c", PLAIN_CHILD, str(trace)],
+                            a.repeat, a.timeout, mem_limit, check_stdout) if trace.is_file()
+                    else {"status": "skipped", "wall_s": None, "rss_mb": None})
     h, s = row["hta"], row["servescope"]
     row["speed_ratio"] = h["wall_s"] / s["wall_s"] if h["wall_s"] and s["wall_s"] else None
     row["rss_ratio"] = s["rss_mb"] / h["rss_mb"] if h["rss_mb"] and s["rss_mb"] else None
     if s["status"] != "ok":
         row["goal"] = "NO (servescope failed)"
+    elif kind == "ranks":
+        row["goal"] = "n/a (no goal)"
     elif kind == "small" and row["speed_ratio"] is None:
         row["goal"] = f"n/a (HTA {h['status']})"
     elif kind == "small":
