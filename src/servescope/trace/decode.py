@@ -71,8 +71,9 @@ class _Args(msgspec.Struct, gc=False):  # no cycles: skip GC tracking of 1e6 obj
     dtype: str | None = None
 
 
-class _Event(msgspec.Struct, gc=False):
-    ph: str = ""
+class _Fields(msgspec.Struct, gc=False):
+    """The fields analysis reads from an event (the phase aside)."""
+
     cat: str = ""
     name: str = ""
     ts: float = 0.0
@@ -82,17 +83,16 @@ class _Event(msgspec.Struct, gc=False):
     args: _Args | None = None
 
 
-class _Complete(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
-    """An ``X`` (complete) event: the only phase analysis reads. The same fields as :class:`_Event`."""
+class _Event(_Fields, gc=False):
+    """An event of any phase, field by field."""
+
+    ph: str = ""
+
+
+class _Complete(_Fields, gc=False, tag_field="ph", tag="X"):
+    """An ``X`` (complete) event: the only phase analysis reads."""
 
     ph: ClassVar[str] = "X"
-    cat: str = ""
-    name: str = ""
-    ts: float = 0.0
-    dur: float = 0.0
-    pid: int | str = 0
-    tid: int | str = 0
-    args: _Args | None = None
 
 
 # Every other phase of the Chrome trace-event format, decoded to an empty object: flow, instant, counter
@@ -324,6 +324,7 @@ def _decode_error(path: Path, exc: msgspec.DecodeError) -> InputError:
 
 
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_NO_EVENTS = b'"traceEvents":[]'  # between the object's keys before and after its events: the header alone
 _NON_SPACE = re.compile(rb"\S")
 _LAST_BOUNDARY_WINDOW = 1 << 20
 
@@ -418,7 +419,7 @@ def _stream_events(source: _Readable, sink: _Collector) -> bytes:
         del pending[: right_start - 1]
     events, rest = _last_events(bytes(pending[1:]), decoder)
     sink.take(events)
-    return head + b'"traceEvents":[]' + rest
+    return head + _NO_EVENTS + rest
 
 
 def decode_trace(path: str | Path) -> DecodedTrace:
@@ -548,19 +549,12 @@ class _InflateAhead:
         self._thread.join()
 
 
-def _will_stream(path: Path, size: int) -> bool:
-    """Whether the trace is too big to hold whole, and is decoded as a stream."""
-    declared = _gzip_declared_size(path, size) if path.is_file() else -1
-    if declared < 0:
-        return size > _WHOLE_LIMIT
-    return size > _STREAM_GZ_BYTES or declared > _WHOLE_LIMIT
-
-
 def _stream_source(path: Path, size: int) -> BinaryIO | _InflateAhead | None:
     """An open byte stream when the trace is too big to hold whole, else None."""
-    if not _will_stream(path, size):
-        return None
-    return _InflateAhead(path) if _gzip_declared_size(path, size) >= 0 else path.open("rb")
+    declared = _gzip_declared_size(path, size) if path.is_file() else -1
+    if declared < 0:
+        return path.open("rb") if size > _WHOLE_LIMIT else None
+    return _InflateAhead(path) if size > _STREAM_GZ_BYTES or declared > _WHOLE_LIMIT else None
 
 
 def _read_streamed(path: Path, size: int) -> tuple[_Collector, _Header | _WholeTrace] | None:
@@ -619,22 +613,47 @@ def _read_in_place(buf: _Buffer) -> tuple[_Collector, _Header] | None:
     """Sink and header of an object-form trace held in ``buf``, cut where it lies into blocks of whole events
     (no full parse of the object first); None when the layout is not the usual one or a block does not
     decode alone, and the careful path (:func:`_read_whole`) decides and names any problem."""
+    key = _events_key(buf)
+    if key is None:
+        return None
+    sink = _Collector()
+    try:
+        rest = _decode_range(buf, key.end(), len(buf), sink, ends_array=True)
+        header = msgspec.json.decode(bytes(buf[: key.start()]) + _NO_EVENTS + rest, type=_Header)
+    except (_NotStreamable, msgspec.DecodeError, ValueError, OverflowError):
+        return None
+    return sink, header
+
+
+def _events_key(buf: _Buffer) -> re.Match[bytes] | None:
+    """Where ``"traceEvents": [`` is, in an object-form trace that has it near the start."""
     key = _EVENTS_KEY.search(buf, 0, _CHUNK_BYTES)
     first = _NON_SPACE.search(buf, 0, 64)
     if key is None or first is None or buf[first.start()] != 0x7B:  # "{"
         return None
+    return key
+
+
+def _decode_range(buf: _Buffer, start: int, end: int, sink: _Collector, *, ends_array: bool) -> bytes:
+    """The whole events in ``buf[start:end]`` into ``sink``, block by block in place (a mapped file's pages
+    dropped behind). ``ends_array``: the range runs on past the events array, and the object's keys after it
+    are returned.
+
+    Raises:
+        msgspec.DecodeError, _NotStreamable, OverflowError: a block does not decode alone.
+    """
     decoder = _BlockDecoder()
-    sink = _Collector()
-    try:
-        *blocks, (lo, hi) = _iter_chunks(buf, key.end(), len(buf))
-        for block_lo, block_hi in blocks:
-            sink.take(_decode_in_place(buf, block_lo, block_hi, decoder))
-        events, rest = _last_events(bytes(buf[lo:hi]), decoder)  # the last block ends the array
-        sink.take(events)
-        header = msgspec.json.decode(bytes(buf[: key.start()]) + b'"traceEvents":[]' + rest, type=_Header)
-    except (_NotStreamable, msgspec.DecodeError, ValueError, OverflowError):
-        return None
-    return sink, header
+    blocks = _iter_chunks(buf, start, end)
+    last = blocks.pop() if ends_array else None
+    for lo, hi in blocks:
+        if lo < hi:
+            sink.take(_decode_in_place(buf, lo, hi, decoder))
+            _drop(buf, lo, hi)
+    if last is None:
+        return b""
+    events, rest = _last_events(bytes(buf[last[0] : last[1]]), decoder)
+    sink.take(events)
+    return rest
 
 
 def _decode_in_place(buf: _Buffer, lo: int, hi: int, decoder: _BlockDecoder) -> list[Any]:
@@ -715,9 +734,8 @@ def decode_part(path: Path, index: int, parts: int) -> Part:
     """
     with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY) as buf:
         size = len(buf)
-        key = _EVENTS_KEY.search(buf, 0, _CHUNK_BYTES)
-        first = _NON_SPACE.search(buf, 0, 64)
-        if key is None or first is None or buf[first.start()] != 0x7B:  # "{"
+        key = _events_key(buf)
+        if key is None:
             raise ValueError("not an object-form trace with traceEvents near the start")
 
         def cut(i: int) -> re.Match[bytes] | None:  # the boundary the ranges i-1 and i meet at
@@ -728,21 +746,13 @@ def decode_part(path: Path, index: int, parts: int) -> Part:
             return Part([], [], Columns(), Columns(), Columns(), [], 0, None, None)
         start = start_at.end() - 1 if start_at is not None else key.end()
         end_at = cut(index + 1) if index + 1 < parts else None
-        sink, decoder = _Collector(), _BlockDecoder()
+        sink = _Collector()
         try:
             if end_at is not None:  # a middle range: whole events up to the next part's first
-                for lo, hi in _iter_chunks(buf, start, end_at.start() + 1):
-                    if lo < hi:
-                        sink.take(_decode_in_place(buf, lo, hi, decoder))
-                        _drop(buf, lo, hi)
+                _decode_range(buf, start, end_at.start() + 1, sink, ends_array=False)
                 rest = None
             else:  # the last range: it ends the array
-                *blocks, (lo, hi) = _iter_chunks(buf, start, size)
-                for block_lo, block_hi in blocks:
-                    sink.take(_decode_in_place(buf, block_lo, block_hi, decoder))
-                    _drop(buf, block_lo, block_hi)
-                events, rest = _last_events(bytes(buf[lo:hi]), decoder)
-                sink.take(events)
+                rest = _decode_range(buf, start, size, sink, ends_array=True)
         except (_NotStreamable, msgspec.DecodeError, OverflowError) as exc:
             raise ValueError(str(exc)) from None
         head = bytes(buf[: key.start()]) if index == 0 else None
@@ -779,7 +789,7 @@ def join_parts(path: Path, parts: list[Part]) -> DecodedTrace:
         sink.annotations.extend(part.annotations)
         sink.count += part.count
     try:
-        header = msgspec.json.decode(head + b'"traceEvents":[]' + rest, type=_Header)
+        header = msgspec.json.decode(head + _NO_EVENTS + rest, type=_Header)
     except msgspec.DecodeError as exc:
         raise ValueError(str(exc)) from None
     return _trace_data(path, path.stat().st_size, sink, header)
