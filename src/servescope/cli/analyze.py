@@ -93,11 +93,12 @@ def analyze(paths: list[Path] | None, example: bool, example_name: str | None, a
         if not chosen:
             fail("give trace files or directories, or --example")
         # The traces start decoding in child processes now, while this one imports the analysis.
-        with ReadAhead(discover_traces(chosen), min_files=1) as read_ahead:
+        found = discover_traces(chosen)
+        with ReadAhead(found, min_files=1) as read_ahead:
             from servescope.trace.analyze import AnalyzeRequest
             from servescope.trace.analyze import analyze as run_analysis
 
-            request = AnalyzeRequest(paths=chosen, taxonomy=taxonomy, step_gap_us=step_gap_us)
+            request = AnalyzeRequest(paths=found, taxonomy=taxonomy, step_gap_us=step_gap_us)
             doc = with_progress(as_json, lambda progress: run_analysis(request, progress=progress,
                                                                       read_ahead=read_ahead))
         encoded = None
