@@ -14,6 +14,7 @@ from servescope import __version__
 from servescope.core.analysis import AnalysisDoc, InputFile, KernelRow, RankAnalysis, TraceInfo
 from servescope.core.errors import InputError
 from servescope.trace.breakdown import RankBreakdown, break_down
+from servescope.trace.facts import rank_facts
 from servescope.trace.files import EXAMPLE_NAME, EXAMPLES, discover_traces, example_trace_dir
 from servescope.trace.findings import find_bottlenecks
 from servescope.trace.ranks import assign_ranks, compare_ranks
@@ -99,7 +100,11 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
                          "no work to analyze: no kernels, memcpy/memset or cpu_op events")
     across = compare_ranks(per_rank)
     comm = [c for c in taxonomy.categories if taxonomy.is_communication(c)]
-    findings = find_bottlenecks(rank_docs, across, kernels, comm, msg_bytes)
+    data_of = {t.rank: t.data for t in workers}
+    facts = {r.rank: rank_facts(data_of[r.rank], r.rank, r.steps) for r in rank_docs}
+    for r in rank_docs:
+        r.graph_replay_share = facts[r.rank].graph_replay_share
+    findings = find_bottlenecks(rank_docs, across, kernels, comm, msg_bytes, facts)
     return AnalysisDoc(
         servescope_version=__version__,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),

@@ -1,40 +1,65 @@
-"""Rules that name the bottleneck, each with the numbers that triggered it.
+"""Rules that name the bottleneck and what to try, each with the numbers that triggered it.
 
-Thresholds and messages live in ``data/findings.toml``. Every finding carries its evidence: the
-measured values (share, calls per step, µs per call, message bytes where the trace records them) so a
-reader can check the claim against the tables.
+Rules, thresholds, conditions and messages live in ``data/findings.toml``; this module computes the named
+*facts* a rule's metric and conditions refer to, evaluates each rule where its scope says (each rank and phase,
+each rank, each phase across ranks), keeps only the advice the trace does not already follow, and merges
+the findings of one cause across ranks and phases. Every finding carries its evidence: the values its
+message cites, the metric's range and where it held, so a reader can check the claim against the tables.
 """
 
 from __future__ import annotations
 
+import re
 import string
 import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
 from importlib.resources import files
 from typing import Any
 
 import numpy as np
 
 from servescope.core.analysis import CrossRankStats, Finding, KernelRow, PhaseStats, RankAnalysis
+from servescope.trace.facts import RankFacts
 
-__all__ = ["find_bottlenecks", "load_rules"]
+__all__ = ["find_bottlenecks", "load_rules", "taxonomy_snippet"]
 
 Evidence = dict[str, float | int | str | None]
 _PHASES_CHECKED = ("decode", "mixed", "prefill", "unknown")
 _PHASE_WORDS = {"unknown": "step", "mixed": "mixed prefill+decode"}
+_SEVERITY_ORDER = {"high": 0, "medium": 1, "info": 2}
+# Message fields filled when findings merge, not facts.
+_MERGE_FIELDS = frozenset({"where", "range_pct", "advice", "phase", "s", "wait_where", "wait_s", "wait_range_pct"})
 
 
-def load_rules() -> dict[str, dict[str, Any]]:
-    """The bundled finding rules (thresholds and message templates)."""
+def load_rules() -> dict[str, Any]:
+    """The bundled findings data: ``conditions``, ``kernels`` (families) and ``rules``."""
+    return _load_rules_cached()
+
+
+@cache
+def _load_rules_cached() -> dict[str, Any]:
     text = (files("servescope") / "data" / "findings.toml").read_text(encoding="utf-8")
     return tomllib.loads(text)
 
 
-def _severity(value: float, rule: dict[str, Any]) -> str | None:
-    if value >= rule["high"]:
-        return "high"
-    if value >= rule["medium"]:
-        return "medium"
-    return None
+@cache
+def _compiled(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
+    return tuple(re.compile(p) for p in patterns)
+
+
+def _matches(name: str, spec: Mapping[str, Any], key: str = "patterns") -> bool:
+    if not any(p.search(name) for p in _compiled(tuple(spec.get(key, ())))):
+        return False
+    return not any(p.search(name) for p in _compiled(tuple(spec.get("exclude", ()))))
+
+
+class _Values(dict[str, Any]):
+    """Message fields; one a rule's facts do not have formats as N/A."""
+
+    def __missing__(self, key: str) -> None:
+        return None
 
 
 class _MessageFormatter(string.Formatter):
@@ -47,115 +72,436 @@ class _MessageFormatter(string.Formatter):
 _FORMATTER = _MessageFormatter()
 
 
-def _finding(rule_id: str, rule: dict[str, Any], severity: str, evidence: Evidence, *,
-             rank: int | None, phase: str, cpu: bool = False) -> Finding:
-    fields = {**evidence, "phase": _PHASE_WORDS.get(phase, phase)}
-    template = rule.get("message_cpu", rule["message"]) if cpu else rule["message"]
-    return Finding(id=rule_id, severity=severity, message=_FORMATTER.format(template, **fields),
-                   evidence=evidence, rank=rank, phase=phase)
+def _format(template: str, values: Mapping[str, Any]) -> str:
+    return _FORMATTER.vformat(template, (), _Values(values))
 
 
-def _share_rule(rule_id: str, rule: dict[str, Any], stats: PhaseStats, names: list[str], *, rank: int,
-                phase: str, extra: Evidence, cpu: bool = False) -> Finding | None:
-    picked = [stats.categories[n] for n in names if n in stats.categories]
-    if not picked:
+def _fields(template: str) -> list[str]:
+    return [f for _, f, _, _ in string.Formatter().parse(template) if f]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Facts
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class _Family:
+    share: float
+    total_us: float
+    calls: int
+    top: str
+    top_share: float
+
+
+def _family(rows: Sequence[KernelRow], spec: Mapping[str, Any], total_us: float,
+            families: Mapping[str, Mapping[str, Any]]) -> _Family:
+    kinds = set(spec.get("kinds", ("kernel", "cpu_op", "gpu_memcpy", "gpu_memset")))
+    cats = set(spec["categories"]) if "categories" in spec else None
+    other = families[spec["exclude_family"]] if "exclude_family" in spec else None
+    picked = [k for k in rows if k.kind in kinds and (cats is None or k.category in cats) and _matches(k.name, spec)
+              and (other is None or not _matches(k.name, other))]
+    by_name: dict[str, float] = {}
+    for k in picked:
+        by_name[k.name] = by_name.get(k.name, 0.0) + k.total_us
+    total = sum(by_name.values())
+    top = max(by_name, key=lambda n: by_name[n]) if by_name else None
+    return _Family(
+        share=total / total_us if total_us > 0 else 0.0, total_us=total, calls=sum(k.count for k in picked),
+        top=top[:100] if top else "N/A", top_share=by_name[top] / total_us if top and total_us > 0 else 0.0,
+    )
+
+
+def _rank_values(ra: RankAnalysis, rows: Sequence[KernelRow], facts: RankFacts | None,
+                 data: Mapping[str, Any]) -> dict[str, Any]:
+    """The rank-wide facts: graph replays and the kernel families over all of the rank's work."""
+    total = sum(k.total_us for k in rows)
+    steps = max(sum(s.steps for s in ra.phases.values()), 1)
+    fam = {name: _family(rows, spec, total, data["kernels"]) for name, spec in data["kernels"].items()}
+    cast, transfer, unfused, fused = fam["cast"], fam["host_transfer"], fam["unfused"], fam["fused_pointwise"]
+    pointwise = unfused.total_us + fused.total_us
+    graph = facts.graph_replay_share if facts is not None else ra.graph_replay_share
+    return {
+        "rank": ra.rank, "cpu_work": 1.0 if ra.work_kind == "cpu_op" else 0.0, "graph_replay_share": graph,
+        "cast_share": cast.share, "cast_calls_per_step": cast.calls / steps, "top_cast": cast.top,
+        "top_cast_pct": 100 * cast.top_share,
+        "host_transfer_share": transfer.share, "transfer_calls_per_step": transfer.calls / steps,
+        "transfer_us_per_step": transfer.total_us / steps, "top_transfer": transfer.top,
+        "unfused_share": unfused.share, "unfused_calls_per_step": unfused.calls / steps,
+        "unfused_mean_call_us": unfused.total_us / unfused.calls if unfused.calls else None,
+        "top_unfused": unfused.top, "fused_pointwise_share": fused.share,
+        "fused_pointwise_of_pointwise": fused.total_us / pointwise if pointwise > 0 else 0.0,
+    }
+
+
+def _phase_values(ra: RankAnalysis, phase: str, stats: PhaseStats, facts: RankFacts | None,
+                  comm_categories: Sequence[str], sizes: Sequence[int]) -> dict[str, Any]:
+    """The facts of one rank's phase: category shares, idle (steady or one gap), graph replays."""
+    cats = stats.categories
+    comm = {c: cats[c] for c in comm_categories if c in cats}
+    comm_total = sum(c.total_us for c in comm.values())
+    comm_calls = sum(c.calls_per_step for c in comm.values())
+    step = stats.step_us.mean
+    values: dict[str, Any] = {
+        "phase_name": phase, "step_us": step, "busy_us_per_step": stats.busy_us_per_step,
+        "idle_us_per_step": stats.idle_us_per_step,
+        "idle_share_mean": stats.idle_us_per_step / step if step > 0 else 0.0,
+        "comm_share": sum(c.share for c in comm.values()),
+        "share_pct": 100 * sum(c.share for c in comm.values()),
+        "per_step_us": comm_total / stats.steps, "calls_per_step": comm_calls,
+        "mean_call_us": comm_total / (comm_calls * stats.steps) if comm_calls else 0.0,
+        "top_comm": max(comm, key=lambda c: comm[c].total_us) if comm else None,
+        "all_to_all_share_of_comm": comm["comm.all_to_all"].total_us / comm_total
+        if "comm.all_to_all" in comm and comm_total else 0.0,
+        "all_reduce_share_of_comm": comm["comm.all_reduce"].total_us / comm_total
+        if "comm.all_reduce" in comm and comm_total else 0.0,
+        "median_msg_bytes": int(np.median(sizes)) if sizes else None,
+        "attention_share": cats["attention"].share if "attention" in cats else 0.0,
+        "other_share": cats["other"].share if "other" in cats else 0.0,
+    }
+    if "attention" in cats and values["attention_share"]:
+        values["attention_us_per_step"] = cats["attention"].per_step_us
+    gaps = facts.gaps.get(phase, []) if facts is not None else []
+    if gaps:
+        shares = [g.idle_us / g.span_us for g in gaps if g.span_us > 0]
+        idle_total = sum(g.idle_us for g in gaps)
+        worst = max(gaps, key=lambda g: g.largest_gap_us)
+        values.update({
+            "idle_share": float(np.median(shares)) if shares else 0.0,
+            "largest_gap_us": worst.largest_gap_us, "gap_step": worst.step, "gap_at_us": worst.largest_gap_at_us,
+            "largest_gap_of_idle": min(worst.largest_gap_us / idle_total, 1.0) if idle_total > 0 else 0.0,
+        })
+        values["largest_gap_of_idle_pct"] = 100 * values["largest_gap_of_idle"]
+    values["idle_pct"] = 100 * values.get("idle_share", values["idle_share_mean"])
+    values["phase_graph_share"] = facts.phase_graph_share.get(phase, 0.0) if facts is not None else None
+    return values
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Rules
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class _Instance:
+    """One rule firing on one rank and phase (or across ranks), before merging."""
+
+    rule: str
+    severity: str
+    value: float
+    rank: int | None
+    phase: str | None
+    values: dict[str, Any]
+    advice: tuple[str, ...]
+
+
+def _kernel_conditions(names: Sequence[str], data: Mapping[str, Any]) -> dict[str, bool]:
+    """Every ``kernels`` condition for one rank's kernel names, evaluated once."""
+    return {c: any(_matches(n, spec, "kernels") for n in names)
+            for c, spec in data["conditions"].items() if "kernels" in spec}
+
+
+def _condition(name: str, values: Mapping[str, Any], kernel_holds: Mapping[str, bool],
+               data: Mapping[str, Any]) -> bool:
+    spec = data["conditions"][name]
+    if "kernels" in spec:
+        return kernel_holds.get(name, False)
+    value = values.get(spec["fact"])
+    if value is None:
+        return False  # not measured: neither proven nor ruled out
+    if "at_least" in spec:
+        return bool(value >= spec["at_least"])
+    return bool(value < spec["below"])
+
+
+def _severity(value: float, rule: Mapping[str, Any]) -> str | None:
+    if "info" in rule:
+        return "info" if value >= rule["info"] else None
+    if value >= rule["high"]:
+        return "high"
+    if value >= rule["medium"]:
+        return "medium"
+    return None
+
+
+def _evaluate(rule_id: str, rule: Mapping[str, Any], values: dict[str, Any], names: Mapping[str, bool],
+              data: Mapping[str, Any], *, rank: int | None, phase: str | None) -> _Instance | None:
+    value = values.get(rule["metric"])
+    if value is None:
         return None
-    share = sum(c.share for c in picked)
-    severity = _severity(share, rule)
+    severity = _severity(float(value), rule)
     if severity is None:
         return None
-    total = sum(c.per_step_us * stats.steps for c in picked)
-    calls = sum(c.calls_per_step for c in picked)
-    evidence: Evidence = {
-        "rank": rank, "phase": phase, "share": round(share, 4), "share_pct": 100 * share,
-        "per_step_us": total / stats.steps, "calls_per_step": calls,
-        "mean_call_us": total / (calls * stats.steps) if calls else 0.0,
-        "step_us": stats.step_us.mean, **extra,
-    }
-    return _finding(rule_id, rule, severity, evidence, rank=rank, phase=phase, cpu=cpu)
-
-
-def _top_kernel(kernels: list[KernelRow], rank: int, categories: set[str]) -> str:
-    for k in kernels:  # sorted by time
-        if k.rank == rank and k.category in categories:
-            return k.name[:80]
-    return "N/A"
+    holds = {c: _condition(c, values, names, data) for c in (*rule.get("needs", ()), *rule.get("ruled_out_by", ()))}
+    if not all(holds[c] for c in rule.get("needs", ())) or any(holds[c] for c in rule.get("ruled_out_by", ())):
+        return None
+    advice = tuple(
+        a["text"] for a in rule.get("advice", ())
+        if all(_condition(c, values, names, data) for c in a.get("when", ()))
+        and not any(_condition(c, values, names, data) for c in a.get("unless", ()))
+    )
+    return _Instance(rule_id, severity, float(value), rank, phase, values, advice)
 
 
 def find_bottlenecks(ranks: list[RankAnalysis], across: list[CrossRankStats], kernels: list[KernelRow],
-                     comm_categories: list[str], msg_bytes: dict[int, list[int]]) -> list[Finding]:
-    """All findings for one analysis, most severe first.
+                     comm_categories: list[str], msg_bytes: dict[int, list[int]],
+                     facts: Mapping[int, RankFacts] | None = None,
+                     rules_data: Mapping[str, Any] | None = None) -> list[Finding]:
+    """All findings for one analysis, most severe first, one per cause.
 
     Args:
         comm_categories: the taxonomy's communication categories.
         msg_bytes: per rank, the message sizes collective kernels recorded (may be empty).
+        facts: per rank, graph replays and idle gaps (:func:`servescope.trace.facts.rank_facts`); without
+            them no rule that needs them fires.
+        rules_data: the findings data to apply (default: the bundled :func:`load_rules`).
     """
-    rules = load_rules()
-    out: list[Finding] = []
+    data = rules_data if rules_data is not None else load_rules()
+    rules: dict[str, dict[str, Any]] = data["rules"]
+    facts = facts or {}
+    instances: list[_Instance] = []
+    by_rank_kernels: dict[int, list[KernelRow]] = {}
+    for k in kernels:
+        by_rank_kernels.setdefault(k.rank, []).append(k)
     for ra in ranks:
+        rows = by_rank_kernels.get(ra.rank, [])
+        names = _kernel_conditions(sorted({k.name for k in rows}), data)
+        rank_values = _rank_values(ra, rows, facts.get(ra.rank), data)
+        rank_values["top_other"], rank_values["snippet"] = _unclassified(rows)
+        for rule_id, rule in rules.items():
+            if rule["scope"] == "rank":
+                found = _evaluate(rule_id, rule, dict(rank_values), names, data, rank=ra.rank, phase=None)
+                instances.extend([found] if found else [])
         for phase in _PHASES_CHECKED:
             stats = ra.phases.get(phase)
-            if stats is None:
+            if stats is None or stats.steps == 0:
                 continue
-            sizes = msg_bytes.get(ra.rank) or []
-            comm_extra: Evidence = {"median_msg_bytes": int(np.median(sizes)) if sizes else None}
-            found = [
-                _share_rule("communication_bound", rules["communication_bound"], stats, comm_categories,
-                            rank=ra.rank, phase=phase, extra=comm_extra, cpu=ra.work_kind == "cpu_op"),
-                _share_rule("cast_bound", rules["cast_bound"], stats, ["elementwise", "memcpy"], rank=ra.rank,
-                            phase=phase,
-                            extra={"top_kernel": _top_kernel(kernels, ra.rank, {"elementwise", "memcpy"})}),
-                _share_rule("attention_heavy", rules["attention_heavy"], stats, ["attention"], rank=ra.rank,
-                            phase=phase, extra={}),
-                _idle_rule(rules, stats, ra, phase),
-            ]
-            out.extend(f for f in found if f is not None)
-    out.extend(_imbalance(rules, across))
-    order = {"high": 0, "medium": 1, "info": 2}
-    out.sort(key=lambda f: (order.get(f.severity, 3), f.id, f.rank or 0))
+            values = {**rank_values, **_phase_values(ra, phase, stats, facts.get(ra.rank), comm_categories,
+                                                     msg_bytes.get(ra.rank) or [])}
+            for rule_id, rule in rules.items():
+                if rule["scope"] == "phase":
+                    found = _evaluate(rule_id, rule, values, names, data, rank=ra.rank, phase=phase)
+                    instances.extend([found] if found else [])
+    instances.extend(_across(rules, across, data))
+    out = _merge(instances, rules, {ra.rank: ra.work_kind for ra in ranks})
+    out.sort(key=lambda f: (_SEVERITY_ORDER.get(f.severity, 3), f.id, f.rank if f.rank is not None else -1))
     return out
 
 
-def _idle_rule(rules: dict[str, dict[str, Any]], stats: PhaseStats, ra: RankAnalysis, phase: str) -> Finding | None:
-    rule_id = "launch_bound" if ra.work_kind == "device" else "cpu_overhead"
-    rule = rules[rule_id]
-    step = stats.step_us.mean
-    idle = stats.idle_us_per_step / step if step > 0 else 0.0
-    severity = _severity(idle, rule)
-    if severity is None:
-        return None
-    evidence: Evidence = {"rank": ra.rank, "phase": phase, "idle_share": round(idle, 4), "idle_pct": 100 * idle,
-                          "idle_us_per_step": stats.idle_us_per_step, "step_us": step,
-                          "busy_us_per_step": stats.busy_us_per_step}
-    return _finding(rule_id, rule, severity, evidence, rank=ra.rank, phase=phase)
-
-
-def _imbalance(rules: dict[str, dict[str, Any]], across: list[CrossRankStats]) -> list[Finding]:
-    out: list[Finding] = []
+def _across(rules: Mapping[str, dict[str, Any]], across: list[CrossRankStats],
+            data: Mapping[str, Any]) -> list[_Instance]:
+    out: list[_Instance] = []
     for cross in across:
         if cross.phase not in _PHASES_CHECKED:
             continue
         spread = cross.step_us
         ratio = spread.max_us / spread.min_us if spread.min_us > 0 else 1.0
-        severity = _severity(ratio, rules["rank_imbalance"])
-        if severity is not None:
-            evidence: Evidence = {
-                "phase": cross.phase, "ratio": round(ratio, 4), "max_rank": spread.max_rank,
-                "max_us": spread.max_us, "min_rank": spread.min_rank, "min_us": spread.min_us,
-            }
-            out.append(_finding("rank_imbalance", rules["rank_imbalance"], severity, evidence, rank=None,
-                                phase=cross.phase))
+        values: dict[str, Any] = {
+            "rank_imbalance_ratio": ratio, "ratio": ratio, "max_rank": spread.max_rank, "max_us": spread.max_us,
+            "min_rank": spread.min_rank, "min_us": spread.min_us,
+        }
+        found = _evaluate("rank_imbalance", rules["rank_imbalance"], values, {}, data, rank=None, phase=cross.phase)
+        out.extend([found] if found else [])
+        skew = cross.collective_start_skew_us
         for rank, share in cross.collective_wait_share.items():
-            severity = _severity(share, rules["collective_wait"])
-            if severity is None:
-                continue
-            skew = cross.collective_start_skew_us
-            evidence = {
-                "phase": cross.phase, "wait_rank": int(rank), "wait_share": round(share, 4),
-                "wait_share_pct": 100 * share, "wait_us_per_step": cross.collective_wait_us_per_step[rank],
+            values = {
+                "collective_wait_share": share, "wait_rank": int(rank), "wait_share_pct": 100 * share,
+                "wait_us_per_step": cross.collective_wait_us_per_step[rank],
                 "collective_us_per_step": cross.collective_us_per_step[rank],
                 "skew_median_us": skew.median if skew is not None else None,
             }
-            out.append(_finding("collective_wait", rules["collective_wait"], severity, evidence, rank=int(rank),
-                                phase=cross.phase))
+            found = _evaluate("collective_wait", rules["collective_wait"], values, {}, data, rank=int(rank),
+                              phase=cross.phase)
+            out.extend([found] if found else [])
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Merging: one finding per cause
+# ---------------------------------------------------------------------------------------------------------
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    if not ranks:
+        return "all ranks"
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"ranks {ranks[0]}–{ranks[-1]}"
+    return "ranks " + ", ".join(str(r) for r in ranks)
+
+
+def _range_pct(values: Sequence[float]) -> str:
+    lo, hi = 100 * min(values), 100 * max(values)
+    return f"{hi:.1f}%" if round(lo, 1) == round(hi, 1) else f"{lo:.1f}–{hi:.1f}%"
+
+
+@dataclass(slots=True)
+class _Group:
+    rule: str
+    items: list[_Instance]
+
+    @property
+    def worst(self) -> _Instance:
+        return max(self.items, key=lambda i: i.value)
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted({i.rank for i in self.items if i.rank is not None})
+
+    @property
+    def phases(self) -> list[str]:
+        present = {i.phase for i in self.items if i.phase is not None}
+        return [p for p in _PHASES_CHECKED if p in present]
+
+    @property
+    def severity(self) -> str:
+        return min((i.severity for i in self.items), key=lambda s: _SEVERITY_ORDER.get(s, 3))
+
+    @property
+    def where(self) -> set[tuple[int | None, str | None]]:
+        return {(i.rank, i.phase) for i in self.items}
+
+
+def _template(rule: Mapping[str, Any], ranks: Sequence[int], work_kind: Mapping[int, str]) -> str:
+    cpu = bool(ranks) and all(work_kind.get(r) == "cpu_op" for r in ranks)
+    return str(rule.get("message_cpu", rule["message"]) if cpu else rule["message"])
+
+
+def _merge(instances: list[_Instance], rules: Mapping[str, dict[str, Any]],
+           work_kind: Mapping[int, str]) -> list[Finding]:
+    """One finding per rule and advice given (findings whose message gives no advice: per rule)."""
+    groups: dict[tuple[str, tuple[str, ...]], _Group] = {}
+    for inst in instances:
+        ranks = [inst.rank] if inst.rank is not None else []
+        advice = inst.advice if "{advice}" in _template(rules[inst.rule], ranks, work_kind) else ()
+        groups.setdefault((inst.rule, advice), _Group(inst.rule, [])).items.append(inst)
+    merged_into: dict[int, _Group] = {}  # id(group merged away) -> the group that reports it
+    for group in groups.values():
+        partner_id = rules[group.rule].get("merge_with")
+        if not partner_id:
+            continue
+        for other in groups.values():
+            if other.rule == partner_id and id(other) not in merged_into and group.where & other.where:
+                merged_into[id(other)] = group
+                break
+    out: list[Finding] = []
+    for group in groups.values():
+        if id(group) in merged_into:
+            continue
+        partner = next((g for g in groups.values() if merged_into.get(id(g)) is group), None)
+        out.append(_finding(group, rules[group.rule], partner, work_kind))
+    return out
+
+
+def _finding(group: _Group, rule: Mapping[str, Any], partner: _Group | None,
+             work_kind: Mapping[int, str]) -> Finding:
+    worst = group.worst
+    ranks, phases = group.ranks, group.phases
+    values = dict(worst.values)
+    phase_text = " and ".join(_PHASE_WORDS.get(p, p) for p in phases) or "all"
+    values.update({
+        "where": _ranks_text(ranks), "s": "s" if len(ranks) == 1 else "",
+        "range_pct": _range_pct([i.value for i in group.items]), "phase": phase_text,
+        "advice": "; ".join(worst.advice) if worst.advice else rule.get("no_advice", ""),
+    })
+    template = _template(rule, ranks, work_kind)
+    severity = group.severity
+    evidence: Evidence = {"rule": group.rule}
+    if partner is not None:
+        pw = partner.worst
+        values.update({
+            "wait_where": _ranks_text(partner.ranks).capitalize(), "wait_s": "s" if len(partner.ranks) == 1 else "",
+            "wait_range_pct": _range_pct([i.value for i in partner.items]),
+            "skew_median_us": pw.values.get("skew_median_us"),
+        })
+        template = rule["message_merged"]
+        severity = min(severity, partner.severity, key=lambda s: _SEVERITY_ORDER.get(s, 3))
+        evidence["rule"] = f"{group.rule}+{partner.rule}"
+    if template.startswith("{where}"):
+        values["where"] = values["where"].capitalize()
+    message = _format(template, values).replace("step step", "step")
+
+    metric = rule["metric"]
+    evidence.update({
+        "ranks": ",".join(str(r) for r in ranks) or None, "phases": ",".join(phases) or None,
+        metric: round(worst.value, 4), f"{metric}_min": round(min(i.value for i in group.items), 4),
+        "instances": len(group.items),
+    })
+    for field in _fields(template):
+        name = field.split(".")[0].split("[")[0]
+        if name not in _MERGE_FIELDS and name not in evidence and name != "snippet":
+            evidence[name] = _plain(values.get(name))
+    if partner is not None:
+        pw = partner.worst
+        evidence.update({
+            "wait_ranks": ",".join(str(r) for r in partner.ranks) or None,
+            "wait_phases": ",".join(partner.phases) or None,
+            "collective_wait_share": round(pw.value, 4),
+            "collective_wait_share_min": round(min(i.value for i in partner.items), 4),
+            "wait_us_per_step": _plain(pw.values.get("wait_us_per_step")),
+            "collective_us_per_step": _plain(pw.values.get("collective_us_per_step")),
+        })
+    return Finding(id=group.rule, severity=severity, message=message, evidence=evidence,
+                   rank=ranks[0] if len(ranks) == 1 else None, phase=phases[0] if len(phases) == 1 else None)
+
+
+def _plain(value: Any) -> float | int | str | None:
+    if value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, (float, np.floating)):
+        return round(float(value), 4)
+    return str(value)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Unclassified kernels: the --taxonomy rule that would file them
+# ---------------------------------------------------------------------------------------------------------
+
+_HINTS = (
+    (re.compile(r"(?i)all_?reduce|allreduce"), "comm.all_reduce"),
+    (re.compile(r"(?i)all_?gather"), "comm.all_gather"),
+    (re.compile(r"(?i)all_?to_?all|dispatch|combine"), "comm.all_to_all"),
+    (re.compile(r"(?i)attn|attention"), "attention"),
+    (re.compile(r"(?i)moe|expert"), "moe"),
+    (re.compile(r"(?i)gemm|matmul|_mm\b"), "gemm"),
+    (re.compile(r"(?i)norm"), "norm"),
+    (re.compile(r"(?i)rope|rotary"), "rotary"),
+)
+
+
+def _name_stem(name: str) -> str:
+    stem = name.removeprefix("void ").strip()
+    return re.split(r"[<(\s]", stem, maxsplit=1)[0] or stem
+
+
+def _toml_string(text: str) -> str:
+    return f"'{text}'" if "'" not in text and "\n" not in text else '"' + text.replace("\\", "\\\\").replace(
+        '"', '\\"') + '"'
+
+
+def taxonomy_snippet(names: Sequence[str]) -> str:
+    """A ``--taxonomy`` file that files ``names``: one rule per name stem, with the category its name suggests
+    (a new ``user.*`` category where it suggests none)."""
+    new: dict[str, str] = {}
+    rules: list[str] = []
+    for stem in dict.fromkeys(_name_stem(n) for n in names):
+        category = next((c for p, c in _HINTS if p.search(stem)), None)
+        if category is None:
+            category = "user." + (re.sub(r"[^A-Za-z0-9_]+", "_", stem).strip("_").lower()[:40] or "kernel")
+            new[category] = "compute"
+        rules.append(f"[[rule]]\ncategory = {_toml_string(category)}\nregex = [{_toml_string('^' + re.escape(stem))}]\n"
+                     f"note = {_toml_string('filed by hand after servescope analyze: ' + stem[:60])}")
+    head = "[categories]\n" + "".join(f"{_toml_string(c)} = \"{g}\"\n" for c, g in new.items()) if new else ""
+    return head + ("\n" if head else "") + "\n\n".join(rules) + "\n"
+
+
+def _unclassified(rows: Sequence[KernelRow]) -> tuple[str | None, str | None]:
+    """The top kernels filed as ``other`` (name and share) and the taxonomy snippet that would file them."""
+    other: dict[str, float] = {}
+    for k in rows:
+        if k.category == "other":
+            other[k.name] = other.get(k.name, 0.0) + k.total_us
+    if not other:
+        return None, None
+    total = sum(k.total_us for k in rows)
+    top = sorted(other, key=lambda n: -other[n])[:3]
+    text = ", ".join(f"{n[:80]} ({100 * other[n] / total:.1f}%)" for n in top)
+    return text, taxonomy_snippet(top)

@@ -1,0 +1,110 @@
+"""Facts about how a rank's trace ran, which findings check before they advise anything.
+
+The analysis document holds shares per category; some questions need the raw intervals instead:
+
+* **graph replays**: a device operation whose correlation id belongs to a runtime ``cudaGraphLaunch`` /
+  ``hipGraphLaunch`` event was replayed from a CUDA/HIP graph (one launch for all kernels of the graph).
+  Its share of the device time, for the whole rank and per phase, says whether the engine already uses
+  graphs there.
+* **idle gaps**: a step's idle time is its span less the union of its work. Whether that idle is a steady
+  state (many short host-side gaps in every step: launch bound) or one long gap (a host pause before one
+  big prefill) needs the largest single gap of each step, which only the intervals give.
+
+Everything here is vectorised over the trace's tables; one Python iteration per step.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from servescope.core.analysis import StepRow
+from servescope.trace.reader import OpTable, TraceData
+
+__all__ = ["GRAPH_LAUNCH", "RankFacts", "StepGap", "graph_replayed", "rank_facts"]
+
+GRAPH_LAUNCH = re.compile(r"(?:cuda|hip)GraphLaunch", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class StepGap:
+    """The idle time of one step and its largest single gap (µs, the gap's start from the step's start)."""
+
+    step: int  # StepRow.index
+    phase: str
+    span_us: float
+    idle_us: float
+    largest_gap_us: float
+    largest_gap_at_us: float
+
+
+@dataclass(frozen=True, slots=True)
+class RankFacts:
+    rank: int
+    graph_replay_share: float  # share of the rank's device time launched by graph replays
+    phase_graph_share: dict[str, float] = field(default_factory=dict)  # the same, within each phase's steps
+    gaps: dict[str, list[StepGap]] = field(default_factory=dict)  # per phase, one per step
+
+
+def graph_replayed(data: TraceData) -> npt.NDArray[np.bool_]:
+    """Per device row: launched by a ``cudaGraphLaunch``/``hipGraphLaunch`` (a graph replay)."""
+    launches = data.launches
+    if len(launches) == 0 or len(data.device) == 0:
+        return np.zeros(len(data.device), dtype=bool)
+    name_ids = np.unique(launches.name)
+    graph_names = np.array([i for i in name_ids.tolist() if GRAPH_LAUNCH.search(data.names[i])], dtype=np.int32)
+    if len(graph_names) == 0:
+        return np.zeros(len(data.device), dtype=bool)
+    corr = launches.correlation[np.isin(launches.name, graph_names)]
+    corr = corr[corr >= 0]
+    return np.isin(data.device.correlation, corr) & (data.device.correlation >= 0)
+
+
+def _step_gap(start: npt.NDArray[np.float64], end: npt.NDArray[np.float64], row: StepRow) -> StepGap:
+    """Idle and largest gap of the work intervals (sorted by start) within ``row``'s window."""
+    lo, hi = row.start_us, row.start_us + row.span_us
+    if len(start) == 0:
+        return StepGap(row.index, row.phase, row.span_us, row.span_us, row.span_us, 0.0)
+    reach = np.maximum.accumulate(np.minimum(end, hi))
+    # gaps: window start → first op, between op i's reach and op i+1's start, last reach → window end
+    before = np.concatenate(([lo], reach))
+    after = np.concatenate((np.maximum(start, lo), [hi]))
+    gaps = np.maximum(after - before, 0.0)
+    k = int(np.argmax(gaps))
+    return StepGap(row.index, row.phase, row.span_us, max(row.span_us - row.busy_us, 0.0), float(gaps[k]),
+                   float(before[k] - lo))
+
+
+def _sorted_intervals(table: OpTable) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64],
+                                               npt.NDArray[np.float64]]:
+    order = np.argsort(table.ts_us, kind="stable").astype(np.int64)
+    start = table.ts_us[order]
+    return order, start, start + table.dur_us[order]
+
+
+def rank_facts(data: TraceData, rank: int, steps: list[StepRow]) -> RankFacts:
+    """Graph replays and idle gaps of one rank, over the steps the breakdown found (their windows)."""
+    device = len(data.device) > 0
+    table = data.device if device else data.cpu_ops
+    order, start, end = _sorted_intervals(table)
+    replayed = graph_replayed(data)[order] if device else np.zeros(len(order), dtype=bool)
+    dur = end - start
+    total = float(dur.sum())
+    share = float(dur[replayed].sum()) / total if total > 0 else 0.0
+
+    gaps: dict[str, list[StepGap]] = {}
+    graph_us: dict[str, float] = {}
+    work_us: dict[str, float] = {}
+    for row in steps:
+        lo = int(np.searchsorted(start, row.start_us, side="left"))
+        hi = int(np.searchsorted(start, row.start_us + row.span_us, side="right"))
+        s, e = start[lo:hi], end[lo:hi]
+        gaps.setdefault(row.phase, []).append(_step_gap(s, e, row))
+        d = dur[lo:hi]
+        graph_us[row.phase] = graph_us.get(row.phase, 0.0) + float(d[replayed[lo:hi]].sum())
+        work_us[row.phase] = work_us.get(row.phase, 0.0) + float(d.sum())
+    phase_share = {p: (graph_us[p] / work_us[p] if work_us[p] > 0 else 0.0) for p in work_us}
+    return RankFacts(rank=rank, graph_replay_share=share, phase_graph_share=phase_share, gaps=gaps)
