@@ -201,7 +201,7 @@ COMM = [  # (name pattern, category)
     (r"broadcast|ncclKernel|ncclDevKernel|rccl", "comm.other"),
 ]
 GEMM_NAME = (r"gemm|^Cijk_|nvjet|xmma|cutlass.*(tensorop|sgemm|simt)|splitKreduce|cublas|hipblas|"
-             r"^ampere_\w*gemm|^sm\d+_\w*gemm|wgmma|onednn_mm|_matmul(?!_ogs)")
+             r"^ampere_\w*gemm|^sm\d+_\w*gemm|^(?!.*(sdpa|fmha|flash)).*wgmma|onednn_mm|_matmul(?!_ogs)")
 GEMM_OP = (r"^(aten::(mm|addmm|bmm|baddbmm|addbmm|matmul|linear|_scaled_mm)|_C::\w*(onednn_mm|linear|gemm)\w*|"
            r"vllm::\w*gemm\w*|aiter::gemm\w*)$")
 # aten op -> category when nothing in the context says more (the op's own meaning)
@@ -261,6 +261,9 @@ def decide(w: Work, region: str | None = None) -> tuple[str, str, bool]:
     for pat, cat in COMM:
         if _has(pat, name) and (w.kind != "cpu_op" or _has(r"shm_|all_?reduce|all_?gather|c10d::|nccl|gloo|"
                                                               r"reduce_scatter|all_to_all|broadcast", name)):
+            if cat == "comm.send_recv" and _has(r"all_?to_?all", _frames(w)):
+                return "comm.all_to_all", "SendRecv kernel launched inside an all_to_all op: NCCL runs all-to-all " \
+                                          "as grouped send/recv", False
             return cat, "collective kernel/op name", False
     if w.kind == "cpu_op" and _has(VIEW_OPS, name):
         return "framework", f"tensor bookkeeping op {name} (no compute)", _has(r"gloo:|nccl:|c10d::", frames)
@@ -340,7 +343,9 @@ def decide(w: Work, region: str | None = None) -> tuple[str, str, bool]:
         return _cpu_generic(name)
     if op in (NO_OP, NO_RUNTIME) and w.graph:
         return "elementwise", "graph replay, no capture context", True
-    return "elementwise", f"generic elementwise/copy kernel ({op})", False
+    layer_frame = _has(r"norm|rotary|rope|/attention/|attn", _frames(w))
+    return "elementwise", f"generic elementwise/copy kernel ({op})" + (
+        "; launched inside a norm/rotary/attention python frame (arguable)" if layer_frame else ""), layer_frame
 
 
 VIEW_OPS = (r"^aten::(slice|as_strided|view|reshape|_reshape_alias|empty|empty_strided|empty_like|new_empty\w*|"
