@@ -284,7 +284,7 @@ KNOWN = [
      "elementwise"),  # (trace)
     ("triton_poi_fused__to_copy_1", "kernel", "elementwise"),  # (trace)
     ("aten::copy_", "cpu_op", "elementwise"),  # (trace)
-    ("aten::to", "cpu_op", "elementwise"),  # (trace)
+    ("aten::to", "cpu_op", "framework"),  # (trace) its self time is dispatch; the copy is aten::copy_ inside it
     ("aten::add", "cpu_op", "elementwise"),  # (trace)
     ("aten::mul", "cpu_op", "elementwise"),
     ("aten::fill_", "cpu_op", "elementwise"),  # (trace)

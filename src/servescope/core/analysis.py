@@ -16,6 +16,7 @@ __all__ = [
     "CrossRankCategory",
     "CrossRankStats",
     "DeviceTotal",
+    "BASES",
     "Finding",
     "InputFile",
     "KernelRow",
@@ -79,19 +80,37 @@ class RankAnalysis(msgspec.Struct, kw_only=True):
     rank: int
     path: str
     work_kind: str  # "device": kernels/memcpy/memset; "cpu_op": leaf CPU ops (traces without device events)
-    step_source: str  # "annotation" | "profiler_step" | "gaps" | "whole"
+    step_source: str  # "annotation" | "execute_model" | "profiler_step" | "gaps" | "whole"
     unattributed_us: float
     phases: dict[str, PhaseStats]
     steps: list[StepRow] = msgspec.field(default_factory=list)
+    # Share of the rank's work time whose category was decided by each basis (see KernelRow.basis).
+    basis_share: dict[str, float] = msgspec.field(default_factory=dict)
+    # Facts about how the trace ran that findings check before advising (graph replays, custom all-reduce).
+    graph_replay_share: float = 0.0  # share of device work time launched by CUDA/HIP graph replays
+
+
+BASES = ("op", "graph", "peer", "name", "unknown")
 
 
 class KernelRow(msgspec.Struct, kw_only=True):
+    """One kernel (or CPU op) name on one rank, for one category and the basis that decided it.
+
+    ``basis``: ``op`` (the CPU op / annotation / python frame that launched it), ``graph`` (a graph replay,
+    its context carried over from the capture trace), ``peer`` (no launch context; the same name was
+    decided by ``op`` elsewhere in the run), ``name`` (the name rules), ``unknown`` (nothing decided:
+    category ``other``). A name launched from several contexts has one row per (category, basis).
+    ``launch_op``: the frame that decided it (``op``/``graph``/``peer``), else None.
+    """
+
     rank: int
     name: str
     category: str
     kind: str
     count: int
     total_us: float
+    basis: str = "name"
+    launch_op: str | None = None
 
 
 class DeviceTotal(msgspec.Struct, kw_only=True):
@@ -135,7 +154,7 @@ class Finding(msgspec.Struct, kw_only=True):
 class TraceInfo(msgspec.Struct, kw_only=True):
     path: str
     rank: int | None
-    role: str  # "worker" | "frontend"
+    role: str  # "worker" | "frontend" | "capture" (a graph-capture trace whose launches name the replayed kernels)
     events: int
     rank_source: str  # "distributedInfo" | "filename" | "only file" | "none"
     world_size: int | None = None

@@ -14,10 +14,11 @@ from servescope import __version__
 from servescope.core.analysis import AnalysisDoc, InputFile, KernelRow, RankAnalysis, TraceInfo
 from servescope.core.errors import InputError
 from servescope.trace.breakdown import RankBreakdown, break_down
+from servescope.trace.classify import CaptureReference, capture_reference, is_capture
 from servescope.trace.facts import rank_facts
 from servescope.trace.files import EXAMPLE_NAME, EXAMPLES, discover_traces, example_trace_dir
 from servescope.trace.findings import find_bottlenecks
-from servescope.trace.ranks import assign_ranks, compare_ranks
+from servescope.trace.ranks import assign_ranks, compare_ranks, rank_from_name
 from servescope.trace.readahead import ReadAhead
 from servescope.trace.reader import TraceData, to_trace_data
 from servescope.trace.steps import find_steps
@@ -55,6 +56,20 @@ def _read_all(paths: Sequence[Path], progress: Progress | None, read_ahead: Read
     return out
 
 
+def _capture_rank(data: TraceData) -> int | None:
+    info = data.distributed or {}
+    return int(info["rank"]) if isinstance(info.get("rank"), int) else rank_from_name(data.path.name)
+
+
+def _captures_by_rank(captures: list[TraceData], taxonomy: Taxonomy) -> dict[int, CaptureReference]:
+    """Each graph-capture trace's launches, by the rank it captured (-1: the one capture, for every rank)."""
+    out: dict[int, CaptureReference] = {}
+    for data in captures:
+        rank = _capture_rank(data)
+        out[rank if rank is not None and len(captures) > 1 else -1] = capture_reference(data, taxonomy)
+    return out
+
+
 def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
             read_ahead: ReadAhead | None = None) -> AnalysisDoc:
     """Analyze the traces of one run: every rank's steps, breakdown per phase, ranks compared, findings.
@@ -71,7 +86,10 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
     """
     taxonomy: Taxonomy = load_taxonomy(request.taxonomy)
     files_found = discover_traces(request.paths)
-    traces = assign_ranks(_read_all(files_found, progress, read_ahead))
+    read = _read_all(files_found, progress, read_ahead)
+    captures = [d for d in read if is_capture(d)] if len(read) > 1 else []
+    traces = assign_ranks([d for d in read if not any(d is c for c in captures)])
+    capture_of = _captures_by_rank(captures, taxonomy)
     workers = sorted((t for t in traces if t.role == "worker"), key=lambda t: t.rank or 0)
     per_rank: dict[int, RankBreakdown] = {}
     rank_docs: list[RankAnalysis] = []
@@ -84,13 +102,15 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
         steps = find_steps(trace.data, work, gap_us=request.step_gap_us)
         if steps.gap_us is not None:
             gaps.append(steps.gap_us)
-        result = break_down(trace.data, work, steps, taxonomy, rank=trace.rank)
+        result = break_down(trace.data, work, steps, taxonomy, rank=trace.rank,
+                            capture=capture_of.get(trace.rank, capture_of.get(-1)))
         per_rank[trace.rank] = result
         kernels.extend(result.kernels)
         msg_bytes[trace.rank] = list(trace.data.device.msg_bytes.values())
         rank_docs.append(RankAnalysis(
             rank=trace.rank, path=str(trace.data.path), work_kind=work.kind, step_source=steps.source,
             unattributed_us=result.unattributed_us, phases=result.phases, steps=result.steps,
+            basis_share=result.basis_share,
         ))
     if not workers:
         raise InputError(", ".join(str(t.data.path) for t in traces),
@@ -113,13 +133,14 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
             "taxonomy": taxonomy.source,
             "step_gap_us": request.step_gap_us if request.step_gap_us is not None else (max(gaps) if gaps else None),
         },
-        inputs=[InputFile(path=str(t.data.path), size_bytes=t.data.size_bytes) for t in traces],
+        inputs=[InputFile(path=str(d.path), size_bytes=d.size_bytes) for d in read],
         traces=[
             TraceInfo(path=str(t.data.path), rank=t.rank, role=t.role, events=t.data.event_count,
                       rank_source=t.rank_source,
                       world_size=(t.data.distributed or {}).get("world_size"))
             for t in sorted(traces, key=lambda t: (t.role != "worker", t.rank or 0))
-        ],
+        ] + [TraceInfo(path=str(c.path), rank=_capture_rank(c), role="capture", events=c.event_count,
+                       rank_source="capture") for c in captures],
         ranks=rank_docs,
         kernels=kernels,
         device_totals={str(r): b.device_totals for r, b in per_rank.items()},

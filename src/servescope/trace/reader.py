@@ -19,6 +19,7 @@ from servescope.trace.decode import (
     KIND_MEMCPY,
     KIND_MEMSET,
     KIND_NAMES,
+    KIND_PYTHON,
     Annotation,
     Columns,
     DecodedTrace,
@@ -31,6 +32,7 @@ __all__ = [
     "KIND_MEMCPY",
     "KIND_MEMSET",
     "KIND_NAMES",
+    "KIND_PYTHON",
     "Annotation",
     "OpTable",
     "TraceData",
@@ -50,6 +52,7 @@ class OpTable:
     correlation: npt.NDArray[np.int64]  # -1 where absent
     thread: npt.NDArray[np.int32]  # index into TraceData.threads
     msg_bytes: dict[int, int] = field(default_factory=dict)  # row -> bytes, for collectives that record it
+    kernel: dict[int, int] = field(default_factory=dict)  # launch row -> name id of the kernel it launched
 
     def __len__(self) -> int:
         return int(self.ts_us.shape[0])
@@ -65,6 +68,7 @@ class OpTable:
             correlation=np.frombuffer(columns.correlation, dtype=np.int64),
             thread=np.frombuffer(columns.thread, dtype=np.intc).astype(np.int32, copy=False),
             msg_bytes=columns.msg_bytes,
+            kernel=columns.kernel,
         )
 
 
@@ -80,6 +84,7 @@ class TraceData:
     device: OpTable  # kernels, memcpy, memset
     cpu_ops: OpTable  # every cpu_op (the work in traces without device events)
     launches: OpTable  # runtime calls with a correlation id
+    frames: OpTable  # python_function events: the python stack (traces captured with_stack / with_modules)
     annotations: list[Annotation]
     distributed: dict[str, Any] | None
     metadata: dict[str, str]
@@ -91,6 +96,7 @@ def to_trace_data(decoded: DecodedTrace) -> TraceData:
         path=decoded.path, size_bytes=decoded.size_bytes, event_count=decoded.event_count, names=decoded.names,
         threads=decoded.threads,
         device=OpTable.of(decoded.device), cpu_ops=OpTable.of(decoded.cpu_ops), launches=OpTable.of(decoded.launches),
+        frames=OpTable.of(decoded.frames),
         annotations=decoded.annotations, distributed=decoded.distributed, metadata=decoded.metadata,
     )
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from servescope.core.errors import InputError
 
-__all__ = ["CATEGORY_OTHER", "Rule", "Taxonomy", "load_taxonomy"]
+__all__ = ["CATEGORY_OTHER", "FRAME_KINDS", "Rule", "Taxonomy", "load_taxonomy"]
 
 CATEGORY_OTHER = "other"
 _GROUPS = ("communication", "compute", "memory", "other")
@@ -35,9 +35,17 @@ _KINDS = ("kernel", "gpu_memcpy", "gpu_memset", "cpu_op")
 # Kinds whose category is fixed by the event kind; rules apply to the others.
 _FIXED = {"gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 _RULE_KINDS = ("kernel", "cpu_op")
+# Launch rules match the CPU-side frames around a launch: operators, annotations, python functions / modules.
+FRAME_KINDS = ("cpu_op", "annotation", "python")
+_INHERITS = ("previous_collective",)
 _SCHEMA_VERSION = 1
-_TOP_FIELDS = ("version", "categories", "rule")
+_TOP_FIELDS = ("version", "categories", "rule", "launch", "sequence")
 _RULE_FIELDS = ("category", "regex", "ignore_case", "kinds", "note")
+_LAUNCH_FIELDS = (*_RULE_FIELDS, "inherit", "refines")
+_SEQUENCE_FIELDS = ("category", "regex", "note")
+# table name -> (fields, the kinds a rule may name)
+_TABLES = {"rule": (_RULE_FIELDS, _RULE_KINDS), "launch": (_LAUNCH_FIELDS, FRAME_KINDS),
+           "sequence": (_SEQUENCE_FIELDS, ("cpu_op",))}
 _BUILTIN_SOURCE = "servescope/data/taxonomy.toml"
 # Global inline flags would change how the whole rule matches, and cannot be joined with other patterns.
 _INLINE_FLAGS = re.IGNORECASE | re.MULTILINE | re.DOTALL | re.VERBOSE | re.ASCII
@@ -61,6 +69,9 @@ class Rule:
     note: str
     source: str
     index: int
+    table: str = "rule"  # "rule" (names), "launch" (frames around a launch), "sequence" (runs of operators)
+    inherit: str | None = None  # launch rules: "previous_collective" takes the category of the collective waited on
+    refines: str | None = None  # launch rules: decide only work whose name rules file it in this group or "other"
 
     @property
     def flags(self) -> int:
@@ -104,6 +115,27 @@ def _matcher(rule: Rule) -> _Matcher:
     return rule.category, rule.ignore_case, tuple(literals), tuple(regexes), rule
 
 
+def _first(matchers: tuple[_Matcher, ...], name: str) -> _Matcher | None:
+    """The first of ``matchers`` whose rule matches ``name``."""
+    folded = name.lower() if name.isascii() else None
+    for matcher in matchers:
+        _, ignore_case, literals, regexes, rule = matcher
+        text = name
+        if ignore_case:
+            if folded is None:  # not ASCII: lower() is not IGNORECASE there
+                if rule.pattern.search(name) is not None:
+                    return matcher
+                continue
+            text = folded
+        for literal in literals:
+            if literal in text:
+                return matcher
+        for regex in regexes:
+            if regex.search(name) is not None:
+                return matcher
+    return None
+
+
 @dataclass(frozen=True)
 class Taxonomy:
     """Categories with their groups, and the ordered rules that map operation names onto them.
@@ -118,12 +150,24 @@ class Taxonomy:
     categories: dict[str, str]
     source: str
     rules: tuple[Rule, ...] = ()
+    launch_rules: tuple[Rule, ...] = ()
+    sequence_rules: tuple[Rule, ...] = ()
     _by_kind: dict[str, tuple[_Matcher, ...]] = field(init=False, repr=False, compare=False)
+    _by_frame: dict[str, tuple[_Matcher, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         matchers = [(rule.kinds, _matcher(rule)) for rule in self.rules]
         by_kind = {kind: tuple(m for kinds, m in matchers if kind in kinds) for kind in _RULE_KINDS}
         object.__setattr__(self, "_by_kind", by_kind)
+        frames = [(rule.kinds, _matcher(rule)) for rule in self.launch_rules]
+        object.__setattr__(self, "_by_frame",
+                           {kind: tuple(m for kinds, m in frames if kind in kinds) for kind in FRAME_KINDS})
+
+    def launch_rule(self, name: str, kind: str) -> Rule | None:
+        """The first launch rule matching a frame named ``name`` of ``kind`` (``cpu_op``, ``annotation``,
+        ``python``), or None: such a frame says nothing about the kernels launched inside it."""
+        found = _first(self._by_frame[kind], name)
+        return found[4] if found is not None else None
 
     def classify(self, name: str, kind: str) -> str:
         """The category of an operation named ``name`` of event kind ``kind``.
@@ -142,22 +186,8 @@ class Taxonomy:
         matchers = self._by_kind.get(kind)
         if matchers is None:
             raise ValueError(f"kind {kind!r} is not one of: {', '.join(_KINDS)}")
-        folded = name.lower() if name.isascii() else None
-        for category, ignore_case, literals, regexes, rule in matchers:
-            text = name
-            if ignore_case:
-                if folded is None:  # not ASCII: lower() is not IGNORECASE there
-                    if rule.pattern.search(name) is not None:
-                        return category
-                    continue
-                text = folded
-            for literal in literals:
-                if literal in text:
-                    return category
-            for regex in regexes:
-                if regex.search(name) is not None:
-                    return category
-        return CATEGORY_OTHER
+        found = _first(matchers, name)
+        return found[0] if found is not None else CATEGORY_OTHER
 
     def is_communication(self, category: str) -> bool:
         """Whether ``category`` belongs to the ``communication`` group (False for unknown names)."""
@@ -182,25 +212,29 @@ def load_taxonomy(path: str | Path | None = None) -> Taxonomy:
     """
     builtin_categories, builtin_rules = _builtin()
     if path is None:
-        return Taxonomy(categories=dict(builtin_categories), source="builtin", rules=builtin_rules)
+        return Taxonomy(categories=dict(builtin_categories), source="builtin", rules=builtin_rules["rule"],
+                        launch_rules=builtin_rules["launch"], sequence_rules=builtin_rules["sequence"])
 
     source = str(path)
     document = _read_toml(Path(path), source)
     user_categories, raw_rules = _parse_document(document, source, require_note=False)
     categories = _merge_categories(builtin_categories, user_categories, source)
-    user_rules = tuple(_compile_rule(raw, source, categories) for raw in raw_rules)
-    return Taxonomy(categories=categories, source=source, rules=user_rules + builtin_rules)
+    user = {table: tuple(_compile_rule(raw, source, categories) for raw in raws) for table, raws in raw_rules.items()}
+    return Taxonomy(categories=categories, source=source, rules=user["rule"] + builtin_rules["rule"],
+                    launch_rules=user["launch"] + builtin_rules["launch"],
+                    sequence_rules=user["sequence"] + builtin_rules["sequence"])
 
 
 @lru_cache(maxsize=1)
-def _builtin() -> tuple[dict[str, str], tuple[Rule, ...]]:
+def _builtin() -> tuple[dict[str, str], dict[str, tuple[Rule, ...]]]:
     text = (resources.files("servescope") / "data" / "taxonomy.toml").read_text(encoding="utf-8")
     document = _loads(text, _BUILTIN_SOURCE)
     categories, raw_rules = _parse_document(document, _BUILTIN_SOURCE, require_note=True)
     missing = [c for c in (*_FIXED.values(), CATEGORY_OTHER) if c not in categories]
     if missing:
         raise InputError(_BUILTIN_SOURCE, f"categories {missing} are required")
-    return categories, tuple(_compile_rule(raw, _BUILTIN_SOURCE, categories) for raw in raw_rules)
+    return categories, {table: tuple(_compile_rule(raw, _BUILTIN_SOURCE, categories) for raw in raws)
+                        for table, raws in raw_rules.items()}
 
 
 def _read_toml(path: Path, source: str) -> dict[str, Any]:
@@ -232,11 +266,14 @@ class _RawRule:
     ignore_case: bool
     kinds: frozenset[str]
     note: str
+    table: str = "rule"
+    inherit: str | None = None
+    refines: str | None = None
 
 
 def _parse_document(
     document: Mapping[str, Any], source: str, *, require_note: bool
-) -> tuple[dict[str, str], list[_RawRule]]:
+) -> tuple[dict[str, str], dict[str, list[_RawRule]]]:
     _check_fields(document, _TOP_FIELDS, source, where="")
     version = document.get("version", _SCHEMA_VERSION)
     if version != _SCHEMA_VERSION or isinstance(version, bool):
@@ -253,17 +290,21 @@ def _parse_document(
             )
         categories[name] = group
 
-    raw_rules = document.get("rule", [])
-    if not isinstance(raw_rules, list) or not all(isinstance(r, dict) for r in raw_rules):
-        raise InputError(source, "rule: must be an array of tables ([[rule]])")
-    return categories, [
-        _parse_rule(raw, i, source, require_note=require_note) for i, raw in enumerate(raw_rules, start=1)
-    ]
+    rules: dict[str, list[_RawRule]] = {}
+    for table in _TABLES:
+        raw_rules = document.get(table, [])
+        if not isinstance(raw_rules, list) or not all(isinstance(r, dict) for r in raw_rules):
+            raise InputError(source, f"{table}: must be an array of tables ([[{table}]])")
+        rules[table] = [_parse_rule(raw, i, source, require_note=require_note, table=table)
+                        for i, raw in enumerate(raw_rules, start=1)]
+    return categories, rules
 
 
-def _parse_rule(raw: Mapping[str, Any], index: int, source: str, *, require_note: bool) -> _RawRule:
-    where = f"rule {index}: "
-    _check_fields(raw, _RULE_FIELDS, source, where=where)
+def _parse_rule(raw: Mapping[str, Any], index: int, source: str, *, require_note: bool,
+                table: str = "rule") -> _RawRule:
+    where = f"{table} {index}: "
+    fields, kinds_allowed = _TABLES[table]
+    _check_fields(raw, fields, source, where=where)
 
     category = raw.get("category")
     if not isinstance(category, str) or not category:
@@ -282,19 +323,26 @@ def _parse_rule(raw: Mapping[str, Any], index: int, source: str, *, require_note
     if not isinstance(ignore_case, bool):
         raise InputError(source, f"{where}ignore_case: must be true or false")
 
-    kinds = raw.get("kinds", list(_RULE_KINDS))
+    kinds = raw.get("kinds", list(kinds_allowed))
     if (
         not isinstance(kinds, list)
         or not kinds
-        or not all(isinstance(k, str) and k in _RULE_KINDS for k in kinds)
+        or not all(isinstance(k, str) and k in kinds_allowed for k in kinds)
     ):
-        raise InputError(source, f"{where}kinds: a non-empty list of {', '.join(map(repr, _RULE_KINDS))}")
+        raise InputError(source, f"{where}kinds: a non-empty list of {', '.join(map(repr, kinds_allowed))}")
+
+    inherit = raw.get("inherit")
+    if inherit is not None and inherit not in _INHERITS:
+        raise InputError(source, f"{where}inherit: one of {', '.join(map(repr, _INHERITS))}")
+    refines = raw.get("refines")
+    if refines is not None and refines not in _GROUPS:
+        raise InputError(source, f"{where}refines: one of {', '.join(map(repr, _GROUPS))}")
 
     note = raw.get("note", "")
     if not isinstance(note, str) or (require_note and not note.strip()):
         raise InputError(source, f"{where}note: a short note on the kernel family is required")
 
-    return _RawRule(index, category, tuple(patterns), ignore_case, frozenset(kinds), note)
+    return _RawRule(index, category, tuple(patterns), ignore_case, frozenset(kinds), note, table, inherit, refines)
 
 
 def _check_fields(table: Mapping[str, Any], allowed: Iterable[str], source: str, *, where: str) -> None:
@@ -321,7 +369,7 @@ def _merge_categories(builtin: Mapping[str, str], user: Mapping[str, str], sourc
 
 def _compile_rule(raw: _RawRule, source: str, categories: Mapping[str, str]) -> Rule:
     """The rule, its regexes checked (plain-text patterns need no check)."""
-    where = f"rule {raw.index}: "
+    where = f"{raw.table} {raw.index}: "
     if raw.category not in categories:
         raise InputError(source, f"{where}category {raw.category!r} is not declared in [categories]")
     flags = re.IGNORECASE if raw.ignore_case else 0
@@ -339,4 +387,5 @@ def _compile_rule(raw: _RawRule, source: str, categories: Mapping[str, str]) -> 
             _joined(raw.patterns, flags)
         except re.error:
             raise InputError(source, f"{where}bad regex: {_NO_INLINE_FLAGS}") from None
-    return Rule(raw.category, raw.patterns, raw.ignore_case, raw.kinds, raw.note, source, raw.index)
+    return Rule(raw.category, raw.patterns, raw.ignore_case, raw.kinds, raw.note, source, raw.index, raw.table,
+                raw.inherit, raw.refines)
