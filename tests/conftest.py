@@ -1,14 +1,56 @@
-"""Shared fixtures; the helpers they use live in tracefiles.py (importable as `tracefiles`)."""
+"""Shared fixtures and the ../shared rule; the helpers they use live in tracefiles.py (importable as `tracefiles`).
+
+Tests that read ``../shared`` (``needs_shared`` marker, or a parameter that is a path in it) are skipped when
+the corpus is not beside the checkout, and counted in one line under pytest's header; with
+``SERVESCOPE_REQUIRE_SHARED=1`` (set by ``.ci/run``) a missing corpus stops the run with an error instead.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from tracefiles import all_shared_traces
+from tracefiles import REQUIRE_ENV, SHARED, in_shared, shared_present, shared_required
+
+_NEEDING = pytest.StashKey[int]()
 
 
-@pytest.fixture(scope="session")
-def shared_traces() -> list[Path]:
-    return all_shared_traces()
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "needs_shared: reads the ../shared corpus; skipped when it is absent")
+    config.addinivalue_line("markers", "slow: minutes; runs only with SERVESCOPE_SLOW=1 (CI sets it)")
+    if shared_required() and not shared_present():
+        raise pytest.UsageError(f"{REQUIRE_ENV}=1 but the corpus is missing: no folder {SHARED} "
+                                "(CI lays ../shared beside the checkout)")
+
+
+def needs_shared(item: pytest.Item) -> bool:
+    """A test reads ../shared: it is marked so, or one of its parameters is a path inside it."""
+    if item.get_closest_marker("needs_shared") is not None:
+        return True
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and any(in_shared(v) for v in callspec.params.values())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("SERVESCOPE_SLOW", "").strip() in ("", "0"):
+        slow = pytest.mark.skip(reason="slow (minutes): SERVESCOPE_SLOW=1 runs it, as CI does")
+        for item in items:
+            if item.get_closest_marker("slow") is not None:
+                item.add_marker(slow)
+    needing = [item for item in items if needs_shared(item)]
+    config.stash[_NEEDING] = len(needing)
+    if not shared_present():
+        skip = pytest.mark.skip(reason=f"needs the ../shared corpus, not found at {SHARED}")
+        for item in needing:
+            item.add_marker(skip)
+
+
+def pytest_report_collectionfinish(config: pytest.Config, start_path: Path, items: list[pytest.Item]) -> str:
+    """One line under the header (shown at any verbosity, unlike pytest_report_header under -q)."""
+    count = config.stash.get(_NEEDING, 0)
+    if shared_present():
+        return f"../shared: {SHARED}: {count} tests read it"
+    return (f"../shared: not found at {SHARED}: {count} tests that read it are skipped (the traces and GPU "
+            f"recordings the project may not ship; CI sets {REQUIRE_ENV}=1 and fails without it)")

@@ -1,21 +1,67 @@
-"""Test helpers: the real traces in ../shared/traces (never copied into the repo), read by a plain route."""
+"""Test helpers: where ``../shared`` lies, the real traces in it (never copied into the repo), a plain reader.
+
+``../shared`` is the corpus beside the checkout that the project may not ship: public and recorded traces
+(``traces/``), nvidia-smi outputs of a lent H200 (``gpu/h200``) and the Kimi-K2.5 unit (``examples/``).
+``$SERVESCOPE_SHARED`` points elsewhere. Tests that read it carry the ``needs_shared`` marker (or a
+parameter that is a path in it); without the corpus they are skipped, and with ``SERVESCOPE_REQUIRE_SHARED=1``
+(CI) its absence fails the run (``tests/conftest.py``).
+"""
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 from typing import Any
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("SERVESCOPE_SHARED") or ROOT.parent / "shared").resolve()
 TRACES = SHARED / "traces"
+REQUIRE_ENV = "SERVESCOPE_REQUIRE_SHARED"
+
+# The traces of ../shared/traces, by name: the tests over "every shared trace" are parametrized from this list
+# whether or not the corpus is here, so a clone without it collects (and skips) the same tests;
+# test_corpus.py checks the list against the folder when it is there.
+CORPUS = (
+    "hta/a100_8rank_rank3_nccl.json.gz",
+    "hta/cpu_only.pt.trace.json.gz",
+    "hta/nccl_allreduce_2rank_rank0.json.gz",
+    "public/hf_qwen1.5-0.5b_mi300x_eager_profilerstep.json.gz",
+    "public/vllm_llama80L_tp4_h100_1p9d_rank0.pt.trace.json.gz",
+    "public/xdit_sd35_mi300x_compiled.json.gz",
+    "tracelens/h100_qwen1.5-0.5b_inference.json.gz",
+    "tracelens/sglang_qwen3-8b_decode_graph_capture_bs32.json.gz",
+    "tracelens/sglang_qwen3-8b_decode_graph_replay.json.gz",
+    "tracelens/vllm_decode_full_graph_capture_rank0.pt.trace.json.gz",
+    "tracelens/vllm_decode_full_graph_replay.json.gz",
+    "vllm-cpu/tp1_b1_32tok_rank0.pt.trace.json.gz",
+    "vllm-cpu/tp2_b4_16tok_frontend.async_llm.pt.trace.json.gz",
+    "vllm-cpu/tp2_b4_16tok_rank0.pt.trace.json.gz",
+    "vllm-cpu/tp2_b4_16tok_rank1.pt.trace.json.gz",
+)
+
+
+def shared_present() -> bool:
+    """Whether the ../shared corpus lies beside the checkout (or at $SERVESCOPE_SHARED)."""
+    return SHARED.is_dir()
+
+
+def shared_required() -> bool:
+    """CI's rule: with SERVESCOPE_REQUIRE_SHARED=1 a missing corpus fails the run instead of skipping."""
+    return os.environ.get(REQUIRE_ENV, "").strip() not in ("", "0")
+
+
+def in_shared(value: object) -> bool:
+    """Whether a test parameter is a path inside ../shared (so the test reads the corpus)."""
+    if isinstance(value, (tuple, list)):
+        return any(in_shared(v) for v in value)
+    return isinstance(value, Path) and (value == SHARED or SHARED in value.parents)
 
 
 def all_shared_traces() -> list[Path]:
-    """Every real trace in ../shared/traces; fails loudly when the folder is missing."""
-    found = sorted(TRACES.glob("*/*.json.gz"))
-    assert found, f"no traces under {TRACES}: CI lays ../shared beside the checkout"
-    return found
+    """Every real trace of ../shared/traces (CORPUS), whether or not the folder is here."""
+    return [TRACES / name for name in CORPUS]
 
 
 def load_events(path: Path) -> list[dict[str, Any]]:

@@ -86,6 +86,7 @@ def test_example_json_matches_its_own_traces() -> None:
         assert ranks[rank]["phases"]["decode"]["categories"]["comm.all_reduce"]["total_us"] > 0
 
 
+@pytest.mark.needs_shared
 def test_json_keys_and_roles(tmp_path: Path) -> None:
     result = runner.invoke(app, ["analyze", str(_tp2(tmp_path)), "--json"])
     assert result.exit_code == 0, result.output
@@ -102,6 +103,7 @@ def test_json_keys_and_roles(tmp_path: Path) -> None:
         assert {"id", "severity", "message", "evidence"} <= set(finding)
 
 
+@pytest.mark.needs_shared
 def test_saved_analysis_renders_again_without_traces(tmp_path: Path) -> None:
     saved = tmp_path / "a.json"
     traces = tmp_path / "traces"

@@ -16,10 +16,11 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from servescope.cli import app
-from tracefiles import TRACES
+from servescope.trace.analyze import example_trace_dir
 
 runner = CliRunner()
-SMALL = TRACES / "tracelens" / "sglang_qwen3-8b_decode_graph_replay.json.gz"
+# the project's own capture (a real vLLM TP=2 run on the CPU, 90 KB): these run on any clone
+SMALL = example_trace_dir("vllm-cpu-tp2") / "rank0.pt.trace.json.gz"
 PREFIX = "servescope: error: "
 
 

@@ -17,10 +17,11 @@ import pytest
 
 from servescope.cli.analyze import ANALYZE_FLAGS
 from servescope.cli.common import parse_plain
-from tracefiles import TRACES
+from servescope.trace.analyze import example_trace_dir
 
-SMALL = TRACES / "tracelens" / "sglang_qwen3-8b_decode_graph_replay.json.gz"
-CPU = TRACES / "vllm-cpu" / "tp1_b1_32tok_rank0.pt.trace.json.gz"
+# the project's own capture (a real vLLM TP=2 run on the CPU, 90 KB): these run on any clone
+SMALL = example_trace_dir("vllm-cpu-tp2") / "rank0.pt.trace.json.gz"
+CPU = example_trace_dir("vllm-cpu-tp2") / "rank1.pt.trace.json.gz"
 _TYPER_ONLY = "from servescope.cli import app; app(prog_name='python -m servescope')"
 _CLOCK = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[0-9:+.-]*")  # created_at, wherever it is shown
 

@@ -7,6 +7,7 @@ import os
 import stat
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from servescope.cli import app
@@ -18,6 +19,7 @@ def _engine_argv(argv: list[str]) -> list[str]:
     return argv[argv.index("vllm.entrypoints.openai.api_server") + 1:]
 
 
+@pytest.mark.needs_shared
 def test_import_then_render_keeps_args_and_env(tmp_path: Path) -> None:
     original = example_text()
     unit = tmp_path / "kimi.service"
@@ -33,6 +35,7 @@ def test_import_then_render_keeps_args_and_env(tmp_path: Path) -> None:
     assert "seq 1 30" not in new and "gpu wait-free" in new
 
 
+@pytest.mark.needs_shared
 def test_secrets_move_to_an_environment_file(tmp_path: Path) -> None:
     text = example_text().replace("Environment=NCCL_ALGO=Ring", "Environment=NCCL_ALGO=Ring HF_TOKEN=hf_zzz")
     text = text.replace("--trust-remote-code", "--trust-remote-code --api-key sk-abc")

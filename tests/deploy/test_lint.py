@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from servescope.cli import app
@@ -17,6 +18,7 @@ def _line_of(text: str, prefix: str) -> int:
     return next(i for i, line in enumerate(text.splitlines(), 1) if line.startswith(prefix))
 
 
+@pytest.mark.needs_shared
 def test_example_unit_findings_name_their_lines() -> None:
     text = example_text()
     result = lint_unit(parse_unit(text, "kimi.service"), topology="nvlink")
@@ -27,11 +29,13 @@ def test_example_unit_findings_name_their_lines() -> None:
     assert "no-max-model-len" not in found  # the example passes --max-model-len
 
 
+@pytest.mark.needs_shared
 def test_pcie_box_does_not_flag_p2p_level_sys() -> None:
     result = lint_unit(parse_unit(example_text(), "kimi.service"), topology="pcie")
     assert "nccl-topology" not in {f.rule for f in result.findings}
 
 
+@pytest.mark.needs_shared
 def test_variant_with_every_problem(tmp_path: Path) -> None:
     text = (example_text()
             .replace("Restart=on-failure", "Restart=always\nKillMode=process\nTimeoutStartSec=600\n"
@@ -55,6 +59,7 @@ def test_variant_with_every_problem(tmp_path: Path) -> None:
     assert f"{unit}:{_line_of(text, 'KillMode=process')} error kill-mode-leaves-gpu" in human.stdout
 
 
+@pytest.mark.needs_shared
 def test_topology_from_a_recorded_topo_file() -> None:
     topo = Path(__file__).resolve().parents[1] / "data" / "gpu" / "h200-nvml" / "idle" / "topo-m.txt"
     result = CliRunner().invoke(app, ["service", "lint", str(Path(__file__).resolve().parents[3] / "shared"

@@ -44,6 +44,7 @@ def test_executable_matches_systemd(tmp_path: Path, value: str) -> None:
     assert ours.argv[0] == _systemd_argv0(tmp_path, value)
 
 
+@pytest.mark.needs_shared
 def test_example_unit_reads_as_written() -> None:
     unit = load_unit(EXAMPLE_UNIT)
     text = example_text()
@@ -61,6 +62,7 @@ def test_example_unit_reads_as_written() -> None:
         "NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS"}
 
 
+@pytest.mark.needs_shared
 def test_dropins_apply_in_name_order_and_reset_lists(tmp_path: Path) -> None:
     unit_path = tmp_path / "vllm.service"
     unit_path.write_text(example_text())
@@ -79,6 +81,7 @@ def test_dropins_apply_in_name_order_and_reset_lists(tmp_path: Path) -> None:
     assert not re.search(r"Invalid|Unbalanced|Missing '='|ignoring", systemd.stdout + systemd.stderr)
 
 
+@pytest.mark.needs_shared
 def test_systemctl_cat_output() -> None:
     text = ("# /etc/systemd/system/vllm.service\n" + example_text()
             + "\n# /etc/systemd/system/vllm.service.d/override.conf\n[Service]\nEnvironment=NCCL_PROTO=Simple\n")

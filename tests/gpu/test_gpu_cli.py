@@ -79,6 +79,7 @@ def test_subprocess_without_a_gpu(command: str) -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.needs_shared
 def test_subprocess_topo_overfake_nvidia_smi(tmp_path: Path) -> None:
     folder = TOPO / "2x5090-phb-p2p-gns"
     fake_nvidia_smi(

@@ -63,6 +63,7 @@ def test_nvml_recording_while_holding(monkeypatch: pytest.MonkeyPatch, tmp_path:
     assert holder.user is None and holder.cmdline is None  # not local: never another process's details
 
 
+@pytest.mark.needs_shared
 def test_nvidia_smi_outputs_while_holding(tmp_path: Path) -> None:
     used, pid, name, mib = plain_numbers()
     (gpu,) = find_gpu_holders(holding_snapshot(), proc=tmp_path).gpus
@@ -78,6 +79,7 @@ def test_idle_gpu_holds_nothing(tmp_path: Path) -> None:
     assert gpu.holders == () and gpu.held_mib == 0
 
 
+@pytest.mark.needs_shared
 def test_local_process_user_and_redacted_cmdline(sleeper: subprocess.Popen[bytes]) -> None:
     _, _, _, mib = plain_numbers()
     snap = holding_snapshot()
@@ -103,6 +105,7 @@ def test_pid_of_another_program_is_not_attributed(sleeper: subprocess.Popen[byte
     assert proc_owner(sleeper.pid, "python3") == (None, None)  # gone
 
 
+@pytest.mark.needs_shared
 def test_unplaced_and_unreported_memory(tmp_path: Path) -> None:
     text = shared_file("nvidia-smi-holding-10GiB.txt")
     mib = int(re.search(r"python3, (\d+) MiB", text).group(1))  # type: ignore[union-attr]

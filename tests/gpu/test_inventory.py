@@ -34,6 +34,7 @@ class FakeTime:
         self.now += seconds
 
 
+@pytest.mark.needs_shared
 def test_holders_from_real_outputs() -> None:
     used, pid, name, mib = plain_numbers()
     (use,) = gpu_memory_holders(holding_snapshot())
@@ -42,6 +43,7 @@ def test_holders_from_real_outputs() -> None:
     assert gpu_memory_holders(free_snapshot())[0].processes == ()
 
 
+@pytest.mark.needs_shared
 def test_wait_returns_ready_at_the_first_free_poll() -> None:
     snaps = iter([holding_snapshot(), holding_snapshot(), free_snapshot()])
     clock = FakeTime()
@@ -55,6 +57,7 @@ def test_wait_returns_ready_at_the_first_free_poll() -> None:
     assert "free" in result.describe()
 
 
+@pytest.mark.needs_shared
 def test_wait_times_out_naming_gpu_memory_and_holder() -> None:
     used, pid, name, mib = plain_numbers()
     clock = FakeTime()
@@ -68,6 +71,7 @@ def test_wait_times_out_naming_gpu_memory_and_holder() -> None:
     assert f"GPU0 {used} MiB used" in line and f"pid {pid} {name} {mib} MiB" in line
 
 
+@pytest.mark.needs_shared
 def test_wait_threshold_is_strict() -> None:
     used = plain_numbers()[0]
     clock = FakeTime()

@@ -45,6 +45,7 @@ def xml_tag(text: str, tag: str) -> str:
     return match.group(1).strip()
 
 
+@pytest.mark.needs_shared
 def test_xml_matches_the_plain_table_taken_with_it() -> None:
     xml, plain = shared_file("nvidia-smi-q.xml"), table(shared_file("nvidia-smi.txt"))
     (gpu,), procs = parse_smi_xml(xml)
@@ -81,6 +82,7 @@ def test_xml_processes_while_holding_memory() -> None:
     assert gpu.memory_used_mib == int(table(text)["used"])
 
 
+@pytest.mark.needs_shared
 def test_query_gpu_csv_with_header_and_units() -> None:
     text = shared_file("topo_query.txt").split("---\n", 1)[1]
     plain = table(shared_file("nvidia-smi.txt"))
@@ -114,6 +116,7 @@ def test_query_gpu_csv_all_fields_match_table_and_xml(recorded_set: str) -> None
     assert gpu.temperature_c is not None and abs(gpu.temperature_c - int(plain["temp"])) <= 3
 
 
+@pytest.mark.needs_shared
 def test_query_gpu_noheader_nounits_while_holding() -> None:
     text = shared_file("nvidia-smi-holding-10GiB.txt")
     block = text.split("--format=csv,noheader,nounits\n", 1)[1].split("\n\n", 1)[0]
@@ -123,6 +126,7 @@ def test_query_gpu_noheader_nounits_while_holding() -> None:
     assert gpu.name is None
 
 
+@pytest.mark.needs_shared
 def test_compute_apps_csv_while_holding() -> None:
     text = shared_file("nvidia-smi-holding-10GiB.txt")
     block = text.split("--format=csv\n", 1)[1].split("\n\n", 1)[0]
@@ -151,6 +155,7 @@ def test_compute_apps_csv_recorded(recorded_set: str) -> None:
     assert bool(procs) == (recorded_set != "idle")
 
 
+@pytest.mark.needs_shared
 def test_not_available_is_none_never_zero() -> None:
     header, row = recorded_file("idle", "query-gpu.csv").splitlines()[:2]
     cells = [c.strip() for c in row.split(",")]
@@ -184,6 +189,7 @@ def test_errors_in_cells_raise_our_error() -> None:
         parse_smi_xml("NVIDIA-SMI has failed")
 
 
+@pytest.mark.needs_shared
 @pytest.mark.parametrize("recorded_set", SETS)
 def test_topo_matrix_single_gpu(recorded_set: str) -> None:
     for text in (shared_file("topo_query.txt").split("---", 1)[0], recorded_file(recorded_set, "topo-m.txt")):

@@ -128,6 +128,7 @@ def test_verdict_p2p_unavailable_and_ok() -> None:
     assert ok.verdict == "PCIe only, P2P through host bridge (worst path PHB on 1 of 1 pairs)"
 
 
+@pytest.mark.needs_shared
 def test_verdict_single_gpu_and_unknown() -> None:
     text = shared_file("topo_query.txt").split("---", 1)[0]
     report = topology_report(snapshot_of(text))
@@ -141,6 +142,7 @@ def test_verdict_single_gpu_and_unknown() -> None:
     assert nccl_verdict((), 1).startswith("one GPU")
 
 
+@pytest.mark.needs_shared
 def test_nvidia_smi_fallback_runs_topo_and_p2p(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder = TOPO / "2x5090-phb-p2p-gns"
     fake_nvidia_smi(
@@ -161,6 +163,7 @@ def test_nvidia_smi_fallback_runs_topo_and_p2p(tmp_path: Path, monkeypatch: pyte
     assert report.gpus[0].pcie_width_current == int(width.group(1))
 
 
+@pytest.mark.needs_shared
 def test_nvidia_smi_without_p2p_leaves_it_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder = TOPO / "2x5090-phb-p2p-gns"
     fake_nvidia_smi(tmp_path, {"-q -x": two_gpu_xml(tmp_path), "topo -m": folder / "topo-m.txt"})
@@ -183,6 +186,7 @@ def test_nvml_two_gpus_nvswitch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     assert report.source == "nvml" and [g.index for g in report.gpus] == [0, 1]
 
 
+@pytest.mark.needs_shared
 def test_nvml_single_gpu_affinity_from_sysfs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """NVML gives no affinity: it comes from sysfs, here a tree holding what the same H200's topo -m said."""
     text = shared_file("topo_query.txt")

@@ -221,6 +221,7 @@ def _recorded_memory_snapshots() -> tuple[object, object, int, int]:
     return idle, holding_snapshot(), idle_mib, held_mib
 
 
+@pytest.mark.needs_shared
 @pytest.mark.no_server
 def test_rising_gpu_memory_reads_as_loading_without_a_pid() -> None:
     from servescope.gpu.inventory import memory_used_probe
@@ -237,6 +238,7 @@ def test_rising_gpu_memory_reads_as_loading_without_a_pid() -> None:
     assert seen[0].startswith(f"unreachable GPU memory {idle_mib} MiB") and seen[-1].startswith("loading")
 
 
+@pytest.mark.needs_shared
 @pytest.mark.no_server
 def test_flat_gpu_memory_stays_unreachable_and_no_gpu_is_not_zero() -> None:
     from servescope.gpu.errors import GpuUnavailable

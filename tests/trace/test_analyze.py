@@ -52,6 +52,7 @@ def docs() -> dict[Path, AnalysisDoc]:
     return {p: analyze(AnalyzeRequest(paths=[p])) for p in WORKER_TRACES}
 
 
+@pytest.mark.needs_shared
 @pytest.mark.parametrize("path", WORKER_TRACES, ids=lambda p: p.name)
 def test_kernel_table_matches_plain_json(path: Path, docs: dict[Path, AnalysisDoc]) -> None:
     expected_count: Counter[str] = Counter()
@@ -99,9 +100,10 @@ def _expected_step_time(events: list[dict[str, Any]]) -> dict[int, float]:
     return dict(per_step)
 
 
-STEPPED = [p for p in WORKER_TRACES if _step_windows(load_events(p))]
+STEPPED = [p for p in WORKER_TRACES if p.is_file() and _step_windows(load_events(p))]  # none without ../shared
 
 
+@pytest.mark.needs_shared
 @pytest.mark.parametrize("path", STEPPED, ids=lambda p: p.name)
 def test_work_is_attributed_to_the_step_that_launched_it(path: Path, docs: dict[Path, AnalysisDoc]) -> None:
     expected = _expected_step_time(load_events(path))
@@ -112,6 +114,7 @@ def test_work_is_attributed_to_the_step_that_launched_it(path: Path, docs: dict[
         assert got[index] == pytest.approx(total, rel=1e-6), index
 
 
+@pytest.mark.needs_shared
 def test_vllm_cpu_tp1_steps_and_phases(docs: dict[Path, AnalysisDoc]) -> None:
     doc = docs[TRACES / "vllm-cpu" / "tp1_b1_32tok_rank0.pt.trace.json.gz"]
     phases = doc.ranks[0].phases
@@ -121,6 +124,7 @@ def test_vllm_cpu_tp1_steps_and_phases(docs: dict[Path, AnalysisDoc]) -> None:
     assert phases["decode"].tokens_per_step == 1.0
 
 
+@pytest.mark.needs_shared
 def test_graph_replay_kernels_belong_to_the_replayed_step(docs: dict[Path, AnalysisDoc]) -> None:
     path = TRACES / "tracelens" / "vllm_decode_full_graph_replay.json.gz"
     events = load_events(path)
@@ -133,6 +137,7 @@ def test_graph_replay_kernels_belong_to_the_replayed_step(docs: dict[Path, Analy
     assert step_total >= sum(float(e["dur"]) for e in replayed)
 
 
+@pytest.mark.needs_shared
 def test_gap_fallback_splits_at_idle_gaps(tmp_path: Path) -> None:
     import json
 

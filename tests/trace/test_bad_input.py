@@ -28,7 +28,7 @@ SMALL = TRACES / "tracelens" / "sglang_qwen3-8b_decode_graph_replay.json.gz"  # 
 VLLM = TRACES / "tracelens" / "vllm_decode_full_graph_replay.json.gz"
 CPU_ONLY = TRACES / "hta" / "cpu_only.pt.trace.json.gz"
 
-GZ_BYTES = SMALL.read_bytes()
+GZ_BYTES = SMALL.read_bytes() if SMALL.is_file() else gzip.compress(b'{"traceEvents": []}')  # else: skipped
 JSON_BYTES = gzip.decompress(GZ_BYTES)
 _SMALL_DOC = json.loads(JSON_BYTES)
 _SMALL_EVENTS: list[dict[str, Any]] = _SMALL_DOC["traceEvents"]
@@ -96,12 +96,14 @@ def test_truncated_gzip(tmp_path: Path, source: Path) -> None:
     _assert_names(_read_error(path), path, "truncated gzip")
 
 
+@pytest.mark.needs_shared
 def test_gzip_header_only(tmp_path: Path) -> None:
     path = tmp_path / "head.json.gz"
     path.write_bytes(GZ_BYTES[:10])
     _assert_names(_read_error(path), path, "gzip")
 
 
+@pytest.mark.needs_shared
 def test_gzip_with_corrupted_middle(tmp_path: Path) -> None:
     mid = len(GZ_BYTES) // 2
     broken = GZ_BYTES[:mid] + bytes(b ^ 0xFF for b in GZ_BYTES[mid : mid + 64]) + GZ_BYTES[mid + 64 :]
@@ -110,6 +112,7 @@ def test_gzip_with_corrupted_middle(tmp_path: Path) -> None:
     _assert_names(_read_error(path), path, "corrupt gzip")
 
 
+@pytest.mark.needs_shared
 def test_gzip_with_bad_crc(tmp_path: Path) -> None:
     # The deflate stream is intact; only the CRC32 in the 8-byte trailer is wrong.
     crc = bytes(b ^ 0xFF for b in GZ_BYTES[-8:-4])
@@ -124,6 +127,7 @@ def test_gzip_of_nothing(tmp_path: Path) -> None:
     _assert_names(_read_error(path), path, "empty")
 
 
+@pytest.mark.needs_shared
 def test_gzip_with_zero_padding_reads(tmp_path: Path) -> None:
     """Zero bytes after the gzip member (tape/block padding) are valid gzip; zlib ignores them."""
     path = tmp_path / "padded.json.gz"
@@ -131,12 +135,14 @@ def test_gzip_with_zero_padding_reads(tmp_path: Path) -> None:
     assert _kernel_count(read_trace(path)) == _kernel_count_plain(_SMALL_EVENTS)
 
 
+@pytest.mark.needs_shared
 def test_gzip_with_zeroed_trailer_is_corrupt(tmp_path: Path) -> None:
     path = tmp_path / "trailer.json.gz"
     path.write_bytes(GZ_BYTES[:-8] + b"\0" * 8)
     _assert_names(_read_error(path), path, "corrupt gzip")
 
 
+@pytest.mark.needs_shared
 def test_multi_member_gzip_reads(tmp_path: Path) -> None:
     """``cat a.gz b.gz`` is one valid gzip file; every member is part of the trace."""
     cut = len(JSON_BYTES) // 3
@@ -145,6 +151,7 @@ def test_multi_member_gzip_reads(tmp_path: Path) -> None:
     assert _kernel_count(read_trace(path)) == _kernel_count_plain(_SMALL_EVENTS)
 
 
+@pytest.mark.needs_shared
 def test_multi_member_gzip_larger_first_member_reads(tmp_path: Path) -> None:
     cut = 2 * len(JSON_BYTES) // 3
     path = tmp_path / "members.json.gz"
@@ -152,6 +159,7 @@ def test_multi_member_gzip_larger_first_member_reads(tmp_path: Path) -> None:
     assert _kernel_count(read_trace(path)) == _kernel_count_plain(_SMALL_EVENTS)
 
 
+@pytest.mark.needs_shared
 def test_garbage_after_gzip_member_is_corrupt(tmp_path: Path) -> None:
     path = tmp_path / "tail.json.gz"
     path.write_bytes(GZ_BYTES + b"junk")
@@ -161,6 +169,7 @@ def test_garbage_after_gzip_member_is_corrupt(tmp_path: Path) -> None:
 # --- not JSON ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.needs_shared
 @pytest.mark.parametrize("fraction", [0.01, 0.5, 0.99])
 def test_truncated_json_object(tmp_path: Path, fraction: float) -> None:
     path = tmp_path / "cut.json"
@@ -168,6 +177,7 @@ def test_truncated_json_object(tmp_path: Path, fraction: float) -> None:
     _assert_names(_read_error(path), path, "invalid JSON")
 
 
+@pytest.mark.needs_shared
 def test_truncated_gzip_inside_a_valid_gzip(tmp_path: Path) -> None:
     """A capture killed mid-write and then compressed: the gzip is fine, the JSON inside is cut."""
     path = tmp_path / "cut.json.gz"
@@ -175,6 +185,7 @@ def test_truncated_gzip_inside_a_valid_gzip(tmp_path: Path) -> None:
     _assert_names(_read_error(path), path, "invalid JSON")
 
 
+@pytest.mark.needs_shared
 def test_trailing_garbage_after_trace(tmp_path: Path) -> None:
     path = tmp_path / "tail.json"
     path.write_bytes(JSON_BYTES + b"\x00garbage")
@@ -187,6 +198,7 @@ def test_binary_file(tmp_path: Path) -> None:
     _assert_names(_read_error(path), path, "invalid JSON")
 
 
+@pytest.mark.needs_shared
 def test_invalid_utf8_in_event_name(tmp_path: Path) -> None:
     events = load_events(SMALL)[:50]
     text = json.dumps({"traceEvents": events}).encode()
@@ -196,6 +208,7 @@ def test_invalid_utf8_in_event_name(tmp_path: Path) -> None:
     _assert_names(_read_error(path), path, "invalid JSON")
 
 
+@pytest.mark.needs_shared
 @pytest.mark.parametrize("cut", ["after_comma", "after_brace", "before_bracket"])
 def test_truncated_bare_list(tmp_path: Path, cut: str) -> None:
     """A bare-list trace cut between two events must not read as a shorter, valid trace."""
@@ -233,6 +246,7 @@ def test_json_that_is_not_a_trace(tmp_path: Path, text: bytes, word: str) -> Non
     _assert_names(_read_error(path), path, "not a profiler trace", word)
 
 
+@pytest.mark.needs_shared
 @pytest.mark.parametrize("form", ["object", "list"])
 def test_events_with_string_ts(tmp_path: Path, form: str) -> None:
     events = [dict(ev, ts=str(ev.get("ts", 0))) for ev in load_events(SMALL)]
@@ -243,6 +257,7 @@ def test_events_with_string_ts(tmp_path: Path, form: str) -> None:
     assert "ts" in err.problem  # names the field at fault
 
 
+@pytest.mark.needs_shared
 def test_header_field_of_wrong_type(tmp_path: Path) -> None:
     doc = json.loads(JSON_BYTES)
     doc["distributedInfo"] = [0, 2]
@@ -252,6 +267,7 @@ def test_header_field_of_wrong_type(tmp_path: Path) -> None:
     _assert_names(err, path, "not a profiler trace", "distributedInfo")
 
 
+@pytest.mark.needs_shared
 @pytest.mark.parametrize("streamed", [False, True])
 def test_correlation_beyond_int64(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, streamed: bool) -> None:
     import servescope.trace.decode as decode
@@ -278,6 +294,7 @@ def test_empty_trace(tmp_path: Path, text: bytes) -> None:
     _assert_names(_read_error(path), path, "empty")
 
 
+@pytest.mark.needs_shared
 def test_empty_trace_with_real_header(tmp_path: Path) -> None:
     doc = json.loads(JSON_BYTES)
     doc["traceEvents"] = []
@@ -302,6 +319,7 @@ def test_object_and_bare_list_forms_read_alike(tmp_path: Path, source: Path) -> 
     assert len(from_object.cpu_ops) == len(from_list.cpu_ops)
 
 
+@pytest.mark.needs_shared
 def test_tiny_valid_trace(tmp_path: Path) -> None:
     """A one-event trace (an events array shorter than 64 bytes) still reads."""
     kernel = next(ev for ev in load_events(SMALL) if ev.get("cat") == "kernel")
@@ -314,6 +332,7 @@ def test_tiny_valid_trace(tmp_path: Path) -> None:
 # --- analyze over directories --------------------------------------------------------------------------
 
 
+@pytest.mark.needs_shared
 def test_analyze_directory_without_traces(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("no traces here")
     (tmp_path / "sub").mkdir()
@@ -336,6 +355,7 @@ def test_analyze_missing_path(tmp_path: Path) -> None:
     _assert_names(info.value, missing, "no such file")
 
 
+@pytest.mark.needs_shared
 def test_analyze_names_the_bad_file_inside_a_directory(tmp_path: Path) -> None:
     (tmp_path / "rank0.json.gz").write_bytes(GZ_BYTES)
     bad = tmp_path / "rank1.json.gz"
@@ -448,6 +468,7 @@ def _result_or_input_error(run: Callable[[Path], object], path: Path) -> object 
     return result
 
 
+@pytest.mark.needs_shared
 @_FUZZ
 @given(_mutated())
 def test_fuzz_read_trace_bytes(fuzz_dir: Path, case: tuple[str, bytes]) -> None:
@@ -456,6 +477,7 @@ def test_fuzz_read_trace_bytes(fuzz_dir: Path, case: tuple[str, bytes]) -> None:
     assert result is None or isinstance(result, TraceData)
 
 
+@pytest.mark.needs_shared
 @settings(_FUZZ, max_examples=100)
 @given(_mutated(), st.sampled_from([(1 << 10, 1 << 40), (1 << 10, 0)]))
 def test_fuzz_read_trace_bytes_in_small_blocks(fuzz_dir: Path, case: tuple[str, bytes],
@@ -471,6 +493,7 @@ def test_fuzz_read_trace_bytes_in_small_blocks(fuzz_dir: Path, case: tuple[str, 
     assert result is None or isinstance(result, TraceData)
 
 
+@pytest.mark.needs_shared
 @_FUZZ
 @given(_mutated_events())
 def test_fuzz_read_trace_values(fuzz_dir: Path, data: bytes) -> None:
@@ -478,6 +501,7 @@ def test_fuzz_read_trace_values(fuzz_dir: Path, data: bytes) -> None:
     assert result is None or isinstance(result, TraceData)
 
 
+@pytest.mark.needs_shared
 @settings(_FUZZ, max_examples=60)
 @given(st.sampled_from([".json", ".json.gz"]), st.data())
 def test_fuzz_truncation_is_never_a_trace(fuzz_dir: Path, suffix: str, data: st.DataObject) -> None:
@@ -497,6 +521,7 @@ def _analyze_one(path: Path) -> object:
     return analyze(AnalyzeRequest(paths=[path]))
 
 
+@pytest.mark.needs_shared
 @settings(_FUZZ, max_examples=60)
 @given(_mutated())
 def test_fuzz_analyze_bytes(fuzz_dir: Path, case: tuple[str, bytes]) -> None:
@@ -504,6 +529,7 @@ def test_fuzz_analyze_bytes(fuzz_dir: Path, case: tuple[str, bytes]) -> None:
     _result_or_input_error(_analyze_one, _write(fuzz_dir, "analyze" + suffix, data))
 
 
+@pytest.mark.needs_shared
 @settings(_FUZZ, max_examples=100)
 @given(_mutated_events())
 def test_fuzz_analyze_values(fuzz_dir: Path, data: bytes) -> None:

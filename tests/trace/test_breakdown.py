@@ -36,6 +36,7 @@ def test_union_matches_brute_force(raw: list[tuple[int, int]]) -> None:
     assert union_us(start, end) == pytest.approx(_brute_union(intervals))
 
 
+@pytest.mark.needs_shared
 @pytest.mark.parametrize("name", ["hta/a100_8rank_rank3_nccl.json.gz", "vllm-cpu/tp2_b4_16tok_rank0.pt.trace.json.gz",
                                   "tracelens/h100_qwen1.5-0.5b_inference.json.gz"])
 def test_phase_invariants(name: str) -> None:

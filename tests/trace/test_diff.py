@@ -37,6 +37,7 @@ def tp2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.needs_shared
 def test_diff_figures_come_from_each_side(tp2_dir: Path) -> None:
     doc = diff_paths(tp2_dir, example_trace_dir("vllm-cpu-tp2"))
     assert [r.rank for r in doc.ranks] == [0, 1]
@@ -49,6 +50,7 @@ def test_diff_figures_come_from_each_side(tp2_dir: Path) -> None:
         assert delta.delta_us == pytest.approx(after - before, rel=1e-6)
 
 
+@pytest.mark.needs_shared
 def test_diff_of_a_run_with_itself_changes_nothing(tp2_dir: Path) -> None:
     doc = analyze(AnalyzeRequest(paths=[tp2_dir]))
     same = diff_analyses(doc, doc)
@@ -56,6 +58,7 @@ def test_diff_of_a_run_with_itself_changes_nothing(tp2_dir: Path) -> None:
     assert all(d.delta_us == 0 for r in same.ranks for d in r.categories.values())
 
 
+@pytest.mark.needs_shared
 def test_saved_analysis_and_traces_give_the_same_diff(tp2_dir: Path, tmp_path: Path) -> None:
     saved = tmp_path / "before.json"
     assert CliRunner().invoke(app, ["analyze", str(tp2_dir), "-o", str(saved)]).exit_code == 0
@@ -64,6 +67,7 @@ def test_saved_analysis_and_traces_give_the_same_diff(tp2_dir: Path, tmp_path: P
     assert [r.categories for r in from_saved.ranks] == [r.categories for r in from_traces.ranks]
 
 
+@pytest.mark.needs_shared
 def test_findings_that_appear_and_go(tp2_dir: Path) -> None:
     doc = analyze(AnalyzeRequest(paths=[tp2_dir]))
     fewer = analyze(AnalyzeRequest(paths=[tp2_dir]))
@@ -73,12 +77,14 @@ def test_findings_that_appear_and_go(tp2_dir: Path) -> None:
     assert result.findings_appeared == []
 
 
+@pytest.mark.needs_shared
 def test_phase_missing_on_both_is_an_input_error(tp2_dir: Path) -> None:
     doc = analyze(AnalyzeRequest(paths=[tp2_dir]))
     with pytest.raises(InputError, match="no rank has unknown steps"):
         diff_analyses(doc, doc, phase="unknown")
 
 
+@pytest.mark.needs_shared
 def test_cli_diff_json(tp2_dir: Path) -> None:
     result = CliRunner().invoke(app, ["diff", str(tp2_dir), str(example_trace_dir("vllm-cpu-tp2")), "--json"])
     assert result.exit_code == 0, result.output

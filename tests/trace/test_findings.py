@@ -184,6 +184,7 @@ def test_eager_h200_decode_is_launch_bound_high_and_told_to_use_graphs() -> None
     assert f.severity == "high" and CUDA_GRAPHS_ADVICE in f.message
 
 
+@pytest.mark.needs_shared
 def test_one_long_host_pause_is_a_host_gap_not_launch_bound() -> None:
     """SGLang's replayed decode step: the device waits once, for ~0.46 s, then runs the whole graph."""
     steps = _gpu_idle(SGLANG_REPLAY)
@@ -214,6 +215,7 @@ def _cpu_idle(path: Path) -> list[tuple[str, float, float, float]]:
     return out
 
 
+@pytest.mark.needs_shared
 def test_cpu_overhead_fires_on_vllm_cpu_decode_and_not_on_gpu_traces() -> None:
     median, one_gap = _phase_idle(_cpu_idle(CPU_TP1), "decode")
     assert median >= RULES["cpu_overhead"]["medium"] and one_gap < 0.5
@@ -232,6 +234,7 @@ _NCCL = re.compile(r"^nccl|ncclDevKernel|ncclKernel")
 _DTYPE_BYTES = {"Float": 4, "float": 4, "BFloat16": 2, "Half": 2, "Double": 8, "Long": 8, "Int": 4, "Byte": 1}
 
 
+@pytest.mark.needs_shared
 def test_communication_bound_fires_on_the_hta_nccl_trace_with_custom_ar_advice() -> None:
     steps = _device_steps(HTA_NCCL)
     comm = sum(e - s for _, ops in steps for s, e, name in ops if _NCCL.search(name))
@@ -262,6 +265,7 @@ def _refind(doc: AnalysisDoc, data: dict[str, Any]) -> list[Finding]:
     return find_bottlenecks(doc.ranks, doc.across_ranks, doc.kernels, comm, {}, facts, data)
 
 
+@pytest.mark.needs_shared
 def test_a_trace_running_cross_device_reduce_gets_no_custom_all_reduce_advice() -> None:
     """vLLM's custom all-reduce already runs on the Llama TP=4 trace: even where the collectives cross a
     threshold, the advice leaves it out, while a trace with NCCL all-reduce only gets it."""
@@ -366,6 +370,7 @@ def _step_ratio(paths: list[Path], phase: str) -> float:
     return max(means) / min(means)
 
 
+@pytest.mark.needs_shared
 def test_rank_imbalance_fires_on_the_uneven_shared_tp2_run_and_not_on_the_example(tmp_path: Path) -> None:
     ranks = sorted((TRACES / "vllm-cpu").glob("tp2_b4_16tok_rank*.pt.trace.json.gz"))
     for r in ranks:
@@ -415,6 +420,7 @@ def test_cast_bound_counts_real_dtype_conversions_only(path: Path) -> None:
         assert "Memcpy" not in str(found[0].evidence["top_cast"])
 
 
+@pytest.mark.needs_shared
 def test_cast_bound_fires_on_hf_qwen_h100() -> None:
     assert _share(H100_QWEN, _is_cast) >= RULES["cast_bound"]["medium"]
     assert _found(_doc(H100_QWEN), "cast_bound")
@@ -423,6 +429,7 @@ def test_cast_bound_fires_on_hf_qwen_h100() -> None:
 _HOST_COPY = re.compile(r"HtoD|DtoH|Pinned|Pageable")
 
 
+@pytest.mark.needs_shared
 @pytest.mark.parametrize("path", [HTA_A100, EAGER_TRACES[0], LLAMA_TP4], ids=lambda p: p.name[:40])
 def test_host_transfer_is_its_own_finding(path: Path) -> None:
     share = _share(path, lambda e: e["cat"] == "gpu_memcpy" and bool(_HOST_COPY.search(e["name"])))
@@ -460,6 +467,7 @@ def test_unfused_elementwise_silent_where_the_pointwise_work_is_compiled_or_fuse
     assert _found(_doc(path), "unfused_elementwise") == []
 
 
+@pytest.mark.needs_shared
 def test_unfused_elementwise_does_not_offer_torch_compile_to_a_compiled_run() -> None:
     assert _compiled_share(LLAMA_TP4) > 0.02
     data = _lowered("unfused_elementwise", 1e-4)
@@ -476,6 +484,7 @@ def test_unfused_elementwise_does_not_offer_torch_compile_to_a_compiled_run() ->
 _ATTN = re.compile(r"(?i)attn|attention|flash|fmha|sdpa")
 
 
+@pytest.mark.needs_shared
 def test_attention_heavy_fires_where_attention_crosses_its_threshold() -> None:
     shares = {p: _share(p, lambda e: e["cat"] == "kernel" and bool(_ATTN.search(e["name"])))
               for p in (SGLANG_REPLAY, LLAMA_TP4, HF_QWEN)}
@@ -537,6 +546,7 @@ def test_unclassified_time_names_the_op_and_the_taxonomy_rule_that_files_it(unkn
     assert {k.category for k in filed.kernels if k.name == "servescope_test::mystery_op"} != {"other"}
 
 
+@pytest.mark.needs_shared
 @pytest.mark.parametrize("name", ["vllm_llama80L_tp4_h100_1p9d_rank0.pt.trace.json.gz",
                                   "hf_qwen1.5-0.5b_mi300x_eager_profilerstep.json.gz"])
 def test_unclassified_time_silent_where_the_independent_labels_file_everything(name: str) -> None:

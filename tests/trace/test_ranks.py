@@ -24,6 +24,7 @@ def test_rank_from_name(name: str, rank: int | None) -> None:
 
 
 
+@pytest.mark.needs_shared
 def test_tp2_files_group_into_ranks_with_communication(tmp_path: Path) -> None:
     for f in (TRACES / "vllm-cpu").glob("tp2_*"):
         shutil.copy(f, tmp_path / f.name)
@@ -43,12 +44,14 @@ def test_tp2_files_group_into_ranks_with_communication(tmp_path: Path) -> None:
         assert 0 <= across.collective_wait_us_per_step[r] <= across.collective_us_per_step[r]
 
 
+@pytest.mark.needs_shared
 def test_same_rank_twice_is_an_input_error() -> None:
     with pytest.raises(InputError, match="rank 0 again"):
         analyze(AnalyzeRequest(paths=[TRACES / "vllm-cpu" / "tp1_b1_32tok_rank0.pt.trace.json.gz",
                                       TRACES / "vllm-cpu" / "tp2_b4_16tok_rank0.pt.trace.json.gz"]))
 
 
+@pytest.mark.needs_shared
 def test_front_end_alone_is_an_input_error() -> None:
     with pytest.raises(InputError, match="front-end"):
         analyze(AnalyzeRequest(paths=[TRACES / "vllm-cpu" / "tp2_b4_16tok_frontend.async_llm.pt.trace.json.gz"]))

@@ -42,6 +42,7 @@ def _no_threads() -> None:
         pytest.skip("another thread runs in this test process; ReadAhead rightly refuses to fork")
 
 
+@pytest.mark.needs_shared
 def test_children_decode_what_this_process_decodes() -> None:
     with ReadAhead(FILES, jobs=2) as ahead:
         assert ahead.forked == 2
@@ -50,6 +51,7 @@ def test_children_decode_what_this_process_decodes() -> None:
         _same(trace, decode_trace(path))
 
 
+@pytest.mark.needs_shared
 def test_one_file_is_read_ahead_only_when_asked() -> None:
     with ReadAhead(FILES[:1]) as default:
         assert default.forked == 0
@@ -59,6 +61,7 @@ def test_one_file_is_read_ahead_only_when_asked() -> None:
         _same(ahead.take(FILES[0]), decode_trace(FILES[0]))
 
 
+@pytest.mark.needs_shared
 def test_a_bad_file_raises_the_same_error_from_a_child(tmp_path: Path) -> None:
     bad = tmp_path / "cut.pt.trace.json.gz"
     bad.write_bytes(gzip.compress(FILES[0].read_bytes())[:5000])  # a gzip of a gzip, cut short
@@ -72,6 +75,7 @@ def test_a_bad_file_raises_the_same_error_from_a_child(tmp_path: Path) -> None:
     assert (there.value.source, there.value.problem) == (here.value.source, here.value.problem)
 
 
+@pytest.mark.needs_shared
 def test_a_child_that_dies_leaves_its_files_to_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
     def die(paths: list[Path], pipe: object) -> None:
         os._exit(3)
@@ -83,6 +87,7 @@ def test_a_child_that_dies_leaves_its_files_to_this_process(monkeypatch: pytest.
             _same(ahead.take(path), decode_trace(path))
 
 
+@pytest.mark.needs_shared
 def test_no_fork_while_other_threads_run() -> None:
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait)
@@ -96,6 +101,7 @@ def test_no_fork_while_other_threads_run() -> None:
         thread.join()
 
 
+@pytest.mark.needs_shared
 def test_children_are_reaped_even_when_nothing_is_taken() -> None:
     with ReadAhead(FILES, jobs=2) as ahead:
         pids = [child.pid for child in ahead._children]
@@ -112,6 +118,7 @@ def _plain(tmp_path: Path, source: Path, name: str = "big.pt.trace.json") -> Pat
     return path
 
 
+@pytest.mark.needs_shared
 @pytest.mark.parametrize("parts", [2, 3, 5])
 def test_a_big_plain_file_decoded_in_parts_equals_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                         parts: int) -> None:
@@ -125,6 +132,7 @@ def test_a_big_plain_file_decoded_in_parts_equals_whole(tmp_path: Path, monkeypa
     _same(got, decode_trace(path))
 
 
+@pytest.mark.needs_shared
 def test_gzip_files_and_files_under_the_limit_are_not_split(tmp_path: Path) -> None:
     plain = _plain(tmp_path, FILES[2])
     for path in (FILES[2], plain):  # gzip; plain but far under SPLIT_BYTES
@@ -155,6 +163,7 @@ def _events() -> list[dict[str, object]]:
     return load_events(TRACES / "hta/nccl_allreduce_2rank_rank0.json.gz")
 
 
+@pytest.mark.needs_shared
 @settings(max_examples=40, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.integers(0, 5000), st.integers(50, 3000), st.sampled_from([None, 0, 1, 2]),

@@ -58,6 +58,7 @@ def test_event_count_and_cpu_ops_match(path: Path) -> None:
     assert [data.threads[t] for t in data.device.thread.tolist()] == [(e["pid"], e["tid"]) for e in plain_device]
 
 
+@pytest.mark.needs_shared
 def test_bare_list_form_reads_like_object_form(tmp_path: Path) -> None:
     source = all_shared_traces()[0].parent.parent / "tracelens" / "vllm_decode_full_graph_replay.json.gz"
     events = load_events(source)
@@ -69,6 +70,7 @@ def test_bare_list_form_reads_like_object_form(tmp_path: Path) -> None:
     assert [x.name for x in a.annotations] == [x.name for x in b.annotations]
 
 
+@pytest.mark.needs_shared
 def test_chunked_decoding_equals_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Large traces are decoded in chunks; forcing tiny chunks must not change a single number."""
     import servescope.trace.decode as reader
@@ -97,6 +99,7 @@ def test_minified_trace_with_tricky_strings_falls_back_to_whole_decode(tmp_path:
     assert sorted(data.names) == sorted(e["name"] for e in events)
 
 
+@pytest.mark.needs_shared
 def test_collective_message_bytes_from_kineto_args() -> None:
     path = all_shared_traces()[0].parent.parent / "hta" / "nccl_allreduce_2rank_rank0.json.gz"
     width = {"Float": 4, "Long": 8}  # the element sizes of the two dtypes this trace records
@@ -107,6 +110,7 @@ def test_collective_message_bytes_from_kineto_args() -> None:
     assert expected
 
 
+@pytest.mark.needs_shared
 @pytest.mark.parametrize("name", ["hta/nccl_allreduce_2rank_rank0.json.gz",
                                   "vllm-cpu/tp2_b4_16tok_rank1.pt.trace.json.gz",
                                   "tracelens/vllm_decode_full_graph_replay.json.gz"])
@@ -136,6 +140,7 @@ def test_streamed_reading_equals_whole(name: str, compressed: bool, inflate_as_s
     assert [x.name for x in streamed.annotations] == [x.name for x in whole.annotations]
 
 
+@pytest.mark.needs_shared
 def test_streaming_a_truncated_gzip_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import servescope.trace.decode as reader
     from servescope.core.errors import InputError

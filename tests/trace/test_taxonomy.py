@@ -386,6 +386,7 @@ def _first_matching_rule(taxonomy: Taxonomy, name: str, kind: str) -> str:
     return CATEGORY_OTHER
 
 
+@pytest.mark.needs_shared
 def test_fast_matching_agrees_with_whole_regexes_on_real_names(taxonomy: Taxonomy) -> None:
     names = {(kind, name) for name, kind, _ in KNOWN}
     for path in all_shared_traces():
