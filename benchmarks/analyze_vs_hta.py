@@ -21,7 +21,7 @@ MB = 10^6 bytes. See benchmarks/README.md.
 ``--ranks N`` adds a row with no goal: the trace as ranks 0..N-1 in one directory (one run's rank traces), which
 HTA and servescope each analyze whole.
 
-Run:  /work/venv/bin/python benchmarks/analyze_vs_hta.py [--skip-large|--skip-hta-large] [--ranks N] [--json-out F]
+Run:  .venv/bin/python benchmarks/analyze_vs_hta.py [--skip-large|--skip-hta-large] [--ranks N] [--json-out F]
 """
 
 from __future__ import annotations
@@ -50,7 +50,10 @@ try:
 except ImportError:  # depends on the venv
     orjson = None
 
-DEFAULT_TRACE = "/work/shared/traces/hta/a100_8rank_rank3_nccl.json.gz"
+# ../shared beside the checkout; the HTA venv under the user's cache
+DEFAULT_TRACE = str(Path(__file__).resolve().parents[2] / "shared/traces/hta/a100_8rank_rank3_nccl.json.gz")
+_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+DEFAULT_HTA_PYTHON = str(_CACHE / "servescope/hta-venv/bin/python")
 SMALL_GOAL = (10.0, 0.5)  # speed ratio at least, RSS ratio at most
 LARGE_GOAL = (10.0, 1500.0)  # seconds at most, MB at most
 ID_ARGS = ("correlation", "External id")  # per-event ids in ``args`` that copies offset
@@ -205,7 +208,7 @@ def fmt(v: float | None, spec: str) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", type=Path, default=Path(DEFAULT_TRACE), help="the 35 MB trace (and the source)")
-    ap.add_argument("--hta-python", default=os.environ.get("SERVESCOPE_HTA_PYTHON", "/work/hta-venv/bin/python"))
+    ap.add_argument("--hta-python", default=os.environ.get("SERVESCOPE_HTA_PYTHON", DEFAULT_HTA_PYTHON))
     ap.add_argument("--servescope", default=shlex.join([sys.executable, "-m", "servescope"]))
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/servescope-bench"))

