@@ -1,0 +1,221 @@
+#!/bin/bash
+# Runs ON THE LENT H200, in the repository root (the `run` tool's working copy), as every device call's command:
+#
+#   bash tools/gpu_vllm/device_session.sh [graphs] [eager]
+#
+# 1. Staging: copies whatever payload part folders this call carries (.p0, .p1, ...; `tools/gpu_vllm_run.py
+#    stage` makes them) into /tmp/payload. While parts are missing it says which and exits 0: such a call only
+#    stages. Once all parts are there: ../shared/gpu-vllm/install.sh -> /tmp/site (vLLM 0.26.0), servescope's
+#    wheel (+ deflate) -> /tmp/ss-site, make_models.py -> /tmp/models. All of /tmp survives only while the
+#    machine stays warm (~30 s between calls), so later calls reuse it with no carry, or stage again.
+# 2. Each plan word starts two real vLLM servers side by side on the one GPU (dense llama8b-16l on :8001, MoE
+#    qwen3moe-30b-12l on :8002; --kv-cache-memory-bytes so that neither sizes its KV cache from the other's
+#    memory), torch profiler on, stacks off:
+#      graphs: torch.compile + CUDA graphs (vLLM's default)      eager: --enforce-eager
+#    Each capture profiles 8 engine steps from the 20th after /start_profile (PROFILE_DELAY, PROFILE_STEPS):
+#    decode steps of all B requests, past the steps in which the front end admits them.
+#    and runs the loop with servescope as the only client: health --wait (through the load), gpu list / holders,
+#    settings --pid --url, profile at batch 1/16/64 (each capture = the rank trace, the front end's trace and
+#    vLLM's own profiler_out_0.txt, moved out of the profiler dir, plus provenance.json), bench serve (graphs
+#    only, short), then stops the servers.  A server that fails beside the other is retried alone without
+#    --kv-cache-memory-bytes.
+# 3. $OUT: captures.tar (captures/<flavour>-b<B>/...), logs-<plan>.tgz (server logs, health, settings, gpu,
+#    bench, profile JSON), session.txt (the step log). Every step is bounded by the call's budget
+#    (SESSION_BUDGET_S, default 570 s of the 600 s limit); what does not fit is skipped and named in session.txt.
+set -u
+T0=$(date +%s)
+BUDGET=${SESSION_BUDGET_S:-570}
+REPO=$(pwd)
+OUTD=${OUT:-/tmp/out}; mkdir -p "$OUTD"
+PAY=/tmp/payload SITE=/tmp/site SS_SITE=/tmp/ss-site MODELS=/tmp/models
+W=/tmp/session; CAP=$W/captures
+# The profiled window: engine steps DELAY .. DELAY+STEPS-1 after /start_profile (vLLM's delay_iterations /
+# max_iterations). A real front end admits B concurrent streams over several steps (at B=64 over ~10-13 steps
+# on this machine), so a window from the first step holds mostly mixed prefill/decode steps; from step 20 on,
+# with every request asking for DELAY+STEPS+14 tokens, each profiled step is a decode step of all B requests.
+DELAY=${PROFILE_DELAY:-20}
+STEPS=${PROFILE_STEPS:-8}
+TOKENS=${PROFILE_TOKENS:-$(( DELAY + STEPS + 14 ))}
+BATCHES=${BATCHES:-16 1 64}
+INPUT_TOKENS=${INPUT_TOKENS:-32}
+KV_BYTES=${KV_BYTES:-8589934592}    # 8 GiB of KV cache per server (dense: 128k tokens, MoE: 341k)
+mkdir -p "$W" "$CAP"
+LOG=$W/session.txt
+say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+
+pack() {   # everything that comes back; called once at the end (and on the way out of a staging-only call)
+  if [ -n "$(ls -A "$CAP" 2>/dev/null)" ]; then ( cd "$W" && tar cf "$OUTD/captures.tar" captures ); fi
+  if ls "$W"/logs >/dev/null 2>&1; then ( cd "$W" && tar czf "$OUTD/logs-${PLAN_NAME:-none}.tgz" logs ); fi
+  cp "$LOG" "$OUTD/session.txt" 2>/dev/null
+  ls -la "$OUTD"
+}
+
+# ---------- 1. staging, install ----------
+mkdir -p "$PAY"
+for d in "$REPO"/.p[0-9]*; do
+  [ -d "$d" ] || continue
+  cp "$d"/* "$PAY"/ && say "staged $(basename "$d"): $(ls "$d" | tr '\n' ' ')"
+done
+if [ ! -f $SITE/.installed ]; then
+  if [ ! -f $PAY/SHA256SUMS ] || [ ! -f $PAY/install.sh ]; then
+    say "payload incomplete: no SHA256SUMS/install.sh yet (they come with the last part); have: $(ls $PAY | tr '\n' ' ')"
+    pack; exit 0
+  fi
+  want=$(grep -c " vllm-site.tar.xz.part-" $PAY/SHA256SUMS); have=$(ls $PAY/vllm-site.tar.xz.part-* 2>/dev/null | wc -l)
+  if [ "$have" -lt "$want" ]; then say "payload: $have of $want parts here; stage the rest"; pack; exit 0; fi
+  say "installing vLLM from $want parts"
+  bash $PAY/install.sh $PAY $SITE > $W/install.log 2>&1 || { tail -30 $W/install.log; say "install FAILED"; pack; exit 1; }
+  tail -3 $W/install.log | tee -a "$LOG"; touch $SITE/.installed; rm -f $PAY/vllm-site.tar.xz.part-*
+fi
+if ls $PAY/*.whl >/dev/null 2>&1; then
+  rm -rf $SS_SITE
+  python3 -m pip install -q --no-index --no-deps --no-compile --target $SS_SITE $PAY/*.whl > $W/ss-install.log 2>&1 \
+    || { cat $W/ss-install.log; say "servescope wheel install FAILED"; }
+  rm -f $PAY/*.whl
+fi
+[ -d $SS_SITE/servescope ] || { say "no servescope under $SS_SITE: carry the last part (it holds the wheel)"; pack; exit 1; }
+
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 PYTHONUNBUFFERED=1
+export VLLM_USE_FLASHINFER_SAMPLER=0
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # must stay set
+export PYTHONPATH=$SS_SITE:$SITE
+SS="python3 -m servescope"
+export VLLM_VERSION=$(python3 -c 'import vllm; print(vllm.__version__)' 2>/dev/null)
+export TORCH_VERSION=$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)
+export GPU_DESC=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
+say "vllm $VLLM_VERSION, torch $TORCH_VERSION, $GPU_DESC, servescope $($SS --version 2>/dev/null | head -1)"
+
+if [ $# -eq 0 ]; then say "no plan words: install only"; pack; exit 0; fi
+PLAN_NAME=$(echo "$@" | tr ' ' '+')
+
+need_models=""
+for m in llama8b-16l qwen3moe-30b-12l; do [ -f $MODELS/$m/config.json ] || need_models="$need_models $m"; done
+if [ -n "$need_models" ]; then
+  say "making models:$need_models"
+  python3 $PAY/make_models.py $MODELS $need_models > $W/models.log 2>&1 || { tail -20 $W/models.log; say "models FAILED"; pack; exit 1; }
+  grep params $W/models.log | tee -a "$LOG"
+fi
+
+# ---------- 2. servers ----------
+declare -A PID PORT MODEL FLAGS READY
+PORT[dense]=8001; MODEL[dense]=llama8b-16l
+PORT[moe]=8002;  MODEL[moe]=qwen3moe-30b-12l
+
+start_server() {   # start_server KEY FLAVOUR EXTRA...   (KEY = dense|moe)
+  local key=$1 flav=$2; shift 2
+  local name=$key-$flav prof=$W/prof/$key-$flav
+  rm -rf "$prof"; mkdir -p "$prof" "$W/logs"
+  FLAGS[$key]="--max-model-len 4096 --gpu-memory-utilization 0.4 --port ${PORT[$key]} --profiler-config.profiler=torch --profiler-config.torch_profiler_dir=$prof --profiler-config.torch_profiler_with_stack=false --profiler-config.delay_iterations=$DELAY --profiler-config.max_iterations=$STEPS $*"
+  # shellcheck disable=SC2086
+  setsid python3 -m vllm.entrypoints.openai.api_server --model $MODELS/${MODEL[$key]} \
+    --served-model-name ${MODEL[$key]} ${FLAGS[$key]} > "$W/logs/server-$name.log" 2>&1 &
+  PID[$key]=$!
+  say "started $name: pid ${PID[$key]} port ${PORT[$key]}"
+}
+
+wait_ready() {   # wait_ready FLAVOUR KEY...   (health --wait of each, side by side)
+  local flav=$1; shift; local k hp=()
+  for k in "$@"; do
+    local name=$k-$flav to=$(( $(left) - 120 )); [ $to -lt 60 ] && to=60
+    $SS health http://127.0.0.1:${PORT[$k]} --wait --timeout $to --poll 2 --pid ${PID[$k]} \
+      --log "$W/logs/server-$name.log" > "$W/logs/health-$name.txt" 2>&1 &
+    hp+=("$!:$k")
+  done
+  for e in "${hp[@]}"; do
+    local p=${e%%:*} k=${e#*:}; wait "$p"; local rc=$?
+    READY[$k]=$rc; say "health --wait $k-$flav rc=$rc"; tail -4 "$W/logs/health-$k-$flav.txt" | sed 's/^/    /' | tee -a "$LOG"
+  done
+}
+
+stop_server() {  # SIGINT to the API server, then the whole session
+  local k=$1 p=${PID[$1]:-}; [ -n "$p" ] || return 0
+  kill -INT "$p" 2>/dev/null
+  for _ in $(seq 1 15); do kill -0 "$p" 2>/dev/null || break; sleep 1; done
+  kill -TERM -- -"$p" 2>/dev/null; sleep 1; kill -KILL -- -"$p" 2>/dev/null
+  for _ in $(seq 1 20); do pgrep -s "$p" >/dev/null 2>&1 || break; sleep 0.5; done
+  say "stopped $k (pid $p)"; PID[$k]=""
+}
+
+capture() {   # capture KEY FLAVOUR BATCH TOKENS
+  local k=$1 flav=$2 b=$3 n=$4 name=$1-$2-b$3 prof=$W/prof/$1-$2
+  local dest=$CAP/$name
+  rm -rf "$dest"; mkdir -p "$dest"
+  local t=$(date +%s)
+  timeout 150 $SS profile http://127.0.0.1:${PORT[$k]} --batch "$b" --output-tokens "$n" --input-tokens $INPUT_TOKENS \
+    --trace-dir "$prof" --trace-timeout 90 --json -o "$W/logs/profile-$name.json" > "$W/logs/profile-$name.out" 2>&1
+  local rc=$?
+  # vLLM writes profiler_out_0.txt after the traces; wait for it to settle, then take every file of this window
+  for _ in $(seq 1 20); do [ -s "$prof/profiler_out_0.txt" ] && break; sleep 0.5; done
+  sleep 1
+  for f in "$prof"/*; do [ -f "$f" ] && mv "$f" "$dest/"; done
+  ( cd "$dest" && for f in *.pt.trace.json.gz; do
+      case $f in *async_llm*) mv "$f" frontend.async_llm.pt.trace.json.gz ;; *) mv "$f" rank0.pt.trace.json.gz ;; esac
+    done ) 2>/dev/null
+  python3 "$REPO/tools/gpu_vllm/provenance.py" "$dest" "$W/logs/profile-$name.json" "$flav" "$DELAY" "$STEPS" \
+    "$MODELS/${MODEL[$k]}/config.json" "${FLAGS[$k]}" >> "$LOG" 2>&1
+  say "capture $name rc=$rc in $(( $(date +%s) - t ))s"
+  [ $rc -eq 0 ] || tail -5 "$W/logs/profile-$name.out" | sed 's/^/    /' | tee -a "$LOG"
+}
+
+loop_checks() {   # loop_checks FLAVOUR KEY...: gpu, settings (both servers up)
+  local flav=$1; shift
+  $SS gpu list > "$W/logs/gpu-list-$flav.txt" 2>&1; $SS gpu list --json > "$W/logs/gpu-list-$flav.json" 2>&1
+  $SS gpu holders > "$W/logs/gpu-holders-$flav.txt" 2>&1; $SS gpu holders --json > "$W/logs/gpu-holders-$flav.json" 2>&1
+  say "gpu holders:"; sed 's/^/    /' "$W/logs/gpu-holders-$flav.txt" | cut -c1-150 | head -12 | tee -a "$LOG"
+  nvidia-smi > "$W/logs/nvidia-smi-$flav.txt" 2>&1
+  for k in "$@"; do
+    [ "${READY[$k]:-1}" = 0 ] || continue
+    $SS settings --pid ${PID[$k]} --url http://127.0.0.1:${PORT[$k]} > "$W/logs/settings-$k-$flav.txt" 2>&1
+    $SS settings --pid ${PID[$k]} --url http://127.0.0.1:${PORT[$k]} --json > "$W/logs/settings-$k-$flav.json" 2>&1
+    say "settings $k-$flav rc=$? ($(wc -l < "$W/logs/settings-$k-$flav.txt") lines)"
+  done
+}
+
+bench() {   # bench KEY FLAVOUR: a short sweep (the loop, not the load study)
+  local k=$1 flav=$2 name=$1-$2
+  [ "$(left)" -gt 90 ] || { say "skip bench $name: $(left)s left"; return; }
+  local t=$(date +%s)
+  timeout 80 $SS bench serve http://127.0.0.1:${PORT[$k]} --concurrency 1,16,64 --input-tokens 256 --output-tokens 64 \
+    --json -o "$W/logs/bench-$name.json" > "$W/logs/bench-$name.out" 2>&1
+  say "bench serve $name rc=$? in $(( $(date +%s) - t ))s"; tail -12 "$W/logs/bench-$name.out" | cut -c1-160 | tee -a "$LOG"
+}
+
+run_pair() {   # run_pair FLAVOUR TOKENS EXTRA_FLAGS...
+  local flav=$1 n=$2; shift 2
+  if [ "$(left)" -lt 200 ]; then say "skip $flav pair: $(left)s left"; return; fi
+  start_server dense "$flav" --kv-cache-memory-bytes $KV_BYTES "$@"
+  sleep 3
+  start_server moe "$flav" --kv-cache-memory-bytes $KV_BYTES "$@"
+  wait_ready "$flav" dense moe
+  for k in dense moe; do   # a server that failed beside the other: once more, alone, as vLLM sizes it itself
+    [ "${READY[$k]}" = 0 ] && continue
+    stop_server $k
+    if [ "$(left)" -lt 200 ]; then say "no time to retry $k-$flav"; continue; fi
+    say "retrying $k-$flav alone"; start_server $k "$flav" "$@"; wait_ready "$flav" $k
+  done
+  loop_checks "$flav" dense moe
+  # priority order: dense b16, moe b16, then the other batches
+  local b
+  for b in $BATCHES; do
+    for k in dense moe; do
+      [ "${READY[$k]}" = 0 ] || continue
+      if [ "$(left)" -lt 45 ]; then say "skip capture $k-$flav-b$b: $(left)s left"; continue; fi
+      capture $k "$flav" "$b" "$n"
+    done
+  done
+  if [ "$flav" = graphs ]; then for k in dense moe; do [ "${READY[$k]}" = 0 ] && bench $k "$flav"; done; fi
+  stop_server dense; stop_server moe
+  ls "$W"/prof/*/ 2>/dev/null | head -5
+}
+
+for word in "$@"; do
+  case $word in
+    graphs) run_pair graphs "$TOKENS" ;;
+    eager) run_pair eager "$TOKENS" --enforce-eager ;;
+    *) say "unknown plan word $word" ;;
+  esac
+done
+du -sh "$CAP"/* 2>/dev/null | tee -a "$LOG"
+say "done"
+pack
