@@ -74,6 +74,8 @@ class StepRow(msgspec.Struct, kw_only=True):
     decode_requests: int | None = None
     decode_tokens: int | None = None
     categories: dict[str, float] = msgspec.field(default_factory=dict)
+    # Time from the end of the previous step to this one's start: host time between steps (None: first step).
+    gap_before_us: float | None = None
 
 
 class RankAnalysis(msgspec.Struct, kw_only=True):
@@ -88,6 +90,10 @@ class RankAnalysis(msgspec.Struct, kw_only=True):
     basis_share: dict[str, float] = msgspec.field(default_factory=dict)
     # Facts about how the trace ran that findings check before advising (graph replays, custom all-reduce).
     graph_replay_share: float = 0.0  # share of device work time launched by CUDA/HIP graph replays
+    # Host time between consecutive steps (sum of StepRow.gap_before_us) and the time from the first step's
+    # start to the last one's end: how much of the captured window the engine spent outside its steps.
+    between_steps_us: float = 0.0
+    steps_window_us: float = 0.0
 
 
 BASES = ("op", "graph", "peer", "name", "unknown")

@@ -15,6 +15,7 @@ from typing import Any
 from servescope.core.analysis import AnalysisDoc, CrossRankStats, PhaseStats, RankAnalysis
 from servescope.report.tables import (
     COMMUNICATION,
+    decided_by,
     format_count,
     format_evidence,
     format_ms,
@@ -234,7 +235,8 @@ def render_analysis_html(doc: AnalysisDoc, *, top: int = 15) -> str:
     ]
     for rank in ranks:
         parts.append(f"<h3>rank {rank.rank}: {_e(rank.path)}</h3><p>work: {_e(rank.work_kind)}, steps from "
-                     f"{_e(rank.step_source)}, unattributed {format_ms(rank.unattributed_us)} ms</p>")
+                     f"{_e(rank.step_source)}, unattributed {format_ms(rank.unattributed_us)} ms; "
+                     f"{_e(decided_by(rank))}</p>")
         parts.extend(_phase_section(doc, rank.rank, p, rank.phases[p]) for p in ordered_phases(rank.phases))
     if doc.across_ranks:
         parts.append("<h2>Across ranks</h2>")

@@ -231,12 +231,31 @@ def _render_rank(doc: AnalysisDoc, console: Console, rank: RankAnalysis,
     console.print()
     _line(console, f"rank {rank.rank}: {rank.path} (work: {rank.work_kind}, steps from {rank.step_source}, "
                    f"unattributed {format_ms(rank.unattributed_us)} ms)", "bold underline")
+    if rank.basis_share:
+        _line(console, "  " + decided_by(rank))
+    if rank.steps_window_us > 0:
+        _line(console, f"  between steps: {format_ms(rank.between_steps_us)} ms of the "
+                       f"{format_ms(rank.steps_window_us)} ms from first step to last "
+                       f"({format_share(rank.between_steps_us / rank.steps_window_us)}): host time outside steps")
     names = ordered_phases(rank.phases, phases)
     if not names:
         _line(console, "  no steps" + ("" if phases is None else " in the selected phases"))
     for phase in names:
         console.print()
         _render_phase(doc, console, rank.rank, phase, rank.phases[phase])
+
+
+_BASIS_WORDS = {"op": "launching op", "graph": "graph capture", "peer": "same kernels launched eagerly",
+                "name": "kernel name", "unknown": "unknown"}
+
+
+def decided_by(rank: RankAnalysis) -> str:
+    """One line: how much of the rank's work time each kind of evidence classified."""
+    if not rank.basis_share:
+        return "categories decided by: N/A"
+    parts = [f"{_BASIS_WORDS.get(b, b)} {format_share(s)}"
+             for b, s in sorted(rank.basis_share.items(), key=lambda item: -item[1])]
+    return "categories decided by: " + ", ".join(parts)
 
 
 def rank_keys(*per_rank: dict[str, float]) -> list[str]:

@@ -111,6 +111,9 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
             rank=trace.rank, path=str(trace.data.path), work_kind=work.kind, step_source=steps.source,
             unattributed_us=result.unattributed_us, phases=result.phases, steps=result.steps,
             basis_share=result.basis_share,
+            between_steps_us=sum(r.gap_before_us or 0.0 for r in result.steps),
+            steps_window_us=(result.steps[-1].start_us + result.steps[-1].span_us - result.steps[0].start_us
+                             if result.steps else 0.0),
         ))
     if not workers:
         raise InputError(", ".join(str(t.data.path) for t in traces),

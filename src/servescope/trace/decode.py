@@ -74,6 +74,9 @@ class _Args(msgspec.Struct, gc=False):  # no cycles: skip GC tracking of 1e6 obj
     in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
     dtype: str | None = None
     kernel: str | None = None  # on a runtime launch: the kernel it launched (newer Kineto, ROCm)
+    # record_shapes: kept as raw JSON (cheap to skip) and parsed only for the ops whose shapes say what a step
+    # computed (the token ids into the embedding lookup)
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
 
 
 class _Fields(msgspec.Struct, gc=False):
@@ -169,6 +172,7 @@ class Columns:
     thread: array[int] = field(default_factory=lambda: array("i"))  # index into DecodedTrace.threads
     msg_bytes: dict[int, int] = field(default_factory=dict)  # row -> bytes, for collectives that record it
     kernel: dict[int, int] = field(default_factory=dict)  # launch row -> name id of the kernel it launched
+    dims: dict[int, list[Any]] = field(default_factory=dict)  # cpu_op row -> input shapes, for SHAPED_OPS only
 
     def __len__(self) -> int:
         return len(self.ts_us)
@@ -184,6 +188,7 @@ class Columns:
         self.thread.fromlist([thread_ids[i] for i in other.thread])
         self.msg_bytes.update({first + row: size for row, size in other.msg_bytes.items()})
         self.kernel.update({first + row: name_ids[name] for row, name in other.kernel.items()})
+        self.dims.update({first + row: dims for row, dims in other.dims.items()})
 
     def add(self, events: list[_Event], kind: int | list[int], name_ids: list[int], thread_ids: list[int]) -> int:
         """Append ``events`` (all of one kind, or a kind each) with their interned names and threads; returns
@@ -224,6 +229,9 @@ _DTYPE_BYTES = {
 }
 
 
+# Operators whose recorded input shapes analysis reads: the embedding lookup's token ids are [batch, sequence]
+# in HF-style models (a sequence of 1 is a decode step) and [tokens] in vLLM / SGLang.
+SHAPED_OPS = frozenset({"aten::embedding"})
 _DEVICE, _CPU, _LAUNCH, _ANNOTATION, _FRAME = range(5)
 _TABLE_OF = {**dict.fromkeys(_DEVICE_KINDS, _DEVICE), "cpu_op": _CPU, **dict.fromkeys(_RUNTIME_CATS, _LAUNCH),
              **dict.fromkeys(_ANNOTATION_CATS, _ANNOTATION), "python_function": _FRAME}
@@ -272,7 +280,8 @@ class _Collector:
             if steps:
                 cpu = [e for e in cpu if not e.name.startswith("ProfilerStep#")]
                 self.annotations.extend(Annotation(e.name, e.ts, e.dur, e.pid, e.tid, False) for e in steps)
-            self._add(self.cpu_ops, cpu, KIND_CPU_OP)
+            first = self._add(self.cpu_ops, cpu, KIND_CPU_OP)
+            self._shapes(cpu, first)
         launches = [e for e in launches if e.args is not None and e.args.correlation is not None]
         if launches:
             first = self._add(self.launches, launches, -1)
@@ -283,6 +292,16 @@ class _Collector:
             self._add(self.frames, frames, KIND_PYTHON)
         self.annotations.extend(Annotation(e.name, e.ts, e.dur, e.pid, e.tid, e.cat == "gpu_user_annotation")
                                 for e in annotations)
+
+    def _shapes(self, cpu: list[_Event], first: int) -> None:
+        for offset, ev in enumerate(cpu):
+            if ev.name in SHAPED_OPS and (args := ev.args) is not None and len(args.input_dims):
+                try:
+                    dims = msgspec.json.decode(args.input_dims)
+                except msgspec.DecodeError:
+                    continue
+                if isinstance(dims, list):
+                    self.cpu_ops.dims[first + offset] = dims
 
     def _collectives(self, device: list[_Event], first: int) -> None:
         for offset, ev in enumerate(device):

@@ -1,12 +1,20 @@
 """Find the steps of a trace and attribute each piece of work to the step that launched it.
 
-Step sources, tried in order:
+Step sources, tried in order (the engine's own markers first, gaps last):
 
 1. vLLM's per-step annotation ``execute_context_X(Y)_generation_Z(W)``: X prefill requests with Y tokens,
    Z decode requests with W tokens (newer vLLM writes ``execute_N_context_X(sqY…)_generation_Z(sqW…)``).
    It gives each step its phase: prefill, decode, mixed, or empty (a padding step with no requests).
-2. ``ProfilerStep#N`` ranges from ``torch.profiler.schedule``; phase ``unknown``.
-3. Gaps: device activity split where the device sat idle longer than a threshold; phase ``unknown``.
+   SGLang's ``step[DECODE bs=32]`` / ``step[PREFILL …]`` / ``step[EXTEND …]`` annotations likewise.
+2. vLLM V1 builds that write no step annotation: the model runner's (else the worker's) ``execute_model``
+   frames (python functions or CPU operators), one per engine step.
+3. ``ProfilerStep#N`` ranges from ``torch.profiler.schedule``.
+4. Gaps: device activity split where the device sat idle longer than a threshold.
+
+A step without a phase marker gets one from what it shows: the shape of the token ids its embedding lookup
+read (``[batch, sequence]``: a sequence of one token is a decode step), else graph replays (engines replay
+their captured graphs for decode batches; a step that runs outside them, where others replay, is a prefill
+too large for the captured sizes); else ``unknown``.
 
 Device work is attributed through correlation ids: a kernel carries the id of the runtime call that
 launched it (``cudaLaunchKernel``; one ``cudaGraphLaunch`` for every kernel of a graph replay), and that
@@ -32,6 +40,12 @@ _VLLM_STEP = re.compile(
     r"^execute(?:_\d+)?_context_(?P<x>\d+)\((?P<y>[^)]*)\)_generation_(?P<z>\d+)\((?P<w>[^)]*)\)"
 )
 _LEADING_COUNT = re.compile(r"^(?:sq)?(\d+)")
+_SGLANG_STEP = re.compile(r"^step\[(?P<mode>[A-Z_]+)(?: bs=(?P<bs>\d+))?")
+_SGLANG_PHASES = {"DECODE": "decode", "PREFILL": "prefill", "EXTEND": "prefill", "MIXED": "mixed", "IDLE": "empty"}
+_EXECUTE_MODEL = re.compile(r"(?:^|[:\s.])execute_model$")
+_MODEL_RUNNER = re.compile(r"model_runner", re.IGNORECASE)
+_GRAPH_LAUNCH = re.compile(r"GraphLaunch", re.IGNORECASE)
+_GRAPH_DECODE_SHARE = 0.5
 _DEFAULT_GAP_FLOOR_US = 100.0
 _GAP_MEDIAN_FACTOR = 20.0
 
@@ -49,13 +63,16 @@ class Step:
     prefill_tokens: int | None = None
     decode_requests: int | None = None
     decode_tokens: int | None = None
+    # The step's time is its CPU window (stretched over any of its device work outside it), not only the
+    # device span: the engine's whole step, host preparation and sampling included (execute_model frames).
+    whole_window: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Steps:
     """The steps of one trace and, for each work row (in ``Work.rows`` order), its step or -1."""
 
-    source: str  # "annotation" | "profiler_step" | "gaps" | "whole"
+    source: str  # "annotation" | "execute_model" | "profiler_step" | "gaps" | "whole"
     steps: list[Step]
     step_of: npt.NDArray[np.int64]
     gap_us: float | None = None
@@ -100,9 +117,49 @@ def _annotation_steps(annotations: list[Annotation]) -> tuple[str, list[Step]]:
     if steps:
         return "annotation", steps
     for ann in cpu:
-        if ann.name.startswith("ProfilerStep#"):
-            steps.append(Step(len(steps), ann.name, "unknown", ann.ts_us, ann.ts_us + ann.dur_us))
-    return ("profiler_step", steps) if steps else ("", [])
+        sglang = _SGLANG_STEP.match(ann.name)
+        if sglang is not None:
+            phase = _SGLANG_PHASES.get(sglang["mode"], "unknown")
+            batch = int(sglang["bs"]) if sglang["bs"] else None
+            steps.append(Step(len(steps), ann.name, phase, ann.ts_us, ann.ts_us + ann.dur_us,
+                              decode_requests=batch if phase == "decode" else None,
+                              prefill_requests=batch if phase == "prefill" else None))
+    return ("annotation", _outermost(steps)) if steps else ("", [])
+
+
+def _profiler_steps(annotations: list[Annotation]) -> list[Step]:
+    cpu = sorted((a for a in annotations if not a.on_gpu and a.name.startswith("ProfilerStep#")),
+                 key=lambda a: a.ts_us)
+    return [Step(i, a.name, "unknown", a.ts_us, a.ts_us + a.dur_us) for i, a in enumerate(cpu)]
+
+
+def _outermost(steps: list[Step]) -> list[Step]:
+    """The steps not inside another (a worker's execute_model wraps the model runner's), renumbered."""
+    out: list[Step] = []
+    for step in sorted(steps, key=lambda s: (s.start_us, -s.end_us)):
+        if out and step.start_us >= out[-1].start_us and step.end_us <= out[-1].end_us:
+            continue
+        out.append(step)
+    return [Step(i, s.name, s.phase, s.start_us, s.end_us, s.prefill_requests, s.prefill_tokens,
+                 s.decode_requests, s.decode_tokens, s.whole_window) for i, s in enumerate(out)]
+
+
+def _execute_model_steps(data: TraceData) -> list[Step]:
+    """vLLM V1 engine steps from ``execute_model`` frames: the model runner's, else the worker's."""
+    found: list[tuple[float, float, str]] = []
+    for table in (data.frames, data.cpu_ops):
+        if len(table) == 0:
+            continue
+        ids = [i for i, name in enumerate(data.names) if _EXECUTE_MODEL.search(name)]
+        if not ids:
+            return []
+        rows = np.flatnonzero(np.isin(table.name, np.array(ids, dtype=np.int32)))
+        found.extend((float(table.ts_us[r]), float(table.ts_us[r] + table.dur_us[r]), data.names[table.name[r]])
+                     for r in rows.tolist())
+    runner = [f for f in found if _MODEL_RUNNER.search(f[2])]
+    chosen = runner or found
+    steps = [Step(0, name, "unknown", start, end, whole_window=True) for start, end, name in chosen]
+    return _outermost(steps)
 
 
 def _containing(starts: npt.NDArray[np.float64], ends: npt.NDArray[np.float64],
@@ -164,7 +221,81 @@ def find_steps(data: TraceData, work: Work, *, gap_us: float | None = None) -> S
             max(100 µs, 20 × the median idle gap) and records the value used.
     """
     source, steps = _annotation_steps(data.annotations)
+    if not steps:
+        source, steps = "execute_model", _execute_model_steps(data)
+    if not steps:
+        source, steps = "profiler_step", _profiler_steps(data.annotations)
     if steps:
-        return Steps(source, steps, _attribute(data, work, steps))
+        step_of = _attribute(data, work, steps)
+        return Steps(source, _with_phases(data, work, steps, step_of), step_of)
     source, steps, step_of, used_gap = _gap_steps(work, gap_us)
     return Steps(source, steps, step_of, used_gap)
+
+
+def _embedding_batches(data: TraceData, steps: list[Step]) -> dict[int, tuple[int, int]]:
+    """Step index -> (sequences, tokens per sequence) of the first 2-D token-id input its embedding read."""
+    out: dict[int, tuple[int, int]] = {}
+    if not data.cpu_ops.dims:
+        return out
+    starts = np.array([s.start_us for s in steps])
+    ends = np.array([s.end_us for s in steps])
+    for row, dims in sorted(data.cpu_ops.dims.items()):
+        ids = dims[1] if len(dims) > 1 else None
+        if not (isinstance(ids, list) and len(ids) == 2 and all(isinstance(v, int) for v in ids)):
+            continue
+        at = _containing(starts, ends, np.array([data.cpu_ops.ts_us[row]]))[0]
+        if at >= 0 and int(at) not in out:
+            out[int(at)] = (ids[0], ids[1])
+    return out
+
+
+def _with_phases(data: TraceData, work: Work, steps: list[Step], step_of: npt.NDArray[np.int64]) -> list[Step]:
+    """Phases for the steps no marker gave one, from the token ids' shape, else from graph replays."""
+    if all(s.phase != "unknown" for s in steps):
+        return steps
+    batches = _embedding_batches(data, steps)
+    replay_share = _graph_replay_share(data, work, step_of, len(steps))
+    has_work = np.bincount(step_of[step_of >= 0], minlength=len(steps)) > 0 if len(step_of) else (
+        np.zeros(len(steps), dtype=bool))
+    any_graph = bool((replay_share >= _GRAPH_DECODE_SHARE).any())
+    out: list[Step] = []
+    for step in steps:
+        phase, prefills, prefill_tokens, decodes, decode_tokens = (
+            step.phase, step.prefill_requests, step.prefill_tokens, step.decode_requests, step.decode_tokens)
+        if phase == "unknown":
+            if step.index in batches:
+                sequences, length = batches[step.index]
+                if length == 1:
+                    phase, decodes, decode_tokens = "decode", sequences, sequences
+                else:
+                    phase, prefills, prefill_tokens = "prefill", sequences, sequences * length
+            elif replay_share[step.index] >= _GRAPH_DECODE_SHARE:
+                phase = "decode"
+            elif any_graph and has_work[step.index] and replay_share[step.index] == 0:
+                phase = "prefill"
+        out.append(Step(step.index, step.name, phase, step.start_us, step.end_us, prefills, prefill_tokens,
+                        decodes, decode_tokens, step.whole_window))
+    return out
+
+
+def _graph_replay_share(data: TraceData, work: Work, step_of: npt.NDArray[np.int64],
+                        count: int) -> npt.NDArray[np.float64]:
+    """Per step, the share of its device work time replayed from CUDA/HIP graphs."""
+    share = np.zeros(count)
+    if work.kind != "device" or len(work.rows) == 0 or len(data.launches) == 0:
+        return share
+    launches = data.launches
+    distinct = np.unique(launches.name)
+    is_graph_name = np.array([bool(_GRAPH_LAUNCH.search(data.names[int(n)])) for n in distinct.tolist()])
+    if not is_graph_name.any():
+        return share
+    order = np.argsort(launches.correlation, kind="stable")
+    sorted_corr = launches.correlation[order]
+    corr = work.table.correlation[work.rows]
+    pos = np.clip(np.searchsorted(sorted_corr, corr), 0, len(sorted_corr) - 1)
+    found = (sorted_corr[pos] == corr) & (corr >= 0)
+    replayed = found & is_graph_name[np.searchsorted(distinct, launches.name[order[pos]])]
+    ok = step_of >= 0
+    total = np.bincount(step_of[ok], weights=work.dur_us[ok], minlength=count)
+    graph = np.bincount(step_of[ok & replayed], weights=work.dur_us[ok & replayed], minlength=count)
+    return np.divide(graph, total, out=np.zeros(count), where=total > 0)
