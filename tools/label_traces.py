@@ -287,6 +287,15 @@ def decide(w: Work, region: str | None = None) -> tuple[str, str, bool]:
     is_gemm = (w.kind == "kernel" and _has(GEMM_NAME, name)) or _has(GEMM_OP, op) or \
         (w.kind == "cpu_op" and _has(GEMM_OP, name))
     if _has(r"_grouped_mm|fused_moe|moe_forward|matmul_ogs", ops_text + " | " + name):
+        # vLLM >= 0.2x runs the router gate (aten::linear, hidden x experts) and the expert activation inside
+        # vllm::moe_forward; HF runs them outside the MoE op (gemm / activation there): arguable either way
+        if is_gemm and _has(r"^aten::(mm|addmm|linear|matmul)$", op) and \
+                not _has(r"_grouped_mm|fused_moe|matmul_ogs|moe|expert", name):
+            return "gemm", f"dense GEMM {op} inside the MoE op ({_last(ops_text, 'moe')}): the router gate " \
+                           "(hidden x experts) or a shared expert, not the experts' grouped GEMM", True
+        if _has(r"silu|gelu|act_and_mul|swiglu", op) and not is_gemm and \
+                not _has(r"matmul|gemm|fused_moe|moe_forward", name + " | " + op):
+            return "activation", f"expert activation {op} inside the MoE op ({_last(ops_text, 'moe')})", True
         return "moe", f"MoE expert GEMM/op ({op})", False
     if is_gemm and _has(r"RotaryEmbedding|rotary", mods):
         return "rotary", f"GEMM {op} computing the RoPE cos/sin table inside RotaryEmbedding", True
@@ -642,6 +651,14 @@ def targets() -> list[tuple[Path, Path | None]]:
             eager = {1: 1, 4: 1, 16: 16, 32: 16, 64: 64, 128: 64}[int(batch)]
             ref = h200 / f"{kind}_b{eager}_rank0.pt.trace.json.gz"
         out.append((p, ref))
+    # real vLLM 0.26 captures (tests/data/h200-vllm/<model>-<mode>-b<batch>/rank0...): a graphs capture replays
+    # its kernels from CUDA graphs; its reference is the eager capture of the same model and batch
+    vllm = ROOT / "tests" / "data" / "h200-vllm"
+    for p in sorted(vllm.glob("*/rank*.pt.trace.json.gz")):
+        ref = None
+        if "-graphs-" in p.parent.name:
+            ref = vllm / p.parent.name.replace("-graphs-", "-eager-") / p.name
+        out.append((p, ref))
     for p in sorted((ROOT / "src" / "servescope" / "data" / "examples").glob("*/*.pt.trace.json.gz")):
         if ".async_llm." in p.name:
             continue
@@ -654,6 +671,8 @@ def out_name(path: Path) -> str:
     stem = path.name.removesuffix(".gz").removesuffix(".json")
     if path.is_relative_to(ROOT / "src"):
         stem = f"example_{path.parent.name}_{stem}"
+    elif path.is_relative_to(ROOT / "tests" / "data" / "h200-vllm"):
+        stem = f"h200-vllm_{path.parent.name}_{stem}"
     return stem + ".labels.json"
 
 
