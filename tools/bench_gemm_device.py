@@ -62,8 +62,9 @@ def summary(doc: GemmBenchDoc) -> str:
     lines = [f"{doc.device_name}  torch {doc.torch_version}  copy {cc.gbps:.0f} GB/s  "
              f"matmul {mc.size}^3 {mc.tflops:.1f} TFLOP/s  datasheet {doc.options.hardware}"]
     for t in doc.timings:
+        of_copy = "-" if t.frac_ceiling_gbps is None else format(t.frac_ceiling_gbps, ".0%")
         lines.append(f"  {t.m:5d} x {t.n:6d} x {t.k:6d}  {t.median_s * 1e6:9.2f} us  {t.tflops:7.2f} TFLOP/s "
-                     f"{t.gbps:7.0f} GB/s  ({t.frac_ceiling_gbps:.0%} of copy)  {t.names[0]}")
+                     f"{t.gbps:7.0f} GB/s  ({of_copy} of copy)  {t.names[0]}")
     return "\n".join(lines)
 
 

@@ -40,6 +40,8 @@ def check_rates(doc: GemmBenchDoc) -> None:
     assert len(doc.copy_ceiling.times_s) == len(doc.matmul_ceiling.times_s) == doc.options.iters
     copy_median = statistics.median(doc.copy_ceiling.times_s)
     assert doc.copy_ceiling.gbps == pytest.approx(2 * doc.copy_ceiling.bytes_copied / copy_median / 1e9)
+    assert len(doc.notes) == (max(t.tflops for t in doc.timings) > doc.matmul_ceiling.tflops) + (
+        max(t.gbps for t in doc.timings) > doc.copy_ceiling.gbps)
     size = doc.matmul_ceiling.size
     matmul_median = statistics.median(doc.matmul_ceiling.times_s)
     assert doc.matmul_ceiling.tflops == pytest.approx(2 * size**3 / matmul_median / 1e12)
@@ -50,8 +52,10 @@ def check_rates(doc: GemmBenchDoc) -> None:
         assert t.tflops == pytest.approx(2 * t.m * t.n * t.k / median / 1e12)
         assert t.bytes_moved == (t.m * t.k + t.n * t.k + t.m * t.n) * elem
         assert t.gbps == pytest.approx(t.bytes_moved / median / 1e9)
-        assert t.frac_ceiling_tflops == pytest.approx(t.tflops / doc.matmul_ceiling.tflops)
-        assert t.frac_ceiling_gbps == pytest.approx(t.gbps / doc.copy_ceiling.gbps)
+        beaten_mm = max(x.tflops for x in doc.timings) > doc.matmul_ceiling.tflops
+        beaten_copy = max(x.gbps for x in doc.timings) > doc.copy_ceiling.gbps
+        assert t.frac_ceiling_tflops == (None if beaten_mm else pytest.approx(t.tflops / doc.matmul_ceiling.tflops))
+        assert t.frac_ceiling_gbps == (None if beaten_copy else pytest.approx(t.gbps / doc.copy_ceiling.gbps))
         if doc.datasheet is not None:
             assert t.frac_datasheet_gbps == pytest.approx(t.gbps / doc.datasheet.hbm_gbps)
             assert doc.datasheet.dense_tflops is not None
@@ -156,3 +160,56 @@ def test_device_script_runs_without_our_dependencies(tmp_path: Path) -> None:
                      "mlp.down": (2048, 5632), "lm_head": (32000, 2048)}
     assert {s.tp for s in doc.shapes if s.model == "llama-3-70b"} == {8}
     assert f"wrote {out}" in done.stdout
+
+
+def test_no_fraction_of_a_ceiling_is_over_one_and_a_beaten_ceiling_is_named(cpu_doc: GemmBenchDoc) -> None:
+    """On a CPU small GEMMs can outrun the ceilings (caches, the kernel picked per shape): no ratio over 100%."""
+    for t in cpu_doc.timings:
+        assert t.frac_ceiling_tflops is None or t.frac_ceiling_tflops <= 1.0
+        assert t.frac_ceiling_gbps is None or t.frac_ceiling_gbps <= 1.0
+    if any(t.frac_ceiling_tflops is None for t in cpu_doc.timings):
+        assert any(f"{cpu_doc.matmul_ceiling.size}^3 matmul" in n and "no compute ceiling" in n for n in cpu_doc.notes)
+    if any(t.frac_ceiling_gbps is None for t in cpu_doc.timings):
+        assert any("no memory ceiling" in n for n in cpu_doc.notes)
+
+
+def test_cli_table_shows_no_ratio_over_100_percent_and_the_notes(cpu_doc: GemmBenchDoc) -> None:
+    import io
+    import re
+
+    from rich.console import Console
+
+    from servescope.report.gpu import render_gemm
+
+    out = io.StringIO()
+    render_gemm(cpu_doc, Console(file=out, width=200, highlight=False))
+    text = out.getvalue()
+    assert all(int(p) <= 100 for p in re.findall(r"(\d+)%", text))
+    assert "TFLOP/s, above" not in text or "note: " in text
+    assert f"matmul {cpu_doc.matmul_ceiling.tflops:.3g} TFLOP/s" in text  # significant digits, never "0.0"
+
+
+def test_ceilings_on_a_cpu_stop_at_their_time_budget() -> None:
+    """A ceiling sample that takes long (a CPU's 1024^3 bf16 matmul: ~0.7 s) stops at the budget, >= 3 samples."""
+    import time
+
+    import torch
+
+    from servescope.bench.gemm import _Sampler
+
+    sampler = _Sampler(torch, torch.device("cpu"), iters=50, warmup=10, budget_s=0.3)
+    calls = []
+    started = time.perf_counter()
+    times = sampler.sample(lambda: (calls.append(1), time.sleep(0.05)), 1)
+    assert 3 <= len(times) <= 10 and len(calls) < 20
+    assert time.perf_counter() - started < 1.5
+    assert all(t >= 0.05 for t in times)
+    assert len(_Sampler(torch, torch.device("cpu"), iters=4, warmup=0, budget_s=None).sample(lambda: None, 1)) == 4
+
+
+def test_progress_is_reported_before_the_ceilings_and_after_each_shape() -> None:
+    seen: list[tuple[int, int]] = []
+    doc = run_gemm_bench(gemm_shapes(TINY, tp=1, batch=1), device="cpu", iters=2, warmup=0, cold_bytes=0,
+                         copy_bytes=1 << 20, matmul_size=32, progress=lambda d, n: seen.append((d, n)))
+    n = len(doc.timings)
+    assert seen == [(i, n) for i in range(n + 1)]

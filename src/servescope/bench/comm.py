@@ -26,7 +26,7 @@ from typing import Any
 
 from servescope.core.atomic import write_text_atomic
 from servescope.core.comm import OPS, CurveDoc, CurvePoint, OpCurve, bus_factor, curve_doc_to_json, time_us_at
-from servescope.core.errors import InputError
+from servescope.core.errors import InputError, require_extra
 
 __all__ = [
     "ELEM_BYTES",
@@ -153,7 +153,12 @@ def align_sizes(sizes: Sequence[int], *, world_size: int, dtype: str) -> tuple[i
 
 
 def resolve_backend(backend: str) -> str:
-    """``nccl`` when CUDA and NCCL are there (for ``auto``), else ``gloo``; checks an explicit choice."""
+    """``nccl`` when CUDA and NCCL are there (for ``auto``), else ``gloo``; checks an explicit choice.
+
+    Raises:
+        InputError: torch is not installed (one line naming the ``bench`` extra), or a bad choice.
+    """
+    require_extra("torch", "bench", "bench comm")
     import torch
     import torch.distributed as dist
 

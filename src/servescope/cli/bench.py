@@ -39,13 +39,21 @@ def bench_gemm(
             raise InputError("--batch", f"not a comma-separated list of integers: {batch!r}") from None
         arch = load_model_arch(model)
         shapes = [s for b in batches for s in gemm_shapes(arch, tp=tp, batch=b)]
-        doc = run_gemm_bench(shapes, device=device, iters=iters)
+        doc = run_gemm_bench(shapes, device=device, iters=iters, progress=None if as_json else _gemm_progress)
         if output is not None:
             write_text_atomic(output, gemm_doc_to_json(doc))
     if as_json:
         sys.stdout.write(gemm_doc_to_json(doc) + "\n")
     else:
         render_gemm(doc, Console(highlight=False))
+
+
+def _gemm_progress(done: int, total: int) -> None:
+    """One stderr line per step of a bench that takes minutes on a CPU."""
+    if done == 0:
+        err.print(f"bench gemm: measuring the copy and matmul ceilings, then {total} shapes", markup=False)
+    else:
+        err.print(f"bench gemm: {done}/{total} shapes timed", markup=False)
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["InputError", "ServescopeError"]
+__all__ = ["InputError", "ServescopeError", "require_extra"]
 
 
 class ServescopeError(Exception):
@@ -21,3 +21,19 @@ class InputError(ServescopeError):
         super().__init__(f"{source}: {problem}")
         self.source = source
         self.problem = problem
+
+
+def require_extra(module: str, extra: str, command: str) -> None:
+    """Raise one InputError line naming the extra when the optional ``module`` is not installed.
+
+    Raises:
+        InputError: ``{command}: needs {module}, which is not installed: pip install 'servescope[{extra}]'``.
+    """
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a module blocked in sys.modules, or a broken parent package
+        found = False
+    if not found:
+        raise InputError(command, f"needs {module}, which is not installed: pip install 'servescope[{extra}]'")

@@ -122,7 +122,8 @@ class GemmTiming:
         bytes_moved: bytes of A, W and C at the bench dtype.
         tflops: ``2·M·N·K / median_s / 1e12``.
         gbps: ``bytes_moved / median_s / 1e9``.
-        frac_ceiling_tflops, frac_ceiling_gbps: of the measured ceilings in the same document.
+        frac_ceiling_tflops, frac_ceiling_gbps: of the measured ceilings in the same document; ``None`` when some
+            GEMM of the run beat that ceiling (it is then no ceiling on this device; the document's ``notes`` say so).
         frac_datasheet_tflops, frac_datasheet_gbps: of the datasheet, ``None`` without one.
     """
 
@@ -136,8 +137,8 @@ class GemmTiming:
     bytes_moved: int
     tflops: float
     gbps: float
-    frac_ceiling_tflops: float
-    frac_ceiling_gbps: float
+    frac_ceiling_tflops: float | None
+    frac_ceiling_gbps: float | None
     frac_datasheet_tflops: float | None
     frac_datasheet_gbps: float | None
 
@@ -212,6 +213,7 @@ class GemmBenchDoc:
         timings: one per distinct ``(M, N, K)``, in first-asked order.
         copy_ceiling, matmul_ceiling: the measured ceilings.
         datasheet: the vendor figures compared against, or ``None``.
+        notes: what the run could not measure (a ceiling some GEMM beat), one sentence each.
     """
 
     schema: int
@@ -229,6 +231,7 @@ class GemmBenchDoc:
     copy_ceiling: CopyCeiling
     matmul_ceiling: MatmulCeiling
     datasheet: Datasheet | None
+    notes: tuple[str, ...] = ()
 
 
 def gemm_doc_to_json(doc: GemmBenchDoc) -> str:

@@ -102,13 +102,19 @@ def _holder_table(holders: Any, console: Console) -> None:
 def render_gemm(doc: GemmBenchDoc, console: Console) -> None:
     """Each distinct GEMM: time, TFLOP/s, GB/s, and fractions of the measured ceilings."""
     console.print(f"{doc.device_name} · torch {doc.torch_version} · {doc.date}")
-    console.print(f"ceilings measured here: copy {doc.copy_ceiling.gbps:.0f} GB/s, "
-                  f"matmul {doc.matmul_ceiling.tflops:.1f} TFLOP/s")
+    console.print(f"ceilings measured here: copy {doc.copy_ceiling.gbps:.3g} GB/s, "
+                  f"matmul {doc.matmul_ceiling.tflops:.3g} TFLOP/s")
     table = Table(box=None)
     for col in ("M", "N", "K", "µs", "TFLOP/s", "GB/s", "of matmul", "of copy", "GEMMs"):
         table.add_column(col, justify="left" if col == "GEMMs" else "right")
     for t in doc.timings:
         names = ", ".join(t.names[:2]) + (f" +{len(t.names) - 2}" if len(t.names) > 2 else "")
-        table.add_row(str(t.m), str(t.n), str(t.k), f"{t.median_s * 1e6:.1f}", f"{t.tflops:.1f}", f"{t.gbps:.0f}",
-                      f"{100 * t.frac_ceiling_tflops:.0f}%", f"{100 * t.frac_ceiling_gbps:.0f}%", names)
+        table.add_row(str(t.m), str(t.n), str(t.k), f"{t.median_s * 1e6:.1f}", f"{t.tflops:.3g}", f"{t.gbps:.3g}",
+                      _pct(t.frac_ceiling_tflops), _pct(t.frac_ceiling_gbps), names)
     console.print(table)
+    for note in doc.notes:
+        console.print(f"note: {note}", markup=False)
+
+
+def _pct(fraction: float | None) -> str:
+    return "—" if fraction is None else f"{100 * fraction:.0f}%"
