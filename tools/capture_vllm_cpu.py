@@ -90,6 +90,7 @@ class Options:
     request_timeout: float = 180.0
     trace_timeout: float = 180.0
     keep_workdir: bool = False
+    omp_bind: str = ""
 
 
 @dataclass
@@ -211,8 +212,9 @@ def server_env(opts: Options) -> dict[str, str]:
     starve the API front end and any client on the same machine (a load test then measures its own lag).
     """
     env = {"VLLM_CPU_KVCACHE_SPACE": str(opts.kvcache_gib), "VLLM_NO_USAGE_STATS": "1",
-           "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "VLLM_CPU_OMP_THREADS_BIND": "|".join(str(i) for i in range(opts.tp))}
+           "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    if opts.omp_bind != "auto":  # "auto": vLLM's own choice (at TP=2 its shm communicator may fall back to c10d)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = opts.omp_bind or "|".join(str(i) for i in range(opts.tp))
     return env
 
 
@@ -547,12 +549,14 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--ready-timeout", type=float, default=300.0)
     p.add_argument("--request-timeout", type=float, default=180.0)
     p.add_argument("--trace-timeout", type=float, default=180.0)
+    p.add_argument("--omp-bind", default="", help="VLLM_CPU_OMP_THREADS_BIND (default: one core per rank, "
+                   "'0|1'; 'auto' leaves it to vLLM)")
     p.add_argument("--keep-workdir", action="store_true", help="keep the temp dir (server.log, raw traces)")
     a = p.parse_args(argv)
     return Options(out=a.out, python=a.python, model=a.model, tp=a.tp, batch=a.batch, tokens=a.tokens,
                    prompt=a.prompt, port=a.port, warmup=a.warmup, ready_timeout=a.ready_timeout,
                    request_timeout=a.request_timeout, trace_timeout=a.trace_timeout,
-                   keep_workdir=a.keep_workdir)
+                   keep_workdir=a.keep_workdir, omp_bind=a.omp_bind)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

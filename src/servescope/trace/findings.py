@@ -367,12 +367,10 @@ def _template(rule: Mapping[str, Any], ranks: Sequence[int], work_kind: Mapping[
 
 def _merge(instances: list[_Instance], rules: Mapping[str, dict[str, Any]],
            work_kind: Mapping[int, str]) -> list[Finding]:
-    """One finding per rule and advice given (findings whose message gives no advice: per rule)."""
-    groups: dict[tuple[str, tuple[str, ...]], _Group] = {}
+    """One finding per rule: its instances on every rank and phase, with the advice any of them is given."""
+    groups: dict[str, _Group] = {}
     for inst in instances:
-        ranks = [inst.rank] if inst.rank is not None else []
-        advice = inst.advice if "{advice}" in _template(rules[inst.rule], ranks, work_kind) else ()
-        groups.setdefault((inst.rule, advice), _Group(inst.rule, [])).items.append(inst)
+        groups.setdefault(inst.rule, _Group(inst.rule, [])).items.append(inst)
     merged_into: dict[int, _Group] = {}  # id(group merged away) -> the group that reports it
     for group in groups.values():
         partner_id = rules[group.rule].get("merge_with")
@@ -391,6 +389,12 @@ def _merge(instances: list[_Instance], rules: Mapping[str, dict[str, Any]],
     return out
 
 
+def _union_advice(group: _Group) -> list[str]:
+    """The advice of the group's instances, worst instance first, each piece once."""
+    ordered = [group.worst, *(i for i in group.items if i is not group.worst)]
+    return list(dict.fromkeys(a for inst in ordered for a in inst.advice))
+
+
 def _finding(group: _Group, rule: Mapping[str, Any], partner: _Group | None,
              work_kind: Mapping[int, str]) -> Finding:
     worst = group.worst
@@ -400,7 +404,7 @@ def _finding(group: _Group, rule: Mapping[str, Any], partner: _Group | None,
     values.update({
         "where": _ranks_text(ranks), "s": "s" if len(ranks) == 1 else "",
         "range_pct": _range_pct([i.value for i in group.items]), "phase": phase_text,
-        "advice": "; ".join(worst.advice) if worst.advice else rule.get("no_advice", ""),
+        "advice": "; ".join(advice) if (advice := _union_advice(group)) else rule.get("no_advice", ""),
     })
     template = _template(rule, ranks, work_kind)
     severity = group.severity
