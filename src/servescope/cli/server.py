@@ -100,8 +100,9 @@ def bench_serve(
     model: Annotated[str | None, typer.Option("--model", help="Model id (default: the first one served).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of prompts and arrivals.")] = 0,
     timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to wait for each chunk.")] = 120.0,
-    workers: Annotated[int, typer.Option("--workers", min=0, help="Client processes per point; 0: one per 256 "
-                                         "streams, at most one per CPU.")] = 0,
+    workers: Annotated[int, typer.Option("--workers", min=0, help="Client processes per point; 0: one per 16 "
+                                         "streams, at most one per CPU but one, at least 1 (printed per "
+                                         "point).")] = 0,
     api_key: Annotated[str | None, typer.Option("--api-key", show_default=False,
                                                 help="Bearer key; else $SERVESCOPE_API_KEY, else "
                                                 "$OPENAI_API_KEY. Never printed.")] = None,

@@ -83,7 +83,7 @@ def render_serve(result: ServeResult, console: Console) -> None:
         head.append(point_label(point), style="bold")
         head.append(f"  {point.requests} requests, ")
         head.append(f"{point.errors} errors", style="red" if point.errors else "")
-        head.append(f", {point.duration_s:.1f} s")
+        head.append(f", {point.duration_s:.1f} s, {_processes(point)}")
         console.print(head)
         console.print(_point_table(point))
         tok = point.tokens
@@ -94,11 +94,12 @@ def render_serve(result: ServeResult, console: Console) -> None:
             f"usage tokens {tok.output_total} (requested {tok.output_requested_total}, diff {diff:+d}, "
             f"{tok.output_mismatched_requests} requests off), prompt mean {_num(tok.prompt_mean)} "
             f"(requested {tok.prompt_requested}); client lag p99 {_ms(lag.p99_ms)} ms, max {_ms(lag.max_ms)} ms"
-            f" over {point.workers} client process{'es' if point.workers != 1 else ''}"))
-        if lag.client_bound:
-            console.print(Text(f"  client-bound: the client's event loop ran up to {_ms(lag.p99_ms)} ms late (p99), "
-                               "as much as the latencies it measures; use --workers, or run the client on a "
-                               "machine that is not busy serving", style="yellow"), overflow="fold")
+            f" over {_processes(point)}"))
+        for finding in point.findings:
+            console.print(Text(f"  {finding.message}; try: {finding.advice}", style="yellow"), overflow="fold")
+        if lag.client_bound and not any(f.id == "client_bound" for f in point.findings):  # saved by an older version
+            console.print(Text(f"  client-bound: the client's event loop ran up to {_ms(lag.p99_ms)} ms late (p99)",
+                               style="yellow"), overflow="fold")
         if point.server.tpot_metric:
             console.print(Text(f"  server: {point.server.tpot_metric} (TPOT), {point.server.ttft_metric} (TTFT), "
                                f"{_num(point.server.requests, 0)} requests, "
@@ -107,6 +108,10 @@ def render_serve(result: ServeResult, console: Console) -> None:
             console.print(Text(f"  error: {example}", style="red"), overflow="fold")
     if result.aborted:
         console.print(Text(f"stopped early: {result.aborted}", style="bold red"), overflow="fold")
+
+
+def _processes(point: ServePoint) -> str:
+    return f"{point.workers} client process{'es' if point.workers != 1 else ''}"
 
 
 def _key(point: ServePoint) -> tuple[str, float]:
@@ -217,13 +222,16 @@ def render_serve_html(result: ServeResult) -> str:
     chart = pio.to_html(fig, full_html=False, include_plotlyjs=True, div_id="chart-serve",
                         config={"displaylogo": False, "responsive": True})
     head = "".join(f"<th>{html.escape(h)}</th>" for h in
-                   ("point", "requests", "errors", "TTFT mean ms", "TPOT mean ms", "server TPOT ms", "ITL mean ms",
+                   ("point", "client processes", "requests", "errors", "TTFT mean ms", "TPOT mean ms",
+                    "server TPOT ms", "ITL mean ms",
                     "E2E mean ms", "output tok/s", "req/s"))
     rows = "".join(
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in (
-            point_label(p), str(p.requests), str(p.errors), _ms(p.ttft_ms.mean), _ms(p.tpot_ms.mean),
+            point_label(p), str(p.workers), str(p.requests), str(p.errors), _ms(p.ttft_ms.mean), _ms(p.tpot_ms.mean),
             _ms(p.server.tpot_ms_mean), _ms(p.itl_ms.mean), _ms(p.e2e_ms.mean), _num(p.output_tokens_per_s),
             _num(p.requests_per_s, 2))) + "</tr>" for p in result.points)
+    found = "".join(f"<li><b>{html.escape(point_label(p))}</b> {html.escape(f.id)}: {html.escape(f.message)}; "
+                    f"try: {html.escape(f.advice)}</li>" for p in result.points for f in p.findings)
     defs = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in result.definitions.items())
     opts = result.options
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -231,6 +239,7 @@ def render_serve_html(result: ServeResult) -> str:
             f"<h1>bench serve: {html.escape(result.url)}</h1>"
             f"<p>model {html.escape(opts.model)}, {opts.input_tokens} in / {opts.output_tokens} out tokens; "
             f"prompts: {html.escape(opts.prompt_source)}</p>{chart}"
-            f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table><ul>{defs}</ul>"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+            + (f"<h2>findings</h2><ul>{found}</ul>" if found else "") + f"<ul>{defs}</ul>"
             + (f"<p><b>stopped early:</b> {html.escape(result.aborted)}</p>" if result.aborted else "")
             + "</body></html>\n")

@@ -8,8 +8,11 @@ without them, one common English word per token, documented as ``prompt_source``
 ``/metrics`` is scraped before, during (every second) and after each point; see :mod:`.metrics`.
 
 A 1 ms timer runs beside the streams and records how late it fires (event-loop lag): when that grows
-the client, not the server, is the bottleneck, and the result says so. Past 256 streams a point is shared
-out over several worker processes (:mod:`.loadpool`); the requests themselves live in :mod:`.streams`.
+the client, not the server, is the bottleneck, and the result says so (``client_bound``). By default a
+point's streams are shared out over worker processes, one per 16 streams, at most one per CPU but one
+(:mod:`.loadpool`; ``workers`` overrides), so that the client stays on time; the requests themselves live in
+:mod:`.streams`. A client on time that still measures more than the engine's own histograms names the
+server's API front end (``front_end_bound``; :func:`servescope.core.serve.judge_point`).
 If the server dies mid-run the point stops launching, in-flight requests count as errors, and the sweep
 ends with ``aborted`` set.
 """
@@ -17,7 +20,7 @@ ends with ``aborted`` set.
 from __future__ import annotations
 
 import asyncio
-import os
+import math
 import platform
 import random
 import sys
@@ -38,14 +41,17 @@ from servescope.core.serve import (
     ServePoint,
     ServeResult,
     TokenCounts,
+    is_client_bound,
+    judge_point,
 )
 from servescope.server.client import ApiKey, ServerClient
 from servescope.server.errors import EndpointNotFound
-from servescope.server.loadpool import auto_workers, run_point_in_workers
+from servescope.server.loadpool import auto_workers, available_cpus, run_point_in_workers
 from servescope.server.metrics import Snapshot, scrape_metrics, server_side
 from servescope.server.streams import Point, PointJob, Sample, run_point_here
 
-__all__ = ["LoadSpec", "PointProgress", "make_prompts", "run_bench_serve", "run_bench_serve_async", "summarize"]
+__all__ = ["LoadSpec", "PointProgress", "make_prompts", "point_streams", "run_bench_serve", "run_bench_serve_async",
+           "summarize", "workers_for"]
 
 PointProgress = Callable[[str, int, int], None]
 """Called as requests finish: (point label, finished, planned)."""
@@ -67,7 +73,8 @@ class LoadSpec:
 
     ``requests`` per point (default ``max(8, 4 × concurrency)``, or ``8 × rate`` for rate points);
     ``duration_s`` stops launching new requests that many seconds into a point (whichever comes first).
-    ``workers`` processes share each point's streams; 0 means one per 256 streams (at most one per CPU).
+    ``workers`` processes share each point's streams; 0 (the default) sizes them per point from its streams
+    and the CPUs (:func:`servescope.server.loadpool.auto_workers`).
     """
 
     url: str
@@ -173,16 +180,14 @@ async def _scraper(client: ServerClient, snaps: list[Snapshot], stop: asyncio.Ev
                 snaps.append(snap)
 
 
-_CLIENT_BOUND_MS = 5.0
-
-
 def _lag(lags: list[float], tpot: Dist) -> ClientLag:
-    """Lag percentiles, and whether the client's own delays rival the per-token latency it measures."""
+    """Lag percentiles over every tick of every client process, and whether the client's own delays rival
+    the per-token latency it measures."""
     if not lags:
         return ClientLag(p50_ms=None, p99_ms=None, max_ms=None)
     p50, p99 = np.percentile(np.asarray(lags), [50, 99])
-    bound = p99 > _CLIENT_BOUND_MS and (tpot.median is None or p99 > 0.5 * tpot.median)
-    return ClientLag(p50_ms=float(p50), p99_ms=float(p99), max_ms=float(max(lags)), client_bound=bool(bound))
+    return ClientLag(p50_ms=float(p50), p99_ms=float(p99), max_ms=float(max(lags)),
+                     client_bound=is_client_bound(float(p99), tpot.median))
 
 
 # -------------------------------------------------------------------------------------------------- sweep
@@ -200,12 +205,23 @@ async def _model_and_len(client: ServerClient, wanted: str | None) -> tuple[str,
     return str(chosen["id"]), raw if isinstance(raw, int) else None
 
 
-def _workers_for(spec: LoadSpec, concurrency: int | None) -> int:
-    """Worker processes for one point: ``spec.workers``, else enough for its streams."""
+def point_streams(spec: LoadSpec, concurrency: int | None, rate: float | None, warm_e2e_s: float | None) -> int:
+    """Streams a point keeps in flight: its concurrency; for a rate, ``rate x`` the warm-up's E2E (Little's
+    law, at least 1 s when unknown), capped at ``max_concurrency``."""
+    if concurrency is not None:
+        return concurrency
+    streams = math.ceil((rate or 1.0) * max(warm_e2e_s or 1.0, 1e-3))
+    return max(1, min(streams, spec.max_concurrency) if spec.max_concurrency else streams)
+
+
+def workers_for(spec: LoadSpec, concurrency: int | None, rate: float | None = None,
+                warm_e2e_s: float | None = None, cpus: int | None = None) -> int:
+    """Worker processes for one point: ``spec.workers`` (at most one per stream), else sized by
+    :func:`~servescope.server.loadpool.auto_workers` from its streams and the CPUs."""
     if spec.workers > 0:
         return spec.workers if concurrency is None else min(spec.workers, concurrency)
-    streams = concurrency if concurrency is not None else (spec.max_concurrency or 1)
-    return auto_workers(streams, os.cpu_count() or 1)
+    return auto_workers(point_streams(spec, concurrency, rate, warm_e2e_s),
+                        cpus if cpus is not None else available_cpus())
 
 
 def _plan_requests(spec: LoadSpec, *, concurrency: int | None, rate: float | None) -> int:
@@ -244,12 +260,14 @@ async def run_bench_serve_async(spec: LoadSpec, *, progress: PointProgress | Non
                                concurrency=list(spec.concurrency), rate=list(spec.rate), requests=spec.requests,
                                duration_s=spec.duration_s, warmup_requests=spec.warmup_requests,
                                max_concurrency=spec.max_concurrency, seed=spec.seed, prompt_source=source,
-                               timeout_s=spec.timeout_s, workers=spec.workers)
+                               timeout_s=spec.timeout_s, workers=spec.workers, cpus=available_cpus())
         warm = Point(client, body, prompts[::-1])
         for _ in range(spec.warmup_requests):
             sample = await warm.one()
             if sample.error is not None:
                 raise InputError(client.url_of("/v1/completions"), f"the warm-up request failed: {sample.error}")
+        warm_e2e = [s.e2e_s for s in warm.samples if s.e2e_s is not None]
+        warm_e2e_s = max(warm_e2e) if warm_e2e else None
         result = ServeResult(servescope_version=__version__, created_at=datetime.now(UTC).isoformat(timespec="seconds"),
                              url=client.base_url, platform={"python": platform.python_version(),
                                                             "system": platform.platform()},
@@ -266,7 +284,7 @@ async def run_bench_serve_async(spec: LoadSpec, *, progress: PointProgress | Non
                            first_prompt=0, concurrency=concurrency, rate=rate, requests=planned,
                            duration_s=spec.duration_s, max_concurrency=spec.max_concurrency,
                            seed=spec.seed + index)
-            workers = _workers_for(spec, concurrency)
+            workers = workers_for(spec, concurrency, rate, warm_e2e_s, options.cpus)
             before = await scrape_metrics(client)
             during: list[Snapshot] = []
             stop = asyncio.Event()
@@ -291,9 +309,10 @@ async def run_bench_serve_async(spec: LoadSpec, *, progress: PointProgress | Non
             after = await scrape_metrics(client) if run.down is None else None
             metrics_seen = metrics_seen or before is not None
             figures = summarize(run.samples, output_tokens=spec.output_tokens, input_tokens=spec.input_tokens)
-            points.append(ServePoint(
+            point = ServePoint(
                 concurrency=concurrency, rate=rate, workers=workers, client_lag=_lag(run.lags_ms, figures["tpot_ms"]),
-                server=server_side(before, after, during), stopped=run.down, **figures))
+                server=server_side(before, after, during), stopped=run.down, **figures)
+            points.append(_judged(point))
             aborted = run.down
             result = _with_points(result, points, aborted, metrics_seen)
             if checkpoint is not None:
@@ -301,6 +320,12 @@ async def run_bench_serve_async(spec: LoadSpec, *, progress: PointProgress | Non
             if aborted is not None:
                 break
         return result
+
+
+def _judged(point: ServePoint) -> ServePoint:
+    import msgspec
+
+    return msgspec.structs.replace(point, findings=judge_point(point))
 
 
 def _with_points(result: ServeResult, points: list[ServePoint], aborted: str | None,

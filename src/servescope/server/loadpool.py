@@ -1,11 +1,19 @@
 """One ``bench serve`` point spread over several worker processes, so the client is not the bottleneck.
 
-One Python event loop parses SSE for a few hundred streams before it starts to lag (its lag timer says
-so); past that, the point is split: ``concurrency`` streams (or the Poisson ``rate``: a sum of independent
-Poisson processes is one at the summed rate) and the request count are shared out over ``workers``
-processes, each with its own event loop and HTTP client. Workers are started and connected first and all
-begin at one signal, so their start-up is not part of the point. Samples come back whole; their
-``perf_counter`` stamps share the machine's monotonic clock, so the parent summarises them as one point.
+One Python event loop parsing SSE falls behind well before a server does: on an H200 (issue 14) one client
+process lagged 29-72 ms (p99) at 128-256 streams and overstated TPOT by 5-26%; eight processes lagged
+1-2 ms. So by default a point's streams are shared out, one process per :data:`STREAMS_PER_WORKER`
+streams, at most one per CPU but one (left to this process, which scrapes ``/metrics``), at least one
+(which then runs in this process): ``concurrency`` streams (or the Poisson ``rate``: a sum of independent
+Poisson processes is one at the summed rate) and the request count are split over ``workers`` processes,
+each with its own event loop, HTTP client and lag timer. Workers are started first and all begin at one
+signal, so their start-up is not part of the point.
+
+One clock: samples come back whole, stamped with ``time.perf_counter()``, which is the machine's
+``CLOCK_MONOTONIC`` in every process (not a per-process counter). Each worker sends its clock with its
+"ready" and the parent checks it lies between its own stamps from before the spawn and after the message;
+a worker whose clock is not the parent's fails the point. The parent then summarises all samples as one
+point: percentiles over every request and every lag tick, never averages of per-worker figures.
 """
 
 from __future__ import annotations
@@ -14,7 +22,9 @@ import asyncio
 import dataclasses
 import math
 import multiprocessing as mp
+import os
 import queue
+import time
 from collections.abc import Callable
 from multiprocessing.synchronize import Event as MpEvent
 from typing import Any
@@ -22,17 +32,27 @@ from typing import Any
 from servescope.core.errors import InputError
 from servescope.server.streams import PointJob, PointRun, run_point_here
 
-__all__ = ["STREAMS_PER_WORKER", "auto_workers", "run_point_in_workers", "split_job"]
+__all__ = ["STREAMS_PER_WORKER", "auto_workers", "available_cpus", "run_point_in_workers", "split_job"]
 
-#: Streams one event loop is given before another process is added (``--workers 0``, the default).
-STREAMS_PER_WORKER = 256
+#: Streams one event loop is given before another process is added (``--workers 0``, the default). One
+#: process held 8 streams within 0.5% of the engine's TPOT on the H200, 32 already +1.5..1.8%.
+STREAMS_PER_WORKER = 16
 _START_TIMEOUT_S = 60.0
 _POLL_S = 0.2
 
 
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def auto_workers(streams: int, cpus: int) -> int:
-    """Worker processes for ``streams`` concurrent streams: one per 256, at most one per CPU."""
-    return max(1, min(cpus, math.ceil(streams / STREAMS_PER_WORKER)))
+    """Worker processes for ``streams`` concurrent streams: one per :data:`STREAMS_PER_WORKER`, at most
+    ``cpus - 1`` (one CPU is left to the parent, which scrapes the server), at least 1."""
+    return max(1, min(cpus - 1, math.ceil(streams / STREAMS_PER_WORKER)))
 
 
 def _share(total: int, parts: int, index: int) -> int:
@@ -58,13 +78,21 @@ def split_job(job: PointJob, workers: int) -> list[PointJob]:
 def _worker_main(index: int, job: PointJob, go: MpEvent, out: Any) -> None:
     """A worker process: say it is ready, wait for the start signal, run its job, send the run back."""
     try:
-        out.put(("ready", index, None))
+        out.put(("ready", index, time.perf_counter()))
         if not go.wait(_START_TIMEOUT_S):
             return
         run = asyncio.run(run_point_here(job, tick=lambda: out.put(("tick", index, None))))
         out.put(("done", index, run))
     except BaseException as exc:  # noqa: BLE001  (anything a worker hits goes back as one line)
         out.put(("failed", index, f"{type(exc).__name__}: {exc}"))
+
+
+def _check_clock(index: int, theirs: float, before: float, after: float) -> None:
+    """A worker's ``perf_counter`` read between our own two reads: it is our clock (not merely a counter of its
+    own, which would start near 0 in a fresh process)."""
+    if not before <= theirs <= after:
+        raise InputError("bench serve worker", f"worker {index}'s clock ({theirs:.6f} s) is not this process's "
+                         f"({before:.6f}..{after:.6f} s): its timestamps cannot be merged")
 
 
 def _merge(runs: list[PointRun]) -> PointRun:
@@ -106,6 +134,7 @@ def run_point_in_workers(job: PointJob, workers: int, *, tick: Callable[[], None
     silence = silence_timeout_s if silence_timeout_s is not None else max(job.timeout_s * 2, _START_TIMEOUT_S)
     runs: dict[int, PointRun] = {}
     try:
+        spawned = time.perf_counter()
         for proc in procs:
             proc.start()
         ready = 0
@@ -113,7 +142,9 @@ def run_point_in_workers(job: PointJob, workers: int, *, tick: Callable[[], None
             kind, index, payload = _receive(out, procs, _START_TIMEOUT_S)
             if kind == "failed":
                 raise InputError("bench serve worker", str(payload))
-            ready += kind == "ready"
+            if kind == "ready":
+                _check_clock(index, float(payload), spawned, time.perf_counter())
+                ready += 1
         go.set()
         while len(runs) < len(procs):
             kind, index, payload = _receive(out, procs, silence)
