@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLE_UNIT = Path(__file__).resolve().parents[3] / "shared" / "examples" / "vllm-kimi-k25-int4.service"
+from tracefiles import SHARED
+
+EXAMPLE_UNIT = SHARED / "examples" / "vllm-kimi-k25-int4.service"  # ../shared: tests that read it are needs_shared
 DATA = Path(__file__).resolve().parents[1] / "data" / "deploy"
 SYSTEMD_ANALYZE = "/usr/bin/systemd-analyze"
 

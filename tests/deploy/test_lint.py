@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from servescope.cli import app
 from servescope.deploy.lint import lint_unit, parse_unit
 
-from .conftest import example_text
+from .conftest import EXAMPLE_UNIT, example_text
 
 
 def _line_of(text: str, prefix: str) -> int:
@@ -62,8 +62,7 @@ def test_variant_with_every_problem(tmp_path: Path) -> None:
 @pytest.mark.needs_shared
 def test_topology_from_a_recorded_topo_file() -> None:
     topo = Path(__file__).resolve().parents[1] / "data" / "gpu" / "h200-nvml" / "idle" / "topo-m.txt"
-    result = CliRunner().invoke(app, ["service", "lint", str(Path(__file__).resolve().parents[3] / "shared"
-                                                              / "examples" / "vllm-kimi-k25-int4.service"),
+    result = CliRunner().invoke(app, ["service", "lint", str(EXAMPLE_UNIT),
                                       "--topology", str(topo), "--json"])
     assert json.loads(result.stdout)["topology"] in ("nvlink", "pcie")
 

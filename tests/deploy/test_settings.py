@@ -150,6 +150,7 @@ def _assert_no_secret(*outputs: str) -> None:
             assert secret not in out
 
 
+@pytest.mark.needs_shared
 def test_unit_file_shows_every_flag_and_the_dropin_override(tmp_path: Path, start_server: StartServer) -> None:
     flags = _example_exec_start_flags() + EXTRA_FLAGS
     unit = _write_unit(tmp_path, flags=flags, program=[str(_fake_vllm(tmp_path / "bin")), "serve", MODEL],
@@ -199,6 +200,7 @@ def test_unit_file_shows_every_flag_and_the_dropin_override(tmp_path: Path, star
     assert doc["drift"] == []
 
 
+@pytest.mark.needs_shared
 def test_drift_between_the_unit_on_disk_and_the_running_process(tmp_path: Path, start_server: StartServer) -> None:
     running = ["--tensor-parallel-size", "8", "--max-model-len", "65536", "--enforce-eager", "--api-key", API_KEY]
     server = start_server(running, {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS",
@@ -237,6 +239,7 @@ def test_drift_between_the_unit_on_disk_and_the_running_process(tmp_path: Path, 
     assert _group(doc, "model")["--trust-remote-code"]["source"] == "unit only (not running)"
 
 
+@pytest.mark.needs_shared
 def test_unit_by_name_through_systemctl_cat_and_its_main_pid(tmp_path: Path, start_server: StartServer,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     flags = ["--tensor-parallel-size", "2", "--max-model-len", "4096"]
@@ -276,6 +279,7 @@ def test_unit_by_name_through_systemctl_cat_and_its_main_pid(tmp_path: Path, sta
     assert ("arg", "--max-model-len") not in kinds
 
 
+@pytest.mark.needs_shared
 def test_unit_by_name_without_systemd_reads_the_unit_path(tmp_path: Path, start_server: StartServer,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     flags = ["--tensor-parallel-size", "4"]
@@ -296,6 +300,7 @@ def test_unit_by_name_without_systemd_reads_the_unit_path(tmp_path: Path, start_
     assert missing.exit_code == 2 and "nope" in missing.output and len(missing.output.strip().splitlines()) == 1
 
 
+@pytest.mark.needs_shared
 def test_finding_the_server_process_by_scanning_proc(tmp_path: Path, start_server: StartServer) -> None:
     flags = ["--tensor-parallel-size", "2", "--port", "18123", "--served-model-name", f"scan-{os.getpid()}"]
     server = start_server(flags, {})
@@ -320,6 +325,7 @@ def test_forked_children_with_the_same_command_line_count_once(start_server: Sta
     assert pick_process(ours, None) == parent.pid
 
 
+@pytest.mark.needs_shared
 def test_secrets_in_free_text_are_masked(tmp_path: Path, start_server: StartServer) -> None:
     flags = ["--tensor-parallel-size", "2", f"--hf-token={HF_TOKEN}", "--api-key", API_KEY]
     server = start_server(flags, {"HF_TOKEN": HF_TOKEN, "MY_SERVICE_SECRET": DB_PASSWORD})
@@ -335,6 +341,7 @@ def test_secrets_in_free_text_are_masked(tmp_path: Path, start_server: StartServ
     assert _group(doc, "other")["MY_SERVICE_SECRET"]["value"] == "***"
 
 
+@pytest.mark.needs_shared
 def test_narrow_terminal_folds_but_never_cuts(tmp_path: Path) -> None:
     flags = _example_exec_start_flags() + EXTRA_FLAGS
     record = read_unit_settings(path=_write_unit(tmp_path, flags=flags, program=["/usr/bin/vllm", "serve", MODEL]))
@@ -399,6 +406,7 @@ def test_subprocess_smoke(start_server: StartServer) -> None:
     _assert_no_secret(done.stdout, done.stderr)
 
 
+@pytest.mark.needs_shared
 def test_gpus_from_a_real_nvidia_smi_recording() -> None:
     from gpu.gpu_inputs import holding_snapshot, plain_numbers
 

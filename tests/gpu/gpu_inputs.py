@@ -10,8 +10,9 @@ from pathlib import Path
 
 from servescope.gpu.records import GpuInfo, GpuSnapshot
 from servescope.gpu.smi import parse_compute_apps_csv, parse_query_gpu_csv, parse_topo_matrix, parse_topo_p2p
+from tracefiles import SHARED
 
-SHARED_H200 = Path(__file__).resolve().parents[3] / "shared" / "gpu" / "h200"
+SHARED_H200 = SHARED / "gpu" / "h200"  # ../shared: tests that read it are needs_shared
 RECORDING = Path(__file__).resolve().parents[1] / "data" / "gpu" / "h200-nvml"
 SETS = ("idle", "holding-10GiB")
 TOPO = Path(__file__).resolve().parents[1] / "data" / "gpu" / "topo"

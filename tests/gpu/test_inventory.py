@@ -102,6 +102,7 @@ def test_wait_over_real_nvml_recordings(monkeypatch: pytest.MonkeyPatch) -> None
     assert busy.used_mib is not None and busy.used_mib > 10 * 1024 and busy.processes
 
 
+@pytest.mark.needs_shared
 def test_wait_rejects_bad_values() -> None:
     with pytest.raises(ValueError, match="poll_s"):
         wait_until_gpu_memory_free(1, 1, 0, query=free_snapshot)
@@ -113,6 +114,7 @@ def test_wait_rejects_bad_values() -> None:
         wait_until_gpu_memory_free(1, 1, 1, query=lambda: GpuSnapshot((), (), None, "nvml", "t"))
 
 
+@pytest.mark.needs_shared
 def test_take_snapshot_falls_back_to_nvidia_smi(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_nvml() -> GpuSnapshot:
         raise GpuUnavailable("NVML: NVML Shared Library Not Found")
