@@ -662,7 +662,11 @@ def targets() -> list[tuple[Path, Path | None]]:
     for p in sorted((ROOT / "src" / "servescope" / "data" / "examples").glob("*/*.pt.trace.json.gz")):
         if ".async_llm." in p.name:
             continue
-        ref = ROOT / "tests/data/h200/moe_b16_rank0.pt.trace.json.gz" if "moe-b16-graphs" in str(p) else None
+        ref = None
+        if p.parent.name == "h200-moe-b16-graphs":
+            ref = ROOT / "tests/data/h200/moe_b16_rank0.pt.trace.json.gz"
+        elif p.parent.name == "h200-vllm-moe-b16":  # tests/data/h200-vllm/moe-graphs-b16
+            ref = vllm / "moe-eager-b16" / p.name
         out.append((p, ref))
     return out
 

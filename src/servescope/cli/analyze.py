@@ -28,10 +28,11 @@ _HTML = Flag("html", ("--html",), Path | None, "Write a self-contained HTML repo
 ANALYZE_FLAGS = (
     Flag("paths", (), list[Path] | None, "Trace files or directories (.json, .json.gz).", default=None,
          show_default=False),
-    Flag("example", ("--example",), bool, "Analyze the bundled example: a real H200 decode capture.",
-         default=False),
+    Flag("example", ("--example",), bool, "Analyze the bundled example: a real vLLM 0.26 server's decode steps "
+         "on an H200 (Qwen3-30B-A3B shapes, batch 16, CUDA graphs).", default=False),
     Flag("example_name", ("--example-name",), str | None, "Analyze this bundled example instead: "
-         "h200-moe-b16-graphs or vllm-cpu-tp2 (two ranks, real all-reduces).", default=None),
+         "h200-vllm-moe-b16 (the default), vllm-cpu-tp2 (vLLM TP=2 on the CPU: two ranks, real all-reduces) or "
+         "h200-moe-b16-graphs (an HF MoE model under CUDA graphs, made by capture decode).", default=None),
     Flag("as_json", ("--json",), bool, "Print the analysis document as JSON.", default=False),
     Flag("output", ("--output", "-o"), Path | None, "Write the JSON document here.", default=None),
     _HTML,

@@ -14,9 +14,10 @@ from servescope.core.errors import InputError
 __all__ = ["EXAMPLES", "EXAMPLE_NAME", "TRACE_SUFFIXES", "discover_traces", "example_trace_dir"]
 
 TRACE_SUFFIXES = (".json", ".json.gz")
-EXAMPLE_NAME = "h200-moe-b16-graphs"
-"""The default bundled example: a real H200 decode capture (CUDA graphs) made with ``capture decode``."""
-EXAMPLES = ("h200-moe-b16-graphs", "vllm-cpu-tp2")
+EXAMPLE_NAME = "h200-vllm-moe-b16"
+"""The default bundled example: a real vLLM 0.26 decode capture from an H200 (Qwen3-30B-A3B shapes, batch 16,
+CUDA graphs), with vLLM's own profiler table beside it."""
+EXAMPLES = ("h200-vllm-moe-b16", "vllm-cpu-tp2", "h200-moe-b16-graphs")
 """Every bundled example (``data/examples/NAME``, each with a README saying what it is and how it was made)."""
 
 
@@ -49,8 +50,9 @@ def discover_traces(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def example_trace_dir(name: str = EXAMPLE_NAME) -> Path:
-    """The folder of a bundled example: by default a real H200 decode capture; ``vllm-cpu-tp2`` is a
-    vLLM TP=2 capture (two ranks with real all-reduces, and the front end) on the CPU.
+    """The folder of a bundled example: by default a real vLLM decode capture from an H200; ``vllm-cpu-tp2`` is
+    a vLLM TP=2 capture (two ranks with real all-reduces, and the front end) on the CPU; ``h200-moe-b16-graphs``
+    the project's own ``capture decode`` of an HF MoE model on an H200.
 
     Raises:
         InputError: ``name`` is not one of :data:`EXAMPLES`, or the installation lacks it.
