@@ -21,10 +21,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from servescope.cli import app
 from servescope.core.serve import ClientLag, Dist, ServePoint, ServerSide, TokenCounts, judge_point, load_serve_rules
+from servescope.report.serve import render_serve
 from servescope.server import loadgen
 from servescope.server.loadgen import LoadSpec, run_bench_serve, summarize, workers_for
 from servescope.server.loadpool import run_point_in_workers, split_job
@@ -173,6 +175,10 @@ def test_front_end_is_named_when_the_engine_says_it_was_faster(sse_server: Calla
     assert finding.evidence["ttft_ratio"] > 3
     assert f"TTFT {point.ttft_ms.mean:.1f} ms vs the engine's {engine_ttft:.1f} ms" in finding.message
     assert "--api-server-count" in finding.advice
+    console = Console(record=True, width=300)
+    render_serve(result, console)
+    shown = " ".join(console.export_text().split())  # unwrapped
+    assert f"{finding.message}; try: {finding.advice}" in shown
 
 
 def _point(*, lag_p99: float, ttft: tuple[float, float], tpot: tuple[float, float], itl: tuple[float, float],
