@@ -164,6 +164,14 @@ def _render(doc: AnalysisDoc, *, top: int = 15, phases: list[str] | None = None,
 
 
 EXPECTED_DECODE_TOP3 = """\
+servescope: 2 trace files, ranks 0, 1
+decode: 3 steps · 4.20 ms/step · 8 tokens/step · 525 µs/token · slowest rank 0
+  allreduce 48% (2.00 ms) · gemm 36% (1.50 ms) · attention 12% (500 µs) · idle 14% (600 µs)
+  bottleneck: Communication bounds the decode step on rank 0: collectives take 48% of it (2.00 ms of 4.20 ms); the
+largest other work, gemm, takes 36%.
+findings: none
+
+details
 servescope 0.1.0 analysis, created 2025-01-02T03:04:05Z
 traces
 path                                       rank   role        events   rank source

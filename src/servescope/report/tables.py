@@ -353,6 +353,11 @@ def render_analysis(doc: AnalysisDoc, console: Console, *, top: int = 15,
     if top < 0:
         raise ValueError(f"top must be 0 or more, not {top}")
     ordered_phases([], phases)  # validates before anything is printed
+    from servescope.report.summary import render_summary  # noqa: PLC0415 - keeps this module's import light
+
+    render_summary(doc, console, phases)
+    console.print()
+    _line(console, "details", "bold underline")
     _render_traces(doc, console)
     for rank in sorted(doc.ranks, key=lambda r: r.rank):
         _render_rank(doc, console, rank, phases)
