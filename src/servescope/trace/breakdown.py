@@ -16,7 +16,6 @@ Definitions (all per step, then averaged over the steps of a phase):
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from servescope.core.analysis import BASES, CategoryStats, DeviceTotal, KernelRow, PhaseStats, StepRow, Summary
-from servescope.trace.classify import CaptureReference, Classified, classify_work
+from servescope.trace.classify import CaptureReference, Classified, classify_work, first_most
 from servescope.trace.reader import KIND_NAMES, TraceData
 from servescope.trace.steps import PHASES, Steps
 from servescope.trace.taxonomy import Taxonomy
@@ -179,15 +178,16 @@ def _kernel_rows(data: TraceData, names: npt.NDArray[np.int32], kinds: npt.NDArr
     uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     totals = np.bincount(inverse, weights=dur)
     counts = np.bincount(inverse)
-    frames: dict[int, Counter[str]] = {}
-    for group, frame in zip(inverse.tolist(), classified.frame, strict=True):
-        if frame is not None:
-            frames.setdefault(group, Counter())[frame] += 1
+    launch_op: dict[int, str] = {}
+    framed = np.flatnonzero(classified.frame >= 0)
+    if len(framed):  # per row group, the frame that decided most of its rows (ties: the first seen)
+        groups, frames = first_most(inverse.ravel()[framed].astype(np.int64),
+                                    classified.frame[framed].astype(np.int64), np.ones(len(framed)))
+        launch_op = {g: classified.frame_names[f] for g, f in zip(groups.tolist(), frames.tolist(), strict=True)}
     out = [
         KernelRow(rank=rank, name=data.names[int(names[f])], category=categories[int(cat[f])],
                   kind=KIND_NAMES[int(kinds[f])], count=int(counts[i]), total_us=float(totals[i]),
-                  basis=BASES[int(basis[f])],
-                  launch_op=frames[i].most_common(1)[0][0] if i in frames else None)
+                  basis=BASES[int(basis[f])], launch_op=launch_op.get(i))
         for i, f in enumerate(first.tolist())
     ]
     out.sort(key=lambda k: -k.total_us)

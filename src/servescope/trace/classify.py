@@ -16,9 +16,8 @@ Bases, best first (:data:`servescope.core.analysis.BASES`):
 
 from __future__ import annotations
 
-import difflib
-from collections import defaultdict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -29,7 +28,10 @@ from servescope.trace.reader import KIND_KERNEL, KIND_NAMES, TraceData
 from servescope.trace.taxonomy import CATEGORY_OTHER, Taxonomy
 from servescope.trace.work import Work
 
-__all__ = ["CaptureReference", "Classified", "capture_reference", "classify_work", "is_capture"]
+if TYPE_CHECKING:
+    import difflib
+
+__all__ = ["CaptureReference", "Classified", "capture_reference", "classify_work", "first_most", "is_capture"]
 
 BASIS_OP, BASIS_GRAPH, BASIS_PEER, BASIS_NAME, BASIS_UNKNOWN = (BASES.index(b) for b in BASES)
 _CAPTURE_MIN_LAUNCHES = 20
@@ -38,12 +40,18 @@ _CAPTURE_MAX_RUN_SHARE = 0.1
 
 @dataclass(frozen=True, slots=True)
 class Classified:
-    """Per work row (in ``Work.rows`` order): category index, basis index (into ``BASES``), and the name of
-    the frame that decided it (``op``, ``graph``, ``peer``; else None)."""
+    """Per work row (in ``Work.rows`` order): category index, basis index (into ``BASES``), and the frame that
+    decided it (``op``, ``graph``, ``peer``; else -1), an index into ``frame_names``."""
 
     category: npt.NDArray[np.int32]
     basis: npt.NDArray[np.int8]
-    frame: list[str | None]
+    frame: npt.NDArray[np.int32]
+    frame_names: list[str]
+
+    def frames(self) -> list[str | None]:
+        """The name of the frame that decided each row, or None."""
+        names = self.frame_names
+        return [names[f] if f >= 0 else None for f in self.frame.tolist()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,73 +108,104 @@ def classify_work(data: TraceData, work: Work, taxonomy: Taxonomy,
     context = launch_context(data, work, taxonomy, categories)
     by_name = _name_categories(data, names, kinds, taxonomy, index)
     category = context.category.copy()
-    groups = [taxonomy.categories[c] for c in categories]
-    for row, group in enumerate(context.refines):
-        if group is not None and groups[by_name[row]] not in (group, "other"):
-            category[row] = -1  # the op only says which collective; this kernel is a copy it launched
+    refining = [k for k, rule in enumerate(context.rules) if rule.refines is not None]
+    if refining and len(category):
+        groups = [taxonomy.categories[c] for c in categories]
+        # the op only says which collective; a kernel its name files elsewhere is a copy it launched
+        stray = np.zeros((len(context.rules) + 1, len(categories)), dtype=bool)  # the last row: no rule
+        for k in refining:
+            stray[k] = [group not in (context.rules[k].refines, "other") for group in groups]
+        category[stray[context.rule, by_name]] = -1
     if work.kind == "cpu_op":  # bookkeeping ops (views, allocation) are framework time wherever they run
         framework = index.get("framework", -1)
         category[(by_name == framework) & (context.frame != names)] = -1
     basis = np.full(len(rows), BASIS_NAME, dtype=np.int8)
     basis[category >= 0] = BASIS_OP
-    frame_names: list[str | None] = [data.names[f] if f >= 0 and c >= 0 else None
-                                     for f, c in zip(context.frame.tolist(), category.tolist(), strict=True)]
+    frame = np.where((context.frame >= 0) & (category >= 0), context.frame, -1).astype(np.int32)
+    frame_names = data.names
 
     if work.kind == "device":
         kernel = kinds == KIND_KERNEL
         replayed = np.flatnonzero(context.replayed & kernel & (category < 0))
         if len(replayed):
-            _align_replays(data, work, replayed, category, basis, frame_names, index, capture)
+            frame_names = _align_replays(data, work, replayed, category, basis, frame, index, capture)
         orphans = np.flatnonzero(kernel & (category < 0) & (context.replayed | ~context.launched))
         if len(orphans):
-            _by_peer_name(names, work.dur_us, orphans, category, basis, frame_names)
+            _by_peer_name(names, work.dur_us, orphans, category, basis, frame)
 
     rest = category < 0
     category[rest] = by_name[rest]
     other = index[CATEGORY_OTHER]
     basis[rest & (category == other)] = BASIS_UNKNOWN
-    return Classified(category.astype(np.int32), basis, frame_names)
+    return Classified(category.astype(np.int32), basis, frame, frame_names)
 
 
 def _align_replays(data: TraceData, work: Work, replayed: npt.NDArray[np.int64], category: npt.NDArray[np.int32],
-                   basis: npt.NDArray[np.int8], frames: list[str | None], index: dict[str, int],
-                   capture: CaptureReference | None) -> None:
+                   basis: npt.NDArray[np.int8], frame: npt.NDArray[np.int32], index: dict[str, int],
+                   capture: CaptureReference | None) -> list[str]:
     """Line up each graph launch's kernels with a reference sequence and take the categories of their matches:
     the capture's launches (basis ``graph``), else the kernels this trace launched and decided by ``op``, in
-    launch order (basis ``peer``)."""
+    launch order (basis ``peer``). Returns the frame names ``frame`` indexes (``data.names``, and after them
+    the capture's frames this trace doesn't name)."""
+    import difflib  # only graph replays need it: not imported on the common path
+
     names = work.table.name[work.rows]
+    frame_names = data.names
     if capture is not None:
         ref_names = list(capture.names)
-        ref_cats = [index.get(c, -1) for c in capture.categories]
-        ref_frames = list(capture.frames)
+        ref_cats = np.array([index.get(c, -1) for c in capture.categories], dtype=np.int32)
+        frame_names, ref_frames = _frame_ids(data.names, capture.frames)
         how = BASIS_GRAPH
     else:
         decided = np.flatnonzero((category >= 0) & (basis == BASIS_OP))
         if len(decided) == 0:
-            return
+            return frame_names
         launch = launch_rows(data, work.table.correlation[work.rows[decided]])
         decided = decided[np.argsort(data.launches.ts_us[launch], kind="stable")]
         ref_names = [data.names[int(n)] for n in names[decided].tolist()]
-        ref_cats = category[decided].tolist()
-        ref_frames = [frames[i] for i in decided.tolist()]
+        ref_cats = category[decided]
+        ref_frames = frame[decided]
         how = BASIS_PEER
-    by_launch: dict[int, list[int]] = defaultdict(list)
-    correlation = work.table.correlation[work.rows]
-    for row in replayed.tolist():  # rows are in start order
-        by_launch[int(correlation[row])].append(row)
+    ref_list = ref_cats.tolist()
+    correlation = work.table.correlation[work.rows[replayed]]
+    by_launch = np.argsort(correlation, kind="stable")  # rows are in start order: a launch's kernels stay so
+    cuts = np.flatnonzero(np.diff(correlation[by_launch])) + 1
     matcher = difflib.SequenceMatcher(None, autojunk=False)
     matcher.set_seq2(ref_names)
-    cache: dict[tuple[int, ...], list[int]] = {}
-    for group in by_launch.values():
-        key = tuple(names[group].tolist())
+    cache: dict[tuple[int, ...], npt.NDArray[np.int64]] = {}
+    refs: list[npt.NDArray[np.int64]] = []
+    for part in np.split(by_launch, cuts):
+        key = tuple(names[replayed[part]].tolist())
         if key not in cache:
             matcher.set_seq1([data.names[n] for n in key])
-            cache[key] = _matches(matcher, len(key), ref_cats)
-        for row, ref in zip(group, cache[key], strict=True):
-            if ref >= 0 and ref_cats[ref] >= 0:
-                category[row] = ref_cats[ref]
-                basis[row] = how
-                frames[row] = ref_frames[ref]
+            cache[key] = np.array(_matches(matcher, len(key), ref_list), dtype=np.int64)
+        refs.append(cache[key])
+    rows = replayed[by_launch]
+    ref = np.concatenate(refs)
+    ok = ref >= 0
+    ok[ok] = ref_cats[ref[ok]] >= 0
+    rows, ref = rows[ok], ref[ok]
+    category[rows] = ref_cats[ref]
+    basis[rows] = how
+    frame[rows] = ref_frames[ref]
+    return frame_names
+
+
+def _frame_ids(names: list[str], frames: list[str | None]) -> tuple[list[str], npt.NDArray[np.int32]]:
+    """``frames`` as indices into ``names``, and after them the frames ``names`` lacks (-1: None)."""
+    known = {name: i for i, name in reversed(list(enumerate(names)))}  # the first of equal names
+    extra: list[str] = []
+    ids = []
+    for name in frames:
+        if name is None:
+            ids.append(-1)
+            continue
+        i = known.get(name)
+        if i is None:
+            i = known[name] = len(names) + len(extra)
+            extra.append(name)
+        ids.append(i)
+    return (names + extra if extra else names), np.array(ids, dtype=np.int32)
 
 
 def _matches(matcher: difflib.SequenceMatcher[str], size: int, ref_cats: list[int]) -> list[int]:
@@ -190,19 +229,33 @@ def _matches(matcher: difflib.SequenceMatcher[str], size: int, ref_cats: list[in
     return matched
 
 
+def first_most(group: npt.NDArray[np.int64], value: npt.NDArray[np.int64], weight: npt.NDArray[np.float64]
+               ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Per distinct ``group``: the ``value`` with the largest summed ``weight`` (summed in row order), ties to the
+    value seen first, as ``max`` over a dict filled in row order picks. Returns (groups ascending, values)."""
+    shift = int(value.max()) + 1
+    pair, first, inverse = np.unique(group * shift + value, return_index=True, return_inverse=True)
+    total = np.bincount(inverse.ravel(), weights=weight)
+    pair_group = pair // shift
+    order = np.lexsort((first, -total, pair_group))
+    best = order[np.concatenate(([True], np.diff(pair_group[order]) != 0))]
+    return pair_group[best], pair[best] % shift
+
+
 def _by_peer_name(names: npt.NDArray[np.int32], dur: npt.NDArray[np.float64], rows: npt.NDArray[np.int64],
-                  category: npt.NDArray[np.int32], basis: npt.NDArray[np.int8], frames: list[str | None]) -> None:
+                  category: npt.NDArray[np.int32], basis: npt.NDArray[np.int8], frame: npt.NDArray[np.int32]) -> None:
     """Rows with no launching frames take the category their name got most time for from ``op`` elsewhere."""
     decided = np.flatnonzero((basis == BASIS_OP) & (category >= 0))
     if len(decided) == 0:
         return
-    weight: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    for n, c, d in zip(names[decided].tolist(), category[decided].tolist(), dur[decided].tolist(), strict=True):
-        weight[n][c] += d + 1e-9
-    frame_of = {int(names[i]): frames[i] for i in decided.tolist()}
-    for row in rows.tolist():
-        by_cat = weight.get(int(names[row]))
-        if by_cat:
-            category[row] = max(by_cat, key=lambda c: by_cat[c])
-            basis[row] = BASIS_PEER
-            frames[row] = frame_of.get(int(names[row]))
+    decided_names = names[decided].astype(np.int64)
+    peer_names, peer_cats = first_most(decided_names, category[decided].astype(np.int64), dur[decided] + 1e-9)
+    # the frame of the last decided row of each name
+    last = len(decided) - 1 - np.unique(decided_names[::-1], return_index=True)[1]
+    frame_of = frame[decided[last]]  # in the order of peer_names (both ascending by name)
+    at = np.clip(np.searchsorted(peer_names, names[rows]), 0, len(peer_names) - 1)
+    known = peer_names[at] == names[rows]
+    rows, at = rows[known], at[known]
+    category[rows] = peer_cats[at]
+    basis[rows] = BASIS_PEER
+    frame[rows] = frame_of[at]

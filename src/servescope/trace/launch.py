@@ -11,14 +11,16 @@ innermost frame.
 Traces without stacks write layers as plain aten operators; the taxonomy's sequence rules recognise them in
 the run of a thread's top-level operators (``to pow mean add rsqrt mul`` is an RMSNorm), for the operators no
 launch rule decided.
+
+Everything per row is done on whole columns: each distinct frame name is matched against the rules once, the
+launches find their frames by binary search, and walk out to the enclosing frames all at once.
 """
 
 from __future__ import annotations
 
-import bisect
 import re
-from collections import defaultdict
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 import numpy.typing as npt
@@ -37,13 +39,15 @@ _ATEN = "aten::"
 @dataclass(frozen=True, slots=True)
 class LaunchContext:
     """Per work row (in ``Work.rows`` order): the category index its launching frames decide (-1: none),
-    that frame's name id (-1: none), whether it was replayed from a graph, and whether a launch was found."""
+    that frame's name id (-1: none), whether it was replayed from a graph, whether a launch was found, and
+    the launch rule that decided (index into ``rules``, -1: none)."""
 
     category: npt.NDArray[np.int32]
     frame: npt.NDArray[np.int32]
     replayed: npt.NDArray[np.bool_]
     launched: npt.NDArray[np.bool_]
-    refines: list[str | None]  # per row: the group a refining rule that decided it is limited to
+    rule: npt.NDArray[np.int32]
+    rules: tuple[Rule, ...]
 
 
 def launch_rows(data: TraceData, correlation: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -60,58 +64,114 @@ def launch_rows(data: TraceData, correlation: npt.NDArray[np.int64]) -> npt.NDAr
 
 @dataclass(slots=True)
 class _Frames:
-    """The frames of one thread that some launch rule matches, sorted by start (parents before children)."""
+    """Every frame (cpu_op, CPU annotation, python function) some launch rule matches, sorted by thread, then
+    start (parents before children); ``parent`` is the enclosing frame's position (-1: none) and ``threads``
+    maps a thread id to its [first, last) positions."""
 
-    start: list[float]
-    end: list[float]
-    rule: list[int]  # index into the rule list
-    name: list[int]
-    parent: list[int]
+    start: npt.NDArray[np.float64]
+    end: npt.NDArray[np.float64]
+    rule: npt.NDArray[np.int32]  # index into the rule list
+    name: npt.NDArray[np.int32]
+    parent: npt.NDArray[np.int64]
+    threads: dict[int, tuple[int, int]]
 
 
-def _informative(data: TraceData, taxonomy: Taxonomy,
-                 rules: list[Rule]) -> dict[int, _Frames]:
-    """Per thread id, every frame (cpu_op, CPU annotation, python function) a launch rule matches."""
+def _matched(data: TraceData, table: OpTable, kind: str, taxonomy: Taxonomy, rules: list[Rule],
+             rule_index: dict[int, int]) -> npt.NDArray[np.int32]:
+    """Per row of ``table``: the index of the launch rule its name matches (-1: none), each name matched once."""
+    if len(table) == 0 or not any(kind in rule.kinds for rule in rules):  # no rule reads this kind of frame
+        return np.full(len(table), -1, dtype=np.int32)
+    present = np.flatnonzero(np.bincount(table.name, minlength=len(data.names)))
+    lut = np.full(len(data.names), -1, dtype=np.int32)
+    for n in present.tolist():
+        rule = taxonomy.launch_rule(data.names[n], kind)
+        if rule is not None:
+            lut[n] = rule_index[id(rule)]
+    return lut[table.name]
+
+
+def _informative(data: TraceData, taxonomy: Taxonomy, rules: list[Rule]) -> _Frames:
+    """Every frame (cpu_op, CPU annotation, python function) a launch rule matches, with its parent."""
     rule_index = {id(rule): i for i, rule in enumerate(rules)}
-    rows: dict[int, list[tuple[float, float, int, int]]] = defaultdict(list)
-
-    def collect(table: OpTable, kind: str) -> None:
-        if len(table) == 0:
-            return
-        distinct, inverse = np.unique(table.name, return_inverse=True)
-        decided = np.array([rule_index[id(rule)] if (rule := taxonomy.launch_rule(data.names[int(n)], kind)) else -1
-                            for n in distinct.tolist()], dtype=np.int32)
-        per_row = decided[inverse]
+    starts: list[npt.NDArray[np.float64]] = []
+    ends: list[npt.NDArray[np.float64]] = []
+    matched: list[npt.NDArray[np.int32]] = []
+    names: list[npt.NDArray[np.int32]] = []
+    threads: list[npt.NDArray[np.int32]] = []
+    for table, kind in ((data.cpu_ops, "cpu_op"), (data.frames, "python")):
+        per_row = _matched(data, table, kind, taxonomy, rules, rule_index)
         keep = np.flatnonzero(per_row >= 0)
-        ts, dur = table.ts_us[keep].tolist(), table.dur_us[keep].tolist()
-        for k, t, d, th, n in zip(per_row[keep].tolist(), ts, dur, table.thread[keep].tolist(),
-                                  table.name[keep].tolist(), strict=True):
-            rows[th].append((t, t + d, k, n))
+        starts.append(table.ts_us[keep])
+        ends.append(table.ts_us[keep] + table.dur_us[keep])
+        matched.append(per_row[keep])
+        names.append(table.name[keep])
+        threads.append(table.thread[keep])
+    ann = _annotations(data, taxonomy, rule_index)
+    if ann is not None:
+        starts.append(ann[0])
+        ends.append(ann[1])
+        matched.append(ann[2])
+        names.append(ann[3])
+        threads.append(ann[4])
+    start, end = np.concatenate(starts), np.concatenate(ends)
+    thread = np.concatenate(threads).astype(np.int64)
+    order = np.lexsort((-end, start, thread))  # stable: ties keep cpu_op, python, annotation order
+    start, end, thread = start[order], end[order], thread[order]
+    bounds: dict[int, tuple[int, int]] = {}
+    if len(thread):
+        cut = np.flatnonzero(np.diff(thread)) + 1
+        lo = np.concatenate(([0], cut))
+        hi = np.concatenate((cut, [len(thread)]))
+        bounds = {int(t): (int(a), int(b)) for t, a, b in zip(thread[lo].tolist(), lo.tolist(), hi.tolist(),
+                                                              strict=True)}
+    return _Frames(start, end, np.concatenate(matched)[order], np.concatenate(names)[order],
+                   _parents(start.tolist(), end.tolist(), bounds), bounds)
 
-    collect(data.cpu_ops, "cpu_op")
-    collect(data.frames, "python")
+
+def _annotations(data: TraceData, taxonomy: Taxonomy, rule_index: dict[int, int]
+                 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.int32],
+                            npt.NDArray[np.int32], npt.NDArray[np.int32]] | None:
+    """The CPU annotations a launch rule matches: start, end, rule, name id, thread id."""
     thread_ids = {pt: i for i, pt in enumerate(data.threads)}
+    rule_of: dict[str, int] = {}
+    name_of: dict[str, int] = {}
+    rows: list[tuple[float, float, int, int, int]] = []
     for ann in data.annotations:
         if ann.on_gpu:
             continue
-        rule = taxonomy.launch_rule(ann.name, "annotation")
+        k = rule_of.get(ann.name)
+        if k is None:
+            rule = taxonomy.launch_rule(ann.name, "annotation")
+            k = rule_of[ann.name] = rule_index[id(rule)] if rule is not None else -1
+        if k < 0:
+            continue
         thread = thread_ids.get((ann.pid, ann.tid))
-        if rule is not None and thread is not None:
-            name = _name_id(data, ann.name)
-            rows[thread].append((ann.ts_us, ann.ts_us + ann.dur_us, rule_index[id(rule)], name))
-    out: dict[int, _Frames] = {}
-    for thread, frames in rows.items():
-        frames.sort(key=lambda f: (f[0], -f[1]))
-        parent: list[int] = []
+        if thread is None:
+            continue
+        name = name_of.get(ann.name)
+        if name is None:
+            name = name_of[ann.name] = _name_id(data, ann.name)
+        rows.append((ann.ts_us, ann.ts_us + ann.dur_us, k, name, thread))
+    if not rows:
+        return None
+    start, end, rule_at, name_at, thread_at = zip(*rows, strict=True)
+    return (np.array(start, dtype=np.float64), np.array(end, dtype=np.float64), np.array(rule_at, dtype=np.int32),
+            np.array(name_at, dtype=np.int32), np.array(thread_at, dtype=np.int32))
+
+
+def _parents(start: list[float], end: list[float], bounds: dict[int, tuple[int, int]]) -> npt.NDArray[np.int64]:
+    """Each frame's enclosing frame on its thread (-1: none), by one pass with a stack per thread."""
+    parent = [-1] * len(start)
+    for lo, hi in bounds.values():
         stack: list[int] = []
-        for i, (start, _end, _rule, _name) in enumerate(frames):
-            while stack and frames[stack[-1]][1] < start:
+        for i in range(lo, hi):
+            s = start[i]
+            while stack and end[stack[-1]] < s:
                 stack.pop()
-            parent.append(stack[-1] if stack else -1)
+            if stack:
+                parent[i] = stack[-1]
             stack.append(i)
-        out[thread] = _Frames([f[0] for f in frames], [f[1] for f in frames], [f[2] for f in frames],
-                              [f[3] for f in frames], parent)
-    return out
+    return np.array(parent, dtype=np.int64)
 
 
 def _name_id(data: TraceData, name: str) -> int:
@@ -122,32 +182,56 @@ def _name_id(data: TraceData, name: str) -> int:
         return len(data.names) - 1
 
 
-def _innermost(frames: _Frames, start: float, end: float) -> int:
-    """The innermost of ``frames`` that contains [start, end], or -1."""
-    pos = bisect.bisect_right(frames.start, start) - 1
-    while pos >= 0 and frames.end[pos] + _TOLERANCE_US < end:
-        pos = frames.parent[pos]
+def _by_thread(thread: npt.NDArray[np.int64]) -> list[tuple[int, npt.NDArray[np.int64]]]:
+    """The positions of each distinct value of ``thread``, ascending within each."""
+    if len(thread) == 0:
+        return []
+    order = np.argsort(thread, kind="stable")
+    cut = np.flatnonzero(np.diff(thread[order])) + 1
+    return [(int(thread[part[0]]), part) for part in np.split(order, cut)]
+
+
+def _innermost(frames: _Frames, start: npt.NDArray[np.float64], end: npt.NDArray[np.float64],
+               thread: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """For each call [start, end] on ``thread``: the innermost of ``frames`` that contains it, or -1."""
+    pos = np.full(len(start), -1, dtype=np.int64)
+    for th, sel in _by_thread(thread):
+        span = frames.threads.get(th)
+        if span is None:
+            continue
+        lo, hi = span
+        last = np.searchsorted(frames.start[lo:hi], start[sel], side="right") - 1  # last frame opened by then
+        pos[sel] = np.where(last >= 0, last + lo, -1)
+    walking = np.flatnonzero(pos >= 0)
+    while len(walking):  # out to the parent while the frame ends before the call does
+        at = pos[walking]
+        short = frames.end[at] + _TOLERANCE_US < end[walking]
+        walking = walking[short]
+        pos[walking] = frames.parent[at[short]]
+        walking = walking[pos[walking] >= 0]
     return pos
 
 
 def launch_context(data: TraceData, work: Work, taxonomy: Taxonomy, categories: list[str]) -> LaunchContext:
     """The category each work row's launching frames decide, by the taxonomy's launch and sequence rules."""
     n = len(work.rows)
+    rules = tuple(taxonomy.launch_rules)
     category = np.full(n, -1, dtype=np.int32)
     frame = np.full(n, -1, dtype=np.int32)
     replayed = np.zeros(n, dtype=bool)
     launched = np.zeros(n, dtype=bool)
-    refines: list[str | None] = [None] * n
+    rule_of = np.full(n, -1, dtype=np.int32)
     if n == 0:
-        return LaunchContext(category, frame, replayed, launched, refines)
+        return LaunchContext(category, frame, replayed, launched, rule_of, rules)
     table = work.table
+    launch: npt.NDArray[np.int64] | None = None
     if work.kind == "device":
         launch = launch_rows(data, table.correlation[work.rows])
         launched = launch >= 0
         at = launch[launched]
-        graph_names = np.array([bool(_GRAPH_LAUNCH.search(data.names[int(i)]))
-                                for i in np.unique(data.launches.name).tolist()] or [False])
         distinct = np.unique(data.launches.name)
+        graph_names = np.array([bool(_GRAPH_LAUNCH.search(data.names[int(i)])) for i in distinct.tolist()]
+                               or [False])
         is_graph = np.zeros(len(at), dtype=bool)
         if len(at):
             is_graph = graph_names[np.searchsorted(distinct, data.launches.name[at])]
@@ -165,104 +249,150 @@ def launch_context(data: TraceData, work: Work, taxonomy: Taxonomy, categories: 
         q_thread = table.thread[work.rows]
         launched[:] = True
     index = {name: i for i, name in enumerate(categories)}
-    found, found_frame, rule_at = frame_categories(data, taxonomy, index, q_start, q_end, q_thread)
+    found, found_frame, found_rule = frame_categories(data, taxonomy, index, q_start, q_end, q_thread)
     category[query] = found
     frame[query] = found_frame
-    inherit = [row for row, rule in zip(query.tolist(), rule_at, strict=True) if rule and rule.inherit]
-    for row, rule in zip(query.tolist(), rule_at, strict=True):
-        if rule is not None:
-            refines[row] = rule.refines
-    if inherit:
+    rule_of[query] = found_rule
+    inherits = np.array([bool(rule.inherit) for rule in rules] + [False], dtype=bool)
+    inherit = np.flatnonzero(inherits[rule_of])  # -1 (no rule) reads the trailing False
+    if len(inherit):
         _inherit_collective(work, category, inherit, taxonomy, categories)
     if work.kind == "cpu_op" or len(data.frames) == 0:
-        _sequences(data, work, taxonomy, index, category, frame, launched, replayed)
-    return LaunchContext(category, frame, replayed, launched, refines)
+        _sequences(data, work, taxonomy, index, category, frame, launched, replayed, launch)
+    return LaunchContext(category, frame, replayed, launched, rule_of, rules)
 
 
 def frame_categories(data: TraceData, taxonomy: Taxonomy, index: dict[str, int], start: npt.NDArray[np.float64],
                      end: npt.NDArray[np.float64], thread: npt.NDArray[np.int32],
-                     ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], list[Rule | None]]:
+                     ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
     """For each call [start, end] on ``thread``: the category index its innermost matched frame decides (-1:
-    none), that frame's name id, and the rule that decided."""
+    none), that frame's name id, and the index in ``taxonomy.launch_rules`` of the rule that decided (-1)."""
     n = len(start)
     category = np.full(n, -1, dtype=np.int32)
     frame = np.full(n, -1, dtype=np.int32)
-    decided: list[Rule | None] = [None] * n
+    decided = np.full(n, -1, dtype=np.int32)
     rules = list(taxonomy.launch_rules)
-    frames = _informative(data, taxonomy, rules)
-    if not frames:
+    if n == 0 or not rules:
         return category, frame, decided
-    for i, (s, e, th) in enumerate(zip(start.tolist(), end.tolist(), thread.tolist(), strict=True)):
-        on_thread = frames.get(th)
-        if on_thread is None:
-            continue
-        pos = _innermost(on_thread, s, e)
-        if pos < 0:
-            continue
-        rule = rules[on_thread.rule[pos]]
-        category[i] = index[rule.category]
-        frame[i] = on_thread.name[pos]
-        decided[i] = rule
+    frames = _informative(data, taxonomy, rules)
+    if not frames.threads:
+        return category, frame, decided
+    pos = _innermost(frames, start, end, thread.astype(np.int64))
+    hit = np.flatnonzero(pos >= 0)
+    decided[hit] = frames.rule[pos[hit]]
+    frame[hit] = frames.name[pos[hit]]
+    rule_category = np.full(len(rules), -1, dtype=np.int32)
+    for k in np.unique(decided[hit]).tolist():
+        rule_category[k] = index[rules[k].category]
+    category[hit] = rule_category[decided[hit]]
     return category, frame, decided
 
 
-def _inherit_collective(work: Work, category: npt.NDArray[np.int32], rows: list[int], taxonomy: Taxonomy,
-                        categories: list[str]) -> None:
+def _inherit_collective(work: Work, category: npt.NDArray[np.int32], rows: npt.NDArray[np.int64],
+                        taxonomy: Taxonomy, categories: list[str]) -> None:
     """A wait takes the category of the last collective (other than a wait) before it on its thread."""
-    comm = np.array([taxonomy.is_communication(c) for c in categories], dtype=bool)
-    waiting = set(rows)
-    thread = work.table.thread[work.rows]
-    last: dict[int, int] = {}
-    for row in range(len(work.rows)):  # rows are in start order
-        cat = int(category[row])
-        th = int(thread[row])
-        if row in waiting:
-            if th in last:
-                category[row] = last[th]
-        elif cat >= 0 and comm[cat]:
-            last[th] = cat
+    comm = np.array([taxonomy.is_communication(c) for c in categories] + [False], dtype=bool)
+    waiting = np.zeros(len(category), dtype=bool)
+    waiting[rows] = True
+    thread = work.table.thread[work.rows].astype(np.int64)
+    thread = thread - (thread.min() if len(thread) else 0)
+    source = np.flatnonzero(~waiting & comm[category])  # -1 (undecided) reads the trailing False
+    if len(source) == 0:
+        return
+    stride = len(category) + 1
+    key = thread[source] * stride + source  # rows are in start order: by thread, then row
+    order = np.argsort(key, kind="stable")
+    key, source = key[order], source[order]
+    before = np.searchsorted(key, thread[rows] * stride + rows) - 1
+    found = before >= 0
+    found[found] = thread[source[before[found]]] == thread[rows[found]]
+    category[rows[found]] = category[source[before[found]]]
+
+
+@cache
+def _required_literals(pattern: str) -> tuple[str, ...] | None:
+    """Texts one of which every match of ``pattern`` contains (the longest run of plain characters of each
+    top-level alternative), or None when that can't be told: a text without any of them can't match."""
+    try:
+        parsed = re._parser.parse(pattern)  # type: ignore[attr-defined]
+    except (re.error, AttributeError, TypeError):
+        return None
+    if parsed.state.flags & (re.IGNORECASE | re.VERBOSE):
+        return None
+    constants = re._constants  # type: ignore[attr-defined]
+    items = list(parsed)
+    branches = ([list(b) for b in items[0][1][1]] if len(items) == 1 and items[0][0] is constants.BRANCH
+                else [items])
+    out: list[str] = []
+    for branch in branches:
+        best, run = "", ""
+        for op, arg in branch:
+            if op is constants.LITERAL:
+                run += chr(arg)
+                best = max(best, run, key=len)
+            else:
+                run = ""
+        if not best:
+            return None
+        out.append(best)
+    return tuple(out)
 
 
 def _sequences(data: TraceData, work: Work, taxonomy: Taxonomy, index: dict[str, int],
                category: npt.NDArray[np.int32], frame: npt.NDArray[np.int32], launched: npt.NDArray[np.bool_],
-               replayed: npt.NDArray[np.bool_]) -> None:
+               replayed: npt.NDArray[np.bool_], launch: npt.NDArray[np.int64] | None) -> None:
     """Sequence rules over each thread's top-level cpu_ops; a work row launched inside a matched top-level op
     (or being one) and not decided by a launch rule takes the rule's category."""
     if not taxonomy.sequence_rules or len(data.cpu_ops) == 0:
         return
     ops = data.cpu_ops
-    region: dict[int, tuple[list[float], list[float], list[int], list[int]]] = {}  # starts, ends, labels, names
-    for thread in np.unique(ops.thread).tolist():
-        rows = np.flatnonzero(ops.thread == thread)
-        order = rows[np.lexsort((-ops.dur_us[rows], ops.ts_us[rows]))]
+    token_of: dict[int, str] = {}
+    for n in np.flatnonzero(np.bincount(ops.name, minlength=len(data.names))).tolist():
+        name = data.names[n]
+        token_of[n] = name[len(_ATEN):] if name.startswith(_ATEN) else name
+    # a run of text between spaces lies within one operator's token: a pattern that needs a text with a run
+    # no operator name has can't match any thread's run of operators
+    vocabulary = " ".join(token_of.values())
+    patterns = [(rule, pattern, needed) for rule in reversed(taxonomy.sequence_rules)  # earlier rules win
+                for pattern in rule.patterns
+                if (needed := _required_literals(pattern)) is None
+                or any(all(run in vocabulary for run in literal.split()) for literal in needed)]
+    if not patterns:
+        return
+    region: dict[int, tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.int32],
+                            npt.NDArray[np.int32]]] = {}  # starts, ends, labels, names
+    all_order = np.lexsort((-ops.dur_us, ops.ts_us, ops.thread))  # stable: ties keep row order
+    for thread, part in _by_thread(ops.thread[all_order].astype(np.int64)):
+        order = all_order[part]
         start = ops.ts_us[order]
         end = start + ops.dur_us[order]
         reach = np.maximum.accumulate(end)
         top = np.ones(len(order), dtype=bool)
         top[1:] = start[1:] >= reach[:-1]
         top_rows = order[top]
-        names = [data.names[int(n)] for n in ops.name[top_rows].tolist()]
-        tokens = [n[len(_ATEN):] if n.startswith(_ATEN) else n for n in names]
+        tokens = [token_of[n] for n in ops.name[top_rows].tolist()]
         text = " ".join(tokens)
-        offsets = np.cumsum([0] + [len(t) + 1 for t in tokens[:-1]]) if tokens else np.zeros(0)
+        lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
+        offsets = np.concatenate(([0], np.cumsum(lengths[:-1] + 1))) if len(tokens) else np.zeros(0, np.int64)
         label = np.full(len(tokens), -1, dtype=np.int32)
-        rule_of = np.full(len(tokens), -1, dtype=np.int32)
-        for k, rule in reversed(list(enumerate(taxonomy.sequence_rules))):  # earlier rules win: applied last
-            for pattern in rule.patterns:
-                for match in re.finditer(r"(?<!\S)(?:" + pattern + r")(?!\S)", text):
-                    lo = int(np.searchsorted(offsets, match.start()))
-                    hi = int(np.searchsorted(offsets, match.end()))
-                    label[lo:hi] = index[rule.category]
-                    rule_of[lo:hi] = k
+        for rule, pattern, needed in patterns:  # earlier rules win: applied last
+            if needed is not None and not any(literal in text for literal in needed):
+                continue  # the pattern can't match this text
+            spans = [m.span() for m in re.finditer(r"(?<!\S)(?:" + pattern + r")(?!\S)", text)]
+            if not spans:
+                continue
+            bounds = np.searchsorted(offsets, np.array(spans, dtype=np.int64).ravel()).tolist()
+            value = index[rule.category]
+            for lo, hi in zip(bounds[::2], bounds[1::2], strict=True):
+                label[lo:hi] = value
         hit = np.flatnonzero(label >= 0)
         if len(hit):
-            region[thread] = (start[top][hit].tolist(), end[top][hit].tolist(), label[hit].tolist(),
-                              ops.name[top_rows[hit]].tolist())
+            region[thread] = (start[top][hit], end[top][hit], label[hit], ops.name[top_rows[hit]])
     if not region:
         return
     table = work.table
     if work.kind == "device":
-        launch = launch_rows(data, table.correlation[work.rows])
+        assert launch is not None
         candidates = np.flatnonzero((category < 0) & launched & ~replayed & (table.kind[work.rows] == KIND_KERNEL))
         q_start = data.launches.ts_us[launch[candidates]]
         q_thread = data.launches.thread[launch[candidates]]
@@ -270,12 +400,15 @@ def _sequences(data: TraceData, work: Work, taxonomy: Taxonomy, index: dict[str,
         candidates = np.flatnonzero(category < 0)
         q_start = table.ts_us[work.rows[candidates]]
         q_thread = table.thread[work.rows[candidates]]
-    for row, start, thread in zip(candidates.tolist(), q_start.tolist(), q_thread.tolist(), strict=True):
+    for thread, sel in _by_thread(q_thread.astype(np.int64)):
         found = region.get(thread)
         if found is None:
             continue
         starts, ends, labels, op_names = found
-        pos = bisect.bisect_right(starts, start) - 1
-        if pos >= 0 and start <= ends[pos] + _TOLERANCE_US:
-            category[row] = labels[pos]
-            frame[row] = op_names[pos]
+        at = q_start[sel]
+        pos = np.searchsorted(starts, at, side="right") - 1
+        ok = pos >= 0
+        ok[ok] = at[ok] <= ends[pos[ok]] + _TOLERANCE_US
+        rows = candidates[sel[ok]]
+        category[rows] = labels[pos[ok]]
+        frame[rows] = op_names[pos[ok]]
