@@ -82,6 +82,9 @@ def service_lint(
     load_time: Annotated[float | None, typer.Option("--load-time", min=1.0, help="Expected model load, seconds "
                                                     "(default 1800).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the findings as JSON.")] = False,
+    no_host: Annotated[bool, typer.Option("--no-host", help="Skip the checks against this machine (every "
+                                          "Exec* program exists and is executable): a unit for another host.")]
+    = False,
 ) -> None:
     """Explain each problem of a unit, with its line and what to do. Exit 1 when an error-level rule fires."""
     from servescope.deploy.lint import lint_unit, parse_unit
@@ -89,7 +92,7 @@ def service_lint(
 
     with user_errors():
         unit = parse_unit(_read(unit_path), str(unit_path))
-        result = lint_unit(unit, topology=_topology(topology), load_time_s=load_time)
+        result = lint_unit(unit, topology=_topology(topology), load_time_s=load_time, host=not no_host)
     if as_json:
         sys.stdout.buffer.write(encode_lint(result))
     else:

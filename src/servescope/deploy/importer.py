@@ -112,7 +112,10 @@ def import_unit(unit: UnitText, *, name: str | None = None) -> ImportResult:
     spec["args"] = args
     if env:
         spec["env"] = env
-    dropped = tuple(f"line {e.line}: {e.key}" for e in unit.get_all("Service", "ExecStartPre"))
+    dropped = tuple(f"line {e.line}" for e in unit.get_all("Service", "ExecStartPre"))
+    if dropped:  # written out, so the comment that names it points at a table the spec has
+        guard = defaults()["guard"]
+        spec["guard"] = {"max_used_mib": int(guard["max_used_mib"]), "timeout_s": int(guard["timeout_s"])}
     return ImportResult(unit_name, spec, secrets, dropped)
 
 
@@ -131,7 +134,8 @@ def _toml_value(value: object) -> str:
 def spec_toml(result: ImportResult) -> str:
     """The spec as TOML text (plain keys first, then tables); ExecStartPre lines it replaced are noted on top."""
     lines = ["# Imported by servescope service import."]
-    lines += [f"# Replaced by the GPU guard ([guard]): ExecStartPre at {d}" for d in result.dropped]
+    lines += [f"# ExecStartPre at {d} of the unit: replaced by the [guard] table below (servescope gpu wait-free, "
+              "rendered as ExecStartPre)" for d in result.dropped]
     if result.secrets:
         lines.append(f"# Secrets moved to env_file: {', '.join(result.secret_names)} (values not shown)")
     tables = {k: v for k, v in result.spec.items() if isinstance(v, dict)}

@@ -27,13 +27,41 @@ def unit_name(name: str) -> str:
 
 
 def install_unit(path: Path, *, directory: Path = SYSTEM_DIR) -> Path:
-    """Copy the unit file at ``path`` into ``directory`` (atomically), then ``systemctl daemon-reload``."""
+    """Copy the unit file at ``path`` into ``directory`` (atomically), then ``systemctl daemon-reload``.
+
+    A step that fails leaves nothing behind: without systemctl nothing is written, and when the reload fails
+    the unit that was there before is put back (or the new file removed).
+
+    Raises:
+        InputError: the unit cannot be read.
+        SystemctlError: no systemctl, or the reload failed (after the rollback).
+        PermissionError: the folder is not writable.
+    """
+    import shutil
+
+    from servescope.deploy.systemctl import SystemctlError
+
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise InputError(str(path), f"cannot read ({exc.strerror or exc})") from None
-    target = write_bytes_atomic(directory / path.name, data, mode=0o644)
-    run_systemctl(["daemon-reload"])
+    if shutil.which("systemctl") is None:
+        raise SystemctlError(f"systemctl not found on PATH (is this a systemd machine?); {directory / path.name} "
+                             "not written")
+    target = directory / path.name
+    try:
+        before: tuple[bytes, int] | None = (target.read_bytes(), target.stat().st_mode & 0o7777)
+    except FileNotFoundError:
+        before = None
+    target = write_bytes_atomic(target, data, mode=0o644)
+    try:
+        run_systemctl(["daemon-reload"])
+    except BaseException:
+        if before is None:
+            target.unlink(missing_ok=True)
+        else:
+            write_bytes_atomic(target, before[0], mode=before[1])
+        raise
     return target
 
 

@@ -6,8 +6,10 @@ Each finding names the line it was found on and what to do. The NCCL rules need 
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import shutil
 import tomllib
 from dataclasses import dataclass
 from functools import cache
@@ -221,6 +223,42 @@ def _check_commands(unit: UnitText) -> list[Finding]:
     return found
 
 
+_EXEC_KEYS = ("ExecCondition", "ExecStartPre", "ExecStart", "ExecStartPost", "ExecReload", "ExecStop", "ExecStopPost")
+# the search path systemd uses for a program named without a folder (systemd.exec(5), "Command lines")
+_SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _program_problem(program: str) -> str | None:
+    """Why systemd could not run ``program`` here, or None (programs built from variables are not judged)."""
+    if "$" in program or "%" in program:
+        return None
+    if "/" not in program:
+        return None if shutil.which(program, path=_SYSTEMD_PATH) else f"not found in systemd's PATH ({_SYSTEMD_PATH})"
+    path = Path(program)
+    if not path.is_absolute():
+        return "a relative path (systemd needs an absolute one)"
+    if not path.exists():
+        return "no such file on this host"
+    if not path.is_file() or not os.access(path, os.X_OK):
+        return "not an executable file"
+    return None
+
+
+def _check_programs(unit: UnitText) -> list[Finding]:
+    found = []
+    for entry in unit.entries:
+        if entry.section != "Service" or entry.key not in _EXEC_KEYS or not entry.value:
+            continue
+        try:
+            _, argv = split_command(entry.value)
+        except ValueError:
+            continue
+        problem = _program_problem(argv[0]) if argv else None
+        if problem is not None:
+            found.append(_finding("missing-executable", entry.line, f"{entry.key} {argv[0]}: {problem}"))
+    return found
+
+
 def _check_nccl(unit: UnitText, topology: str) -> list[Finding]:
     found = []
     for key, value, line in _environment(unit):
@@ -230,8 +268,10 @@ def _check_nccl(unit: UnitText, topology: str) -> list[Finding]:
     return found
 
 
-def lint_unit(unit: UnitText, *, topology: str | None = None, load_time_s: float | None = None) -> LintResult:
-    """Every rule over ``unit``; ``topology`` is "nvlink", "pcie" or None (NCCL rules skipped).
+def lint_unit(unit: UnitText, *, topology: str | None = None, load_time_s: float | None = None,
+              host: bool = True) -> LintResult:
+    """Every rule over ``unit``; ``topology`` is "nvlink", "pcie" or None (NCCL rules skipped); ``host``: check
+    that every Exec* program exists and is executable on this machine (off for a unit meant for another).
 
     Raises:
         ValueError: a topology other than nvlink/pcie.
@@ -240,6 +280,8 @@ def lint_unit(unit: UnitText, *, topology: str | None = None, load_time_s: float
         raise ValueError(f"topology={topology!r}: allowed values are nvlink, pcie")
     load = float(defaults()["load_time_s"]) if load_time_s is None else load_time_s
     findings = _check_timeouts(unit, load) + _check_commands(unit)
+    if host:
+        findings += _check_programs(unit)
     if topology is not None:
         findings += _check_nccl(unit, topology)
     findings.sort(key=lambda f: (f.line or 0, f.rule))

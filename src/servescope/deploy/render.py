@@ -9,12 +9,16 @@ long-lived process in the cgroup relaying signals and exit codes for the same re
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from servescope.deploy.spec import Spec, defaults, engine_args
 
-__all__ = ["RenderedUnit", "quote_word", "render_units", "start_limit_interval_s", "start_timeout_s"]
+__all__ = ["RenderedUnit", "quote_word", "render_units", "servescope_argv", "start_limit_interval_s", "start_timeout_s"]
 
 _PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./$-]+")
 _READINESS_NOTE = (
@@ -79,8 +83,29 @@ def _environment(spec: Spec) -> list[str]:
     return lines
 
 
+def _executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def servescope_argv(spec: Spec) -> list[str]:
+    """How the unit runs servescope: the spec's ``servescope``, else the one rendering this unit, by absolute
+    path: this process's console script (``sys.argv[0]``), the one beside its python, the one on PATH, else
+    ``python -m servescope`` with this python."""
+    if spec.servescope:
+        return [spec.servescope]
+    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    beside = Path(sys.executable).parent / "servescope" if sys.executable else None
+    for candidate in (argv0, beside):
+        if candidate is not None and candidate.name == "servescope" and _executable(candidate):
+            return [str(candidate.absolute())]
+    found = shutil.which("servescope")
+    if found:
+        return [str(Path(found).absolute())]
+    return [str(Path(sys.executable).absolute()), "-m", "servescope"]
+
+
 def _guard(spec: Spec) -> str:
-    return "ExecStartPre=" + _command([spec.servescope, "gpu", "wait-free", "--max-used-mib",
+    return "ExecStartPre=" + _command([*servescope_argv(spec), "gpu", "wait-free", "--max-used-mib",
                                        str(spec.guard.max_used_mib), "--timeout", str(spec.guard.timeout_s)])
 
 
@@ -116,7 +141,7 @@ def _service_tail(spec: Spec) -> list[str]:
 
 def _server_unit(spec: Spec, *, after: list[str], extra_args: list[str]) -> str:
     port = _port(spec)
-    health = [spec.servescope, "health", f"http://127.0.0.1:{port}", "--wait",
+    health = [*servescope_argv(spec), "health", f"http://127.0.0.1:{port}", "--wait",
               "--timeout", str(spec.load_time_s + spec.start_margin_s)]
     lines = _unit_section(spec.description or f"{spec.engine} server: {spec.model}", after, spec)
     lines += [

@@ -105,7 +105,7 @@ class Spec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     stop_timeout_s: int = msgspec.field(default_factory=lambda: int(defaults()["stop_timeout_s"]))
     kill_signal: str = msgspec.field(default_factory=lambda: str(defaults()["kill_signal"]))
     limit_nofile: int = msgspec.field(default_factory=lambda: int(defaults()["limit_nofile"]))
-    servescope: str = msgspec.field(default_factory=lambda: str(defaults()["servescope"]))
+    servescope: str | None = None  # the servescope the unit runs; None: the one that renders (render.py)
     guard: Guard = msgspec.field(default_factory=Guard)
     restart: RestartPolicy = msgspec.field(default_factory=RestartPolicy)
     multinode: MultiNode | None = None
