@@ -16,7 +16,7 @@ import pytest
 from servescope.core.errors import InputError
 from servescope.report.health import encode_health
 from servescope.server.client import resolve_api_key
-from servescope.server.errors import AuthRequired, ServerUnreachable
+from servescope.server.errors import AuthRequired
 from servescope.server.health import check_health, wait_until_ready
 
 from .conftest import LiveServer
@@ -30,14 +30,14 @@ def _dead_port() -> int:
 
 
 @pytest.mark.no_server
-def test_dead_port_fails_at_once_without_pid() -> None:
+def test_dead_port_is_unreachable_at_once_without_pid() -> None:
+    """Not ready (a finding, exit 1), not bad input: the result names the refused port."""
     url = f"http://127.0.0.1:{_dead_port()}"
     started = time.monotonic()
-    with pytest.raises(ServerUnreachable) as info:
-        check_health(url)
+    result = check_health(url)
     assert time.monotonic() - started < 2.0
-    assert info.value.refused
-    assert str(info.value) == f"{url}/health: connection refused"
+    assert (result.ready, result.phase, result.waited) == (False, "unreachable", False)
+    assert result.checks[0].detail.startswith("connection refused")
 
 
 @pytest.mark.no_server

@@ -37,8 +37,9 @@ def health(
     With --wait, a refused port is judged with the process (--pid / --unit) and the GPU memory in use:
     alive or memory rising = loading, gone = crashed at once.
 
-    Exit 0 when ready, 1 when not (crashed, engine dead, still loading at the timeout), 2 for bad input or
-    a server that cannot be checked (unreachable without --wait, wrong API key, not OpenAI-compatible).
+    Exit 0 when ready, 1 when not (unreachable, crashed, engine dead, still loading at the timeout; --json
+    prints the result either way), 2 for bad input or a server that cannot be checked (wrong API key, not
+    OpenAI-compatible).
     """
     from servescope.gpu.inventory import memory_used_probe
     from servescope.report.health import encode_health, render_health

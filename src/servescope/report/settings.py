@@ -59,7 +59,7 @@ def render_settings(doc: SettingsDoc, console: Console) -> None:
         console.print(table)
     console.print()
     if not doc.drift:
-        console.print("[green]No drift[/]: the unit, the running process and the server agree.")
+        console.print(_no_drift(doc), markup=True)
         return
     console.print(f"[bold yellow]Drift ({len(doc.drift)})[/]")
     table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 2, 0, 2))
@@ -69,3 +69,20 @@ def render_settings(doc: SettingsDoc, console: Console) -> None:
     for item in doc.drift:
         table.add_row(escape(item.kind), escape(item.key), escape(item.detail))
     console.print(table)
+
+
+_COMPARED = {"unit": "the unit", "process": "the running process", "server": "the server"}
+
+
+def _no_drift(doc: SettingsDoc) -> str:
+    """What an empty drift list means: agreement only among the sources that were read."""
+    read = [n.name for n in doc.sources if n.ok and n.name in _COMPARED]
+    unread = [n for n in doc.sources if not n.ok and n.name in _COMPARED]
+    missed = "; ".join(f"{_COMPARED[n.name]}: {n.detail}" for n in unread)
+    if len(read) < 2:
+        only = f"only {_COMPARED[read[0]]} was read" if read else "none of the unit, process and server was read"
+        return f"[yellow]Drift not checked[/]: {escape(only)} (could not read {escape(missed)})"
+    agree = " and ".join(_COMPARED[n] for n in read)
+    if not unread:
+        return f"[green]No drift[/]: {agree} agree."
+    return f"[green]No drift[/] between {agree}; not checked against {escape(missed)}"

@@ -252,9 +252,7 @@ async def check_health_async(url: str, *, api_key: ApiKey | str | None = None, t
         try:
             poll = await _probe(client, timeout_s)
             watch.process()
-        except (ServerUnreachable, ServerTimeout) as exc:
-            if not watch.knows_process:
-                raise
+        except (ServerUnreachable, ServerTimeout) as exc:  # a finding (not ready), not bad input
             poll = _unanswered(exc, watch)
     return _result(base, poll, watch, elapsed_s=time.monotonic() - started, waited=False, timed_out=False,
                    api_key=key)
@@ -270,12 +268,11 @@ def check_health(url: str, *, api_key: ApiKey | str | None = None, timeout_s: fl
         api_key: sent as a bearer token; see :func:`~servescope.server.client.resolve_api_key`.
         timeout_s: seconds each request may take.
         pid, unit: the server's process or systemd unit; with one, a refused connection becomes a
-            ``loading`` / ``crashed`` result instead of an error.
+            ``loading`` / ``crashed`` result; without, an ``unreachable`` one (not ready, exit 1 in the CLI).
         log_path: the server's log, whose last lines go into a not-ready result.
 
     Raises:
         InputError: a malformed URL, or ``--pid`` and ``--unit`` together.
-        ServerUnreachable: nothing answered (connection refused, unknown host) and no pid/unit was given.
         AuthRequired, EndpointNotFound, NotOpenAICompatible: the server cannot be checked as it is.
 
     Example:

@@ -271,6 +271,25 @@ async def _run(request: ProfileRequest, trace_dir: Path) -> ProfileCapture:
                           requests_s=requests_s, traces_wait_s=time.monotonic() - waited)
 
 
+def _refused_first(url: str) -> None:
+    """A port that refuses is the first thing to say (before any question about the trace directory)."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return  # the client names a bad URL itself
+    if not parts.hostname:
+        return
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=3.0):
+            pass
+    except ConnectionRefusedError:
+        raise InputError(url, f"connection refused: nothing listens on {parts.hostname}:{port} "
+                              "(is the server running, or still loading?)") from None
+    except OSError:
+        return  # unresolvable or slow: the HTTP client says so in its own words
+
+
 def _check(request: ProfileRequest) -> Path:
     if request.batch < 1:
         raise InputError("--batch", "must be at least 1")
@@ -278,6 +297,7 @@ def _check(request: ProfileRequest) -> Path:
         raise InputError("--output-tokens", "must be at least 1")
     if request.input_tokens < 1:
         raise InputError("--input-tokens", "must be at least 1")
+    _refused_first(request.url)
     local = is_local_url(request.url)
     trace_dir = request.trace_dir
     if trace_dir is None:

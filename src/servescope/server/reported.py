@@ -18,7 +18,7 @@ from typing import Any
 
 from servescope.core.settings import Endpoint, ServedModel, ServerRecord
 from servescope.server.client import ApiKey, ServerClient
-from servescope.server.errors import ServerError, ServerTimeout, ServerUnreachable
+from servescope.server.errors import EndpointNotFound, ServerError, ServerTimeout, ServerUnreachable
 from servescope.server.metrics import parse_info_gauges
 
 __all__ = ["read_server_record", "read_server_record_async"]
@@ -76,6 +76,11 @@ async def read_server_record_async(url: str, *, api_key: ApiKey | None = None,
         for path in _SERVER_INFO_PATHS:
             try:
                 doc = await client.get_json(path)
+            except EndpointNotFound as exc:  # the server answered its other endpoints: it is OpenAI-compatible
+                endpoints.append(Endpoint(path=path.split("?")[0], ok=False, detail=f"{exc.source}: HTTP 404: "
+                                          "not served here (vLLM serves /server_info only with "
+                                          "VLLM_SERVER_DEV_MODE=1; SGLang at /get_server_info)"))
+                continue
             except ServerError as exc:
                 endpoints.append(Endpoint(path=path.split("?")[0], ok=False, detail=str(exc)))
                 continue
