@@ -31,18 +31,23 @@ def settings(
                                                 "printed.")] = None,
     timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds per server request.")] = 5.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the settings document as JSON.")] = False,
+    all_env: Annotated[bool, typer.Option("--all-env", help="Show every environment variable of the process, "
+                                          "each value whole (default: those that matter to serving — vLLM, "
+                                          "NCCL, CUDA, torch, HF, OMP… — and those the unit sets).")] = False,
 ) -> None:
-    """The complete effective configuration of a deployed vLLM/SGLang server, grouped, never truncated.
+    """The effective configuration of a deployed vLLM/SGLang server, grouped; --json has all of it.
 
     Reads the unit (and drop-ins), the running process (/proc/PID cmdline, environ, start time), the server
     (/version, /v1/models, /metrics info gauges, /server_info) and the GPUs; names each drift between them.
-    Secrets (--api-key, *_TOKEN, *_KEY, *_SECRET, passwords) are shown as ***.
+    Secrets (--api-key, *_TOKEN, *_KEY, *_SECRET, passwords) are shown as ***. Flags are never cut; of the
+    environment the terminal shows what matters to serving (the rest counted, --all-env shows it).
     """
     from servescope.deploy.settings import (
         choose_pid,
         choose_url,
         effective_settings,
         is_server_argv,
+        is_serving_env,
         process_api_key,
         read_unit_settings,
     )
@@ -72,4 +77,4 @@ def settings(
     if as_json:
         sys.stdout.buffer.write(encode_settings(doc))
     else:
-        render_settings(doc, settings_console())
+        render_settings(doc, settings_console(), all_env=all_env, serving=is_serving_env)

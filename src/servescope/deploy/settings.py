@@ -55,12 +55,14 @@ from servescope.deploy.drift import (
 from servescope.deploy.installed import UnitRecord, read_unit_settings
 
 __all__ = [
+    "SERVING_ENV_PREFIXES",
     "GpuLike",
     "UnitRecord",
     "choose_pid",
     "choose_url",
     "effective_settings",
     "is_server_argv",
+    "is_serving_env",
     "pick_process",
     "process_api_key",
     "read_unit_settings",
@@ -236,6 +238,21 @@ def _engine_settings(run: EngineArgs, argv: Sequence[str], source: str, origin: 
                 base.append((flag_group(flag), Setting(key=flag, value=MASK if is_secret_key(flag) else value,
                                                        source="unit only (not running)", origin="ExecStart")))
     return base
+
+
+# Environment variables that matter to serving, shown by `settings` in a terminal (the JSON has every one):
+# engines, collectives, CUDA/ROCm, torch and its compiler, Hugging Face, threading, the loader and Python.
+SERVING_ENV_PREFIXES = (
+    "VLLM_", "SGLANG_", "SGL_", "NCCL_", "RCCL_", "CUDA_", "CUBLAS", "CUDNN_", "NVIDIA_", "NVSHMEM_", "NVTE_",
+    "HIP_", "ROCM_", "HSA_", "TORCH", "PYTORCH_", "TRITON_", "GLOO_", "UCX_", "MASTER_ADDR", "MASTER_PORT",
+    "HF_", "HUGGING_FACE_", "TRANSFORMERS_", "TOKENIZERS_", "OMP_", "MKL_", "KMP_", "MALLOC_", "LD_LIBRARY_PATH",
+    "LD_PRELOAD", "PYTHONPATH", "PYTHONHASHSEED", "VIRTUAL_ENV", "XDG_CACHE_HOME",
+)
+
+
+def is_serving_env(name: str) -> bool:
+    """Whether an environment variable is one that matters to serving (:data:`SERVING_ENV_PREFIXES`)."""
+    return name.startswith(SERVING_ENV_PREFIXES)
 
 
 def _env_settings(unit: UnitRecord | None, proc: ProcessRecord | None) -> list[tuple[str, Setting]]:

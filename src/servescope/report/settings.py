@@ -1,12 +1,16 @@
 """Terminal and JSON views of the settings document (``servescope settings``); both read only the document.
 
-Values are never cut: in a terminal a long value (the full ExecStart) folds onto more lines, and when
-stdout is a file or a pipe every row stays on one line (:func:`settings_console`), so ``grep`` finds it.
+Flags and unit values are never cut: in a terminal a long value (the full ExecStart) folds onto more lines,
+and when stdout is a file or a pipe every row stays on one line (:func:`settings_console`), so ``grep`` finds
+it. The environment is shown as far as it matters to serving: the variables ``serving`` accepts and every
+one the unit sets; the rest of the process's environment is counted (``--all-env`` shows it), and an
+environment value longer than :data:`ENV_VALUE_MAX` characters is shortened (the JSON document keeps all).
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 from rich.console import Console
 from rich.markup import escape
@@ -15,10 +19,13 @@ from rich.table import Table
 from servescope.core.settings import SettingsDoc
 from servescope.report.jsonout import encode_document
 
-__all__ = ["encode_settings", "render_settings", "settings_console"]
+__all__ = ["ENV_VALUE_MAX", "encode_settings", "render_settings", "settings_console"]
 
 _NA = "N/A"
 _PIPE_WIDTH = 100_000  # wide enough that no row of a real unit wraps when piped
+ENV_VALUE_MAX = 120
+"""An environment value longer than this is shown as its first characters and how many more there are."""
+_ENV_GROUPS = ("nccl_cuda_env", "vllm_env", "other")
 
 
 def encode_settings(doc: SettingsDoc) -> bytes:
@@ -37,8 +44,23 @@ def _value(value: str | None) -> str:
     return "(set)" if value == "" else value
 
 
-def render_settings(doc: SettingsDoc, console: Console) -> None:
-    """A headline, the sources, one table per group (setting, value, source, where), then the drift."""
+def _env_value(value: str | None) -> str:
+    text = _value(value)
+    if len(text) <= ENV_VALUE_MAX:
+        return text
+    keep = ENV_VALUE_MAX - 30
+    return f"{text[:keep]}… (+{len(text) - keep:,} chars; --all-env or --json for all)"
+
+
+def render_settings(doc: SettingsDoc, console: Console, *, all_env: bool = True,
+                    serving: Callable[[str], bool] | None = None) -> None:
+    """A headline, the sources, one table per group (setting, value, source, where), then the drift.
+
+    Args:
+        all_env: show every environment variable, each value whole; else only those ``serving`` accepts
+            and those the unit sets (the others counted), long values shortened.
+        serving: which variable names matter to serving (default: all).
+    """
     head = [doc.unit or "no unit", f"pid {doc.pid}" if doc.pid is not None else "no process",
             doc.url or "no server", doc.engine or "engine unknown"]
     console.print(f"[bold]{escape(' · '.join(head))}[/]")
@@ -46,17 +68,27 @@ def render_settings(doc: SettingsDoc, console: Console) -> None:
         mark = "[green]ok[/]" if note.ok else "[yellow]--[/]"
         console.print(f"  {mark} {escape(note.name)}: {escape(note.detail)}")
     for group in doc.groups:
+        env = group.id in _ENV_GROUPS and not all_env
+        shown = [s for s in group.settings
+                 if not env or serving is None or serving(s.key) or s.source != "process"]
+        hidden = len(group.settings) - len(shown)
         console.print()
-        console.print(f"[bold]{escape(group.title)}[/] ({len(group.settings)})")
-        table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 2, 0, 2))
-        table.add_column("setting", overflow="fold", style="cyan")
-        table.add_column("value", overflow="fold")
-        table.add_column("source", overflow="fold", style="dim")
-        table.add_column("where", overflow="fold", style="dim")
-        for setting in group.settings:
-            table.add_row(escape(setting.key), escape(_value(setting.value)), escape(setting.source),
-                          escape(setting.origin or ""))
-        console.print(table)
+        count = f"{len(shown)} of {len(group.settings)}" if hidden else f"{len(group.settings)}"
+        console.print(f"[bold]{escape(group.title)}[/] ({count})")
+        if shown:
+            table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 2, 0, 2))
+            table.add_column("setting", overflow="fold", style="cyan")
+            table.add_column("value", overflow="fold")
+            table.add_column("source", overflow="fold", style="dim")
+            table.add_column("where", overflow="fold", style="dim")
+            for setting in shown:
+                value = _env_value(setting.value) if env else _value(setting.value)
+                table.add_row(escape(setting.key), escape(value), escape(setting.source),
+                              escape(setting.origin or ""))
+            console.print(table)
+        if hidden:
+            console.print(f"  +{hidden} other variable{'s' if hidden != 1 else ''} of the process, not about "
+                          "serving: --all-env to show")
     console.print()
     if not doc.drift:
         console.print(_no_drift(doc), markup=True)
