@@ -125,20 +125,27 @@ def break_down(data: TraceData, work: Work, steps: Steps, taxonomy: Taxonomy, *,
     step_device: list[float] = []
     by_step = np.argsort(steps.step_of, kind="stable")  # keeps start order within a step
     bounds = np.searchsorted(steps.step_of[by_step], np.arange(len(steps.steps) + 1))
+    previous_end: float | None = None
     for step in steps.steps:
         sel = by_step[bounds[step.index] : bounds[step.index + 1]]
         s, e = start[sel], end[sel]
         if work.kind == "device":
             if len(sel) == 0:
                 continue  # a CPU-side step that launched no device work
-            span_start, span = float(s.min()), float(e.max() - s.min())
+            first, last = float(s.min()), float(e.max())
+            if step.whole_window:
+                first, last = min(first, step.start_us), max(last, step.end_us)
+            span_start, span = first, last - first
         else:
             span_start, span = step.start_us, step.end_us - step.start_us
         per_cat = np.bincount(cat[sel], weights=dur[sel], minlength=len(categories))
         per_count = np.bincount(cat[sel], minlength=len(categories))
         comm_sel = sel[is_comm[sel]]
+        gap_before = span_start - previous_end if previous_end is not None else None
+        previous_end = span_start + span
         step_rows.append(StepRow(
             index=step.index, name=step.name, phase=step.phase, start_us=span_start, span_us=span,
+            gap_before_us=max(gap_before, 0.0) if gap_before is not None else None,
             busy_us=union_us(s, e),
             prefill_requests=step.prefill_requests, prefill_tokens=step.prefill_tokens,
             decode_requests=step.decode_requests, decode_tokens=step.decode_tokens,
