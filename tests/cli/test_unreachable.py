@@ -77,8 +77,10 @@ def test_settings_says_what_it_could_not_compare(read: tuple[str, ...], expected
 
 def test_settings_cli_with_nothing_answering_does_not_claim_agreement() -> None:
     done = _servescope("settings", "--url", _dead_url())
-    assert "No drift: " not in done.stdout
-    assert "not checked" in done.stdout
+    assert "No drift" not in done.stdout + done.stderr
+    # with a vLLM process on this machine it compares what it could read; with none it says so and stops
+    assert "not checked" in done.stdout or (done.returncode == 2 and "no vLLM/SGLang server process found"
+                                             in done.stderr)
 
 
 def test_a_404_on_server_info_is_not_taken_for_a_non_openai_server() -> None:

@@ -6,6 +6,7 @@ ms with 3 decimals or µs with 1, shares as % with 1, and anything not available
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 
 from rich import box
@@ -104,7 +105,7 @@ def shorten_kernel_name(name: str, *, max_chars: int = 60) -> str:
     is an argument list; ``(anonymous namespace)`` and ``Memcpy HtoD (Pinned -> Device)`` keep theirs.
     The start of the name is kept and a cut one ends in ``…``.
     """
-    text = name.strip()
+    text = demangle(name.strip())
     if text.startswith("void "):
         text = text[len("void ") :]
     out: list[str] = []
@@ -132,9 +133,82 @@ def shorten_kernel_name(name: str, *, max_chars: int = 60) -> str:
                 brace -= 1
         out.append(ch)
     short = " ".join("".join(out).split()) or " ".join(name.split())
-    if len(short) > max_chars:
-        short = short[: max_chars - 1].rstrip() + "…"
+    short = _LAMBDA.sub("λ", _NOISE.sub("", short)).replace("::operator()() const", "")
+    while (stripped := _SIGNATURE.sub("", short)) != short:  # function signatures inside template arguments
+        short = stripped
+    if len(short) <= max_chars:
+        return short
+    head, removed = _collapse_templates(short)
+    detail = next((w for w in _IDENTIFIER.findall(removed) if _SPECIFIC.search(w) and w not in _GENERIC), "")
+    if detail and detail not in head:
+        head = f"{head} [{detail}]"
+    if len(head) <= max_chars:
+        return head
+    tail = max_chars // 3  # names that differ only at the end (tile shapes, policies) stay apart
+    return head[: max_chars - tail - 1].rstrip() + "…" + head[-tail:]
+
+
+def distinct_kernel_names(names: Sequence[str], *, max_chars: int = 60) -> list[str]:
+    """:func:`shorten_kernel_name` of each name, where two would read the same, each shows its own
+    first stretch that differs from the others (CK / Tensile names differ in the middle: tile sizes)."""
+    short = [shorten_kernel_name(n, max_chars=max_chars) for n in names]
+    seen: dict[str, list[int]] = {}
+    for i, text in enumerate(short):
+        seen.setdefault(text, []).append(i)
+    for group in (g for g in seen.values() if len({names[i] for i in g}) > 1):
+        full = [" ".join(names[i].split()) for i in group]
+        for i, mine in zip(group, full, strict=True):
+            others = [f for f in full if f != mine]
+            at = min((next((k for k, (a, b) in enumerate(zip(mine, o, strict=False)) if a != b), len(mine))
+                      for o in others), default=0)
+            lead = max_chars // 3
+            window = mine[max(at - 8, lead) : max(at - 8, lead) + max_chars - lead - 2]
+            short[i] = mine[:lead] + "…" + window + ("…" if len(mine) > max(at - 8, lead) + len(window) else "")
     return short
+
+
+_SIGNATURE = re.compile(r"(?<=[\w>])\((?:[^()]*)\)")
+
+
+# Display only: namespaces every PyTorch / CUTLASS kernel repeats, and lambdas, say nothing about the kernel.
+_NOISE = re.compile(r"\b(?:at::native::|at::cuda::detail::|at::cuda::|at::|c10::|std::|cute::|cutlass::)|"
+                    r"\(anonymous namespace\)::")
+_LAMBDA = re.compile(r"\{lambda\([^)]*\)#\d+\}")
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+_SPECIFIC = re.compile(r"Functor|Ops?$|_kernel_cuda$|_kernel$|Kernel$|_impl$|Copy|Mul|Add|Div|Sub")
+_GENERIC = frozenset({"gpu_kernel_impl", "gpu_kernel_impl_nocast", "ReduceOp", "Kernel", "Kernel2", "device_kernel"})
+
+
+def _collapse_templates(text: str) -> tuple[str, str]:
+    """``text`` with template arguments below the first level replaced by ``…``, and what was removed."""
+    kept: list[str] = []
+    removed: list[str] = []
+    depth = 0
+    for ch in text:
+        if ch == "<":
+            depth += 1
+            if depth == 2:
+                kept.append("<…")
+                continue
+        elif ch == ">" and depth:
+            depth -= 1
+            if depth == 1:
+                kept.append(">")
+                continue
+        (removed if depth >= 2 else kept).append(ch)
+    return "".join(kept), "".join(removed)
+
+
+def demangle(name: str) -> str:
+    """An Itanium-mangled kernel name (``_ZN7cutlass…``) as C++, else ``name`` unchanged."""
+    if not name.startswith("_Z"):
+        return name
+    try:
+        import cxxfilt  # noqa: PLC0415 - only a few names are mangled
+
+        return str(cxxfilt.demangle(name))
+    except Exception:  # noqa: BLE001 - a name the demangler cannot read is shown as recorded
+        return name
 
 
 def ordered_phases(names: Iterable[str], only: Sequence[str] | None = None) -> list[str]:
@@ -305,15 +379,21 @@ def _render_kernels(console: Console, kernels: Sequence[KernelRow], top: int) ->
         return
     console.print()
     table = _table(f"top {len(picked)} of {len(kernels)} kernels by total time")
-    table.add_column("rank", justify="right")
-    table.add_column("category")
-    for header in ("count", "total ms", "mean µs"):
-        table.add_column(header, justify="right")
-    table.add_column("name", no_wrap=True, overflow="ellipsis")
-    for k in picked:
-        mean = k.total_us / k.count if k.count else None
-        table.add_row(str(k.rank), Text(k.category), f"{k.count:,}", format_ms(k.total_us), format_us(mean),
-                      Text(shorten_kernel_name(k.name)))
+    many_ranks = len({k.rank for k in kernels}) > 1
+    if many_ranks:
+        table.add_column("rank", justify="right", no_wrap=True)
+    table.add_column("category", no_wrap=True, overflow="ellipsis", max_width=18)
+    for header in ("count", "total ms", "mean µs"):  # numbers are never cut: the name gives way
+        table.add_column(header, justify="right", no_wrap=True, min_width=len(header))
+    table.add_column("by", no_wrap=True)
+    rows = [[*([str(k.rank)] if many_ranks else []), k.category[:18], f"{k.count:,}", format_ms(k.total_us),
+             format_us(k.total_us / k.count if k.count else None), k.basis] for k in picked]
+    headers = [*(["rank"] if many_ranks else []), "category", "count", "total ms", "mean µs", "by"]
+    fixed = sum(max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)) + 3 * len(headers)
+    width = max(20, min(60, console.width - fixed))  # the name takes what is left of the line
+    table.add_column("name", no_wrap=True, overflow="ellipsis", min_width=20)
+    for row, name in zip(rows, distinct_kernel_names([k.name for k in picked], max_chars=width), strict=True):
+        table.add_row(*(Text(cell) for cell in row), Text(name))  # Text: names are never read as markup
     console.print(table)
 
 
@@ -322,15 +402,20 @@ def _render_findings(console: Console, findings: Sequence[Finding]) -> None:
     if not findings:
         _line(console, "findings: none")
         return
-    table = _table("findings")
-    for header in ("severity", "id", "where", "message", "evidence"):
-        table.add_column(header)
-    for f in sort_findings(findings):
-        where = "all ranks" if f.rank is None else f"rank {f.rank}"
+    _line(console, "findings", "bold")
+    for f in sort_findings(findings):  # blocks, not a table: a message needs the whole line at any width
+        ranks = f.evidence.get("ranks")
+        where = (f"ranks {ranks}" if isinstance(ranks, str) and "," in ranks else
+                 "all ranks" if f.rank is None else f"rank {f.rank}")
         where += "" if f.phase is None else f" · {f.phase}"
-        table.add_row(Text(f.severity, style=_SEVERITY_STYLE.get(f.severity, "")), Text(f.id), Text(where),
-                      Text(f.message), Text(format_evidence(f.evidence)))
-    console.print(table)
+        head = Text()
+        head.append(f.severity, style=_SEVERITY_STYLE.get(f.severity, ""))
+        head.append(f"  {f.id}  ", style="bold")
+        head.append(where)
+        console.print(head)
+        console.print(Text("  " + f.message))
+        if f.evidence:
+            console.print(Text("  evidence: " + format_evidence(f.evidence), style="dim"))
 
 
 def render_analysis(doc: AnalysisDoc, console: Console, *, top: int = 15,
