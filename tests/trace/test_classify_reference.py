@@ -213,7 +213,7 @@ def reference_classify(data: TraceData, work: Work, taxonomy: Taxonomy, capture:
         kernel = [k == KIND_KERNEL for k in kinds.tolist()]
         replayed = [r for r in range(len(category)) if ctx["replayed"][r] and kernel[r] and category[r] < 0]
         if replayed:
-            _ref_align(data, work, replayed, category, basis, frames, index, capture)
+            _ref_align(data, work, replayed, category, basis, frames, index, capture, by_name, taxonomy)
         orphans = [r for r in range(len(category)) if kernel[r] and category[r] < 0
                    and (ctx["replayed"][r] or not ctx["launched"][r])]
         decided = [r for r in range(len(category)) if basis[r] == _OP and category[r] >= 0]
@@ -235,11 +235,15 @@ def reference_classify(data: TraceData, work: Work, taxonomy: Taxonomy, capture:
 
 
 def _ref_align(data: TraceData, work: Work, replayed: list[int], category: list[int], basis: list[int],
-               frames: list[str | None], index: dict[str, int], capture: CaptureReference | None) -> None:
+               frames: list[str | None], index: dict[str, int], capture: CaptureReference | None,
+               by_name: list[int], taxonomy: Taxonomy) -> None:
     names = work.table.name[work.rows].tolist()
+    generic = {index[c] for c in ("elementwise", "reduction", "indexing", "sort_scan", "other", "memcpy", "memset")
+               if c in index}
     if capture is not None:
         ref_names, ref_frames = list(capture.names), list(capture.frames)
         ref_cats = [index.get(c, -1) for c in capture.categories]
+        ref_by_name = [index[taxonomy.classify(n, "kernel")] for n in ref_names]
         how = _GRAPH
     else:
         decided = [r for r in range(len(category)) if category[r] >= 0 and basis[r] == _OP]
@@ -249,6 +253,7 @@ def _ref_align(data: TraceData, work: Work, replayed: list[int], category: list[
         decided = [decided[i] for i in np.argsort(data.launches.ts_us[launch], kind="stable").tolist()]
         ref_names = [data.names[names[r]] for r in decided]
         ref_cats, ref_frames = [category[r] for r in decided], [frames[r] for r in decided]
+        ref_by_name = [by_name[r] for r in decided]
         how = _PEER
     by_launch: dict[int, list[int]] = defaultdict(list)
     correlation = work.table.correlation[work.rows].tolist()
@@ -260,6 +265,9 @@ def _ref_align(data: TraceData, work: Work, replayed: list[int], category: list[
         matcher.set_seq1([data.names[names[r]] for r in group])
         for row, ref in zip(group, _matches(matcher, len(group), ref_cats), strict=True):
             if ref >= 0 and ref_cats[ref] >= 0:
+                same_name = data.names[names[row]] == ref_names[ref]
+                if not same_name and by_name[row] != ref_by_name[ref] and by_name[row] not in generic:
+                    continue  # the names disagree about the layer: the position is not evidence
                 category[row], basis[row], frames[row] = ref_cats[ref], how, ref_frames[ref]
 
 

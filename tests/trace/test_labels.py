@@ -31,12 +31,7 @@ CAPTURE_OF = {
 
 # analyze misfiles these (found by the labels; servescope's classifier is not changed to suit a test): the
 # classification test xfails with the reason while the misfile lasts and fails once it is gone (drop the entry)
-KNOWN_MISFILED = {
-    "h200-vllm_moe-graphs-b64_rank0.pt.trace": (
-        "analyze files 52% of the device time wrongly: the one mixed step (6 late prefills) replays piecewise "
-        "graphs beside eagerly launched FA3, and the `peer` route lines 154 of the 192 fused_moe_kernel replays "
-        "(and the GEMMs, topkGating, moe_align/sum around them) up with _vllm_fa3_C::fwd: category attention"),
-}
+KNOWN_MISFILED: dict[str, str] = {}
 
 
 def _resolve(source: str) -> Path:

@@ -128,7 +128,8 @@ def classify_work(data: TraceData, work: Work, taxonomy: Taxonomy,
         kernel = kinds == KIND_KERNEL
         replayed = np.flatnonzero(context.replayed & kernel & (category < 0))
         if len(replayed):
-            frame_names = _align_replays(data, work, replayed, category, basis, frame, index, capture)
+            frame_names = _align_replays(data, work, replayed, category, basis, frame, index, capture,
+                                         _Names(by_name, taxonomy, index))
         orphans = np.flatnonzero(kernel & (category < 0) & (context.replayed | ~context.launched))
         if len(orphans):
             _by_peer_name(names, work.dur_us, orphans, category, basis, frame)
@@ -140,9 +141,37 @@ def classify_work(data: TraceData, work: Work, taxonomy: Taxonomy,
     return Classified(category.astype(np.int32), basis, frame, frame_names)
 
 
+@dataclass(frozen=True, slots=True)
+class _Names:
+    """What the name rules say of the work rows (``by_name``) and of any other kernel name."""
+
+    by_name: npt.NDArray[np.int32]
+    taxonomy: Taxonomy
+    index: dict[str, int]
+
+    def of(self, names: list[str]) -> npt.NDArray[np.int32]:
+        cache: dict[str, int] = {}
+        return np.array([cache.setdefault(n, self.index[self.taxonomy.classify(n, "kernel")]) for n in names],
+                        dtype=np.int32)
+
+    def generic(self) -> npt.NDArray[np.bool_]:
+        """Per category index: a name in it says nothing of the layer (a copy, a fill, a sort, unknown)."""
+        flags = np.zeros(len(self.index), dtype=bool)
+        for name in _GENERIC_NAME_CATEGORIES:
+            if name in self.index:
+                flags[self.index[name]] = True
+        return flags
+
+
+# Categories a kernel's name gives that say nothing of the layer it serves: a replayed kernel whose name says
+# one of these may stand for a kernel of another name at its place in the reference; one whose name says a
+# specific layer (attention, moe, gemm, ...) only for a kernel whose name says the same.
+_GENERIC_NAME_CATEGORIES = ("elementwise", "reduction", "indexing", "sort_scan", "other", "memcpy", "memset")
+
+
 def _align_replays(data: TraceData, work: Work, replayed: npt.NDArray[np.int64], category: npt.NDArray[np.int32],
                    basis: npt.NDArray[np.int8], frame: npt.NDArray[np.int32], index: dict[str, int],
-                   capture: CaptureReference | None) -> list[str]:
+                   capture: CaptureReference | None, by_names: _Names) -> list[str]:
     """Line up each graph launch's kernels with a reference sequence and take the categories of their matches:
     the capture's launches (basis ``graph``), else the kernels this trace launched and decided by ``op``, in
     launch order (basis ``peer``). Returns the frame names ``frame`` indexes (``data.names``, and after them
@@ -155,6 +184,7 @@ def _align_replays(data: TraceData, work: Work, replayed: npt.NDArray[np.int64],
         ref_names = list(capture.names)
         ref_cats = np.array([index.get(c, -1) for c in capture.categories], dtype=np.int32)
         frame_names, ref_frames = _frame_ids(data.names, capture.frames)
+        ref_by_name = by_names.of(ref_names)
         how = BASIS_GRAPH
     else:
         decided = np.flatnonzero((category >= 0) & (basis == BASIS_OP))
@@ -165,6 +195,7 @@ def _align_replays(data: TraceData, work: Work, replayed: npt.NDArray[np.int64],
         ref_names = [data.names[int(n)] for n in names[decided].tolist()]
         ref_cats = category[decided]
         ref_frames = frame[decided]
+        ref_by_name = by_names.by_name[decided]
         how = BASIS_PEER
     ref_list = ref_cats.tolist()
     correlation = work.table.correlation[work.rows[replayed]]
@@ -184,6 +215,15 @@ def _align_replays(data: TraceData, work: Work, replayed: npt.NDArray[np.int64],
     ref = np.concatenate(refs)
     ok = ref >= 0
     ok[ok] = ref_cats[ref[ok]] >= 0
+    # a kernel stands for a kernel of another name only when the names do not disagree about the layer: the
+    # same name, or names filed alike by the name rules, or a replayed name that says nothing specific
+    mine = by_names.by_name[rows]
+    other_name = np.zeros(len(rows), dtype=bool)
+    other_name[ok] = [data.names[n] != ref_names[r] for n, r in zip(names[rows[ok]].tolist(), ref[ok].tolist(),
+                                                                     strict=True)]
+    agree = np.ones(len(rows), dtype=bool)
+    agree[ok] = (mine[ok] == ref_by_name[ref[ok]]) | by_names.generic()[mine[ok]]
+    ok &= ~other_name | agree
     rows, ref = rows[ok], ref[ok]
     category[rows] = ref_cats[ref]
     basis[rows] = how
