@@ -94,6 +94,7 @@ def _batch_4_capture(tmp_path: Path) -> tuple[Path, dict[str, float]]:
     40 other calls at a 1 µs floor + 300 µs idle + 40 µs per request."""
     doc = _load("tp1_b4.analysis.json")
     doc["ranks"][0]["steps"] = []
+    doc["kernels"] = []  # the categories below are made up: no kernel rows, so every call of them streams
     phase = doc["ranks"][0]["phases"]["decode"]
     weights = 100.0
     attention = 10 * 5.0 + 4 * KV_US_PER_REQUEST / 0.25
@@ -116,6 +117,39 @@ def test_batch_above_1_fits_slopes_over_the_profiles_floors(tmp_path: Path) -> N
     assert cal.fitted["other_scale"] == pytest.approx(300.0 / OTHER_BASE_US)
     assert cal.fitted["us_per_request"] == pytest.approx(40.0)
     assert cal.fitted["weights_fixed_us"] == pytest.approx(100.0 - WEIGHTS_US / ASSUMED.hbm_efficiency)
+
+
+def _row(name: str, category: str, count: int, total_us: float) -> dict[str, Any]:
+    return {"rank": 0, "name": name, "category": category, "kind": "kernel", "count": count, "total_us": total_us}
+
+
+def test_small_calls_of_weights_and_attention_are_priced_as_other(tmp_path: Path) -> None:
+    """The batch-4 capture again, with 8 MoE GEMM calls of 10 µs and 32 routing calls at the 1 µs floor filed as
+    moe, and 20 KV-cache writes of 1 µs (below the 5 µs attention floor) filed as attention: the routing and
+    the KV writes are small calls (other), the fits of weights and attention see only the GEMMs and the
+    KV-reading calls, and the slopes come out as before."""
+    capture, _ = _batch_4_capture(tmp_path)
+    doc = json.loads(capture.read_text(encoding="utf-8"))
+    phase = doc["ranks"][0]["phases"]["decode"]
+    attention = phase["categories"]["attention"]["per_step_us"]
+    phase["categories"]["moe"] = _cat(8 * 10.0 + 32 * 1.0, 40)
+    phase["categories"]["attention"] = _cat(attention + 20 * 1.0, 30)
+    phase["step_us"]["mean"] += 8 * 10.0 + 32 * 1.0 + 20 * 1.0
+    steps = 10  # the rows count every phase; here ten steps like the decode ones
+    doc["kernels"] = [_row("fused_moe_kernel", "moe", 8 * steps, 80.0 * steps),
+                      _row("void vllm::moe::topkGatingSoftmax<8>", "moe", 32 * steps, 32.0 * steps),
+                      _row("flash_fwd_splitkv_kernel", "attention", 10 * steps, attention * steps),
+                      _row("void vllm::reshape_and_cache_flash_kernel", "attention", 20 * steps, 20.0 * steps)]
+    cal = _calibrate(_write(tmp_path, doc), _hardware(tmp_path, "[kernel_floor_us]\nattention = 5.0\nother = 1.0\n"))
+    assert cal.fitted["weights_fixed_us"] == pytest.approx(100.0 + 80.0 - WEIGHTS_US / ASSUMED.hbm_efficiency)
+    assert cal.fitted["attention_fixed_us"] == pytest.approx(50.0)  # 10 KV-reading calls at the floor, not 30
+    assert cal.fitted["attention_efficiency"] == pytest.approx(0.25)
+    assert cal.fitted["other_calls"] == pytest.approx(40 + 32 + 20)
+    assert cal.fitted["other_scale"] == pytest.approx(300.0 / OTHER_BASE_US)
+    assert cal.fitted["us_per_request"] == pytest.approx(40.0)
+    assert cal.measured_ms["weights"] == pytest.approx(0.180)
+    assert any("small calls priced as other" in n and "moe 32 a step" in n and "attention 20 a step" in n
+               for n in cal.notes)
 
 
 def test_batch_above_1_without_floors_says_so(tmp_path: Path) -> None:
@@ -209,9 +243,10 @@ MISSES = {
                                     "the per-request growth (the skeleton's copies of its static KV cache, "
                                     "cuDNN attention slower than the assumed HBM efficiency, on the CPU host "
                                     "work per request) is not in the model",
-    "from batch 4 to 32 and above": "about 30 µs a step of fixed time the floors do not cover (the KV-copy "
-                                    "kernels' own floors, the skeleton's small kernels 0.05 µs above the "
-                                    "benchmark's) lands in a slope divided by 4 requests",
+    "from batch 4 to 32 and above": "the time a step the floors do not cover lands in slopes divided by 4 "
+                                    "requests (MoE: 12.0 µs of other per request fitted, 6.0 from 16 requests): "
+                                    "MoE +11.2% at 64, +23.4% at 128; dense -0.9/-7.2/-13.7% at 32/64/128, "
+                                    "within 15% but held out like the MoE (MoE 4->32, +4.9%, is claimed)",
     "eager (moe 1->16, 16->1, 16->64, 64->16)": "launch-bound: the step is the host's time to launch the "
         "kernels, held fixed (launches per step do not change with the batch: dense 349/350/350, MoE "
         "381/382/382 at batch 1/16/64); that time is not reproducible: four runs of the same captures gave "
@@ -347,4 +382,4 @@ def test_calibrating_from_few_requests_warns_about_far_batches(h200_captures: di
     assert len(notes(1, (1, 4, 64))) == 1 and "batches 64 " in notes(1, (1, 4, 64))[0]
     assert len(notes(4, (32, 128))) == 1 and "batches 32, 128 " in notes(4, (32, 128))[0]
     assert notes(1, (1, 4)) == []  # within 4x
-    assert notes(16, (1, 128)) == []  # 16 requests show it: 16 -> 128 was within 1.2%
+    assert notes(16, (1, 128)) == []  # 16 requests show it: 16 -> 128 is within 10% (dense -9.7%, MoE +9.0%)

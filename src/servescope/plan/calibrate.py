@@ -2,9 +2,27 @@
 
 The capture is an ``analyze --json`` (or ``profile --json``) document of a TP run of the same model. From its
 decode phase, on the rank that spent least time in collectives (the others' collective time includes
-waiting for the slowest rank), the measured parts per step are: *weights* = ``gemm`` + ``moe`` +
-``quantize``; *attention* = ``attention``; *collectives* = every ``comm.*`` category; *other* = the step
-span minus those three (so it holds the host's gaps between kernels too).
+waiting for the slowest rank), the measured parts per step are: *weights* = the GEMMs of ``gemm`` + ``moe`` +
+``quantize``; *attention* = the KV-reading calls of ``attention``; *collectives* = every ``comm.*`` category;
+*other* = the step span minus those three (so it holds the host's gaps between kernels too).
+
+A category says what a kernel is *for*, not what its time follows: the MoE block's routing (softmax, top-k,
+sort, index, masked_fill, the weighted sum) is ``moe``, a KV-cache write (``index_copy_``, vLLM's
+``reshape_and_cache``) or an attention mask fill is ``attention``. Their time follows the tokens, not the
+weight or KV bytes, so each part keeps only the calls that stream its bytes (``_streams``, per kernel row of
+the document):
+
+- weights: a GEMM: every ``gemm`` kernel, and a ``moe`` or ``quantize`` kernel whose name says it multiplies
+  by a weight matrix (``GEMM_NAME``: fused_moe, grouped / CUTLASS GEMMs, Marlin, matmul_ogs, …);
+- attention: a call longer than the hardware profile's ``kernel_floor_us.attention`` (one attention kernel
+  over one cached token); a shorter one reads no KV cache worth the name (all of them without that floor).
+
+The rest of those categories is *other*, like the norms and adds: its calls are counted in ``other_calls``
+and its time in the other part. The document's kernel rows cover every phase (it has no per-phase kernel
+table), so the streaming share of a category's time and calls is taken over all of them and applied to the
+decode phase's category times and calls; a capture whose prefill holds much of a category's time skews the
+time share (H200 MoE skeleton at batch 128, half its ``moe`` time in the one prefill step: the GEMMs' share
+0.50 over all phases, 0.67 over the decode replays).
 
 The step model (:mod:`servescope.plan.cost`) writes each of weights, attention and other as
 ``fixed + slope × X(batch)``:
@@ -15,7 +33,8 @@ The step model (:mod:`servescope.plan.cost`) writes each of weights, attention a
   attention_efficiency``, ``fixed = attention_fixed_us``;
 - other: ``X`` = running requests, ``slope = us_per_request``, ``fixed = (us_per_step + us_per_layer ×
   layers) × other_scale``, plus, when the hardware profile has measured kernel floors, ``other_calls`` =
-  the capture's small "other" kernels per step, each at the profile's floor *at the predicted batch*
+  the capture's "other" kernels per step (the small calls of weights and attention included), each at the
+  profile's floor *at the predicted batch*
   (``HardwareProfile.other_floor_us``: a decoder layer's norms, rotary, residual adds and SiLU, timed at
   several batch sizes by ``tools/bench_kernel_floor.py``). Those kernels move activation-sized bytes, far
   below what HBM moves in a floor's time, so their time follows the floor curve and not the request count;
@@ -37,8 +56,8 @@ Two unknowns per part cannot come from one number, so what is fitted depends on 
    then missed at larger batches; calibrate from a capture at a batch above 1 to see it.
 3. ``one batch above 1``: the fixed times of attention and other come from data, the slopes are fitted from
    the rest. Fixed attention = the hardware profile's measured ``kernel_floor_us.attention`` × the
-   capture's attention calls per step; fixed other′ = the capture's idle time per step (the gaps between
-   the kernels of a step and around it, which do not grow with the batch), the small kernels being in
+   capture's streaming attention calls per step; fixed other′ = the capture's idle time per step (the gaps
+   between the kernels of a step and around it, which do not grow with the batch), the small kernels being in
    ``other_calls`` already. Weights keep rule 2: their bytes follow from the config and their slope from
    the HBM rate, so the capture sets only the GEMM floors. A profile without floors gives fixed attention
    0 and fixed other = the idle time (noted). If a part's measured time is at or below its floors, rule 2
@@ -57,11 +76,12 @@ No number from a capture at another batch enters the fit; the hardware profile's
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servescope.core.analysis import AnalysisDoc, PhaseStats, RankAnalysis, StepRow
+from servescope.core.analysis import AnalysisDoc, KernelRow, PhaseStats, RankAnalysis, StepRow
 from servescope.core.errors import InputError
 from servescope.plan.collectives import CommCosts
 from servescope.plan.cost import layout_memory, predict_point
@@ -74,6 +94,10 @@ from servescope.report.jsonout import decode_analysis
 __all__ = ["MIN_GROUP_STEPS", "WEIGHT_CATEGORIES", "Calibration", "apply_calibration", "calibrate"]
 
 WEIGHT_CATEGORIES = ("gemm", "moe", "quantize")
+# A kernel of the moe or quantize category that multiplies by a weight matrix, by its name (MoE GEMMs: fused_moe,
+# CUTLASS / grouped GEMMs, Marlin, matmul_ogs; the rest of those categories is routing, sums and activation
+# quantisation, whose time follows the tokens, not the weights).
+GEMM_NAME = re.compile(r"gemm|gemv|nvjet|xmma|matmul|grouped_?mm|scaled_mm|fused_moe|marlin|machete", re.IGNORECASE)
 PARTS = ("weights", "attention", "collectives", "other")
 MIN_GROUP_STEPS = 3  # decode steps a batch size needs before the per-step fit uses it
 MODES = ("steps at several batches", "one batch of 1", "one batch above 1")
@@ -106,37 +130,81 @@ class Calibration:
     notes: list[str] = field(default_factory=list)
 
 
-def _split(step_us: float, cats: dict[str, float]) -> dict[str, float]:
+@dataclass(frozen=True)
+class _Streaming:
+    """Per weight or attention category, the shares of its time and of its calls that stream bytes (the rest
+    is small calls, priced as *other*); a category missing here streams wholly."""
+
+    time: dict[str, float]
+    calls: dict[str, float]
+
+    def part_us(self, name: str, us: float) -> float:
+        return us * self.time.get(name, 1.0)
+
+    def part_calls(self, name: str, calls: float) -> float:
+        return calls * self.calls.get(name, 1.0)
+
+
+def _streams(row: KernelRow, attention_floor_us: float | None) -> bool:
+    """Whether a kernel of a weight or attention category streams what its part models (rules in the module
+    doc): weights, a GEMM; attention, a call longer than the profile's attention floor."""
+    if row.category == "attention":
+        return attention_floor_us is None or row.total_us > attention_floor_us * row.count
+    return row.category == "gemm" or GEMM_NAME.search(row.name) is not None
+
+
+def _streaming(doc: AnalysisDoc, rank: int, hw: HardwareProfile) -> _Streaming:
+    """The shares of :class:`_Streaming` from the document's kernel rows of ``rank`` (all phases)."""
+    floor = hw.kernel_floor_us.get("attention")
+    totals: dict[str, list[float]] = {}  # category -> [time, calls, streaming time, streaming calls]
+    for row in doc.kernels:
+        if row.rank != rank or (row.category not in WEIGHT_CATEGORIES and row.category != "attention"):
+            continue
+        t = totals.setdefault(row.category, [0.0, 0.0, 0.0, 0.0])
+        t[0] += row.total_us
+        t[1] += row.count
+        if _streams(row, floor):
+            t[2] += row.total_us
+            t[3] += row.count
+    return _Streaming(time={c: t[2] / t[0] for c, t in totals.items() if t[0] > 0},
+                      calls={c: t[3] / t[1] for c, t in totals.items() if t[1] > 0})
+
+
+def _split(step_us: float, cats: dict[str, float], streaming: _Streaming) -> dict[str, float]:
     """Measured parts (µs) of one step (or a phase's mean step) from its category times."""
-    weights = sum(us for name, us in cats.items() if name in WEIGHT_CATEGORIES)
-    attention = cats.get("attention", 0.0)
+    weights = sum(streaming.part_us(name, us) for name, us in cats.items() if name in WEIGHT_CATEGORIES)
+    attention = streaming.part_us("attention", cats.get("attention", 0.0))
     comm = sum(us for name, us in cats.items() if name.startswith("comm."))
     return {"weights": weights, "attention": attention, "collectives": comm,
             "other": max(0.0, step_us - weights - attention - comm), "step": step_us}
 
 
-def _phase_parts(phase: PhaseStats) -> dict[str, float]:
-    return _split(phase.step_us.mean, {n: c.per_step_us for n, c in phase.categories.items()})
+def _phase_parts(phase: PhaseStats, streaming: _Streaming) -> dict[str, float]:
+    return _split(phase.step_us.mean, {n: c.per_step_us for n, c in phase.categories.items()}, streaming)
 
 
-def _calls(phase: PhaseStats) -> dict[str, float]:
+def _calls(phase: PhaseStats, streaming: _Streaming) -> dict[str, float]:
+    """Calls per step of each part; the small calls of weights and attention count as *other*."""
     out = {"weights": 0.0, "attention": 0.0, "other": 0.0}
     for name, c in phase.categories.items():
         if name.startswith("comm."):
             continue
         part = "weights" if name in WEIGHT_CATEGORIES else "attention" if name == "attention" else "other"
-        out[part] += c.calls_per_step
+        streams = streaming.part_calls(name, c.calls_per_step) if part != "other" else 0.0
+        out[part] += streams
+        out["other"] += c.calls_per_step - streams
     return out
 
 
-def _groups(steps: list[StepRow], *, device_only: bool) -> list[tuple[int, int, dict[str, float]]]:
+def _groups(steps: list[StepRow], streaming: _Streaming, *,
+            device_only: bool) -> list[tuple[int, int, dict[str, float]]]:
     """(batch, steps, mean measured parts in µs) per decode batch size with enough steps, by batch; other
     without the idle time when ``device_only``."""
     by_batch: dict[int, list[dict[str, float]]] = {}
     for s in steps:
         if s.phase == "decode" and s.decode_requests:
             span = s.busy_us if device_only else s.span_us
-            by_batch.setdefault(s.decode_requests, []).append(_split(span, s.categories))
+            by_batch.setdefault(s.decode_requests, []).append(_split(span, s.categories, streaming))
     out = []
     for batch, rows in sorted(by_batch.items()):
         if len(rows) >= MIN_GROUP_STEPS:
@@ -217,7 +285,13 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
         return {"weights": parts["weights"] * 1e3, "attention": parts["attention"] * 1e3,
                 "collectives": parts["collectives"] * 1e3, "other": float(b)}
 
-    measured = _phase_parts(phase)
+    streaming = _streaming(doc, rank.rank, hw)
+    measured = _phase_parts(phase, streaming)
+    small = [f"{name} {c.calls_per_step - streaming.part_calls(name, c.calls_per_step):.0f} a step "
+             f"({1 - streaming.time.get(name, 1.0):.0%} of its time)" for name, c in sorted(phase.categories.items())
+             if streaming.part_calls(name, c.calls_per_step) < c.calls_per_step]
+    if small:
+        notes.append(f"small calls priced as other (they stream no weight or KV bytes): {', '.join(small)}")
     # A GPU capture whose device idles most of the step is launch-bound (eager PyTorch): its step is the host's
     # time, and only the device's work is fitted to the parts (host_step_us holds the step).
     host_bound = rank.work_kind == "device" and phase.idle_us_per_step > phase.busy_us_per_step
@@ -225,7 +299,7 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
     if host_bound:
         measured["other"] = max(0.0, measured["other"] - idle)
     at_batch = modelled(batch)
-    calls = _calls(phase)
+    calls = _calls(phase, streaming)
     base_other = f.us_per_step + f.us_per_layer * arch.layers
     floors = hw.kernel_floor_us
 
@@ -245,7 +319,7 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
             return 0.0, m / at_batch[part]
         return fixed, slope
 
-    groups = _groups(rank.steps, device_only=host_bound)
+    groups = _groups(rank.steps, streaming, device_only=host_bound)
     points: list[dict[str, Any]] = []
     if len(groups) >= 2:
         mode = MODES[0]

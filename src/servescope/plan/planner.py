@@ -74,7 +74,7 @@ class _Evaluated:
 
 
 # A capture below this many requests shows little of the per-request cost; predictions far above it drift
-# (H200 skeletons, README "Against measurement": from 1 or 4, batches 32..128 were off by 10-46%).
+# (H200 skeletons, README "Against measurement": from 1 or 4, batches 32..128 were off by up to 46%).
 _FEW_REQUESTS = 16
 _FAR_ABOVE = 4  # times the capture's batch
 
@@ -86,7 +86,7 @@ def _extrapolation_notes(captured: int, batches: Sequence[int]) -> list[str]:
         return []
     return [f"calibrated at batch {captured}: batches {', '.join(map(str, far))} are more than {_FAR_ABOVE}x "
             f"that, and a capture of under {_FEW_REQUESTS} requests shows little of the per-request cost (on "
-            f"H200 skeletons such predictions were off by 10-46%); calibrate from a capture at or above the "
+            f"H200 skeletons such predictions were off by up to 46%); calibrate from a capture at or above the "
             f"batches you plan for"]
 
 
