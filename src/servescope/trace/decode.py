@@ -294,14 +294,27 @@ class _Collector:
                                 for e in annotations)
 
     def _shapes(self, cpu: list[_Event], first: int) -> None:
-        for offset, ev in enumerate(cpu):
-            if ev.name in SHAPED_OPS and (args := ev.args) is not None and len(args.input_dims):
+        """Input shapes of the SHAPED_OPS rows just added (found by name id in C, not by a loop over events)."""
+        names = self.cpu_ops.name
+        for op in SHAPED_OPS:
+            name_id = self._ids.get(op)  # .get: a name not seen is not interned
+            if name_id is None:
+                continue
+            row = first
+            while True:
                 try:
-                    dims = msgspec.json.decode(args.input_dims)
-                except msgspec.DecodeError:
-                    continue
-                if isinstance(dims, list):
-                    self.cpu_ops.dims[first + offset] = dims
+                    row = names.index(name_id, row)
+                except ValueError:
+                    break
+                args = cpu[row - first].args
+                if args is not None and len(args.input_dims):
+                    try:
+                        dims = msgspec.json.decode(args.input_dims)
+                    except msgspec.DecodeError:
+                        dims = None
+                    if isinstance(dims, list):
+                        self.cpu_ops.dims[row] = dims
+                row += 1
 
     def _collectives(self, device: list[_Event], first: int) -> None:
         for offset, ev in enumerate(device):
