@@ -12,6 +12,14 @@
 #    qwen3moe-30b-12l on :8002; --kv-cache-memory-bytes so that neither sizes its KV cache from the other's
 #    memory), torch profiler on, stacks off:
 #      graphs: torch.compile + CUDA graphs (vLLM's default)      eager: --enforce-eager
+#    The plan word `bench` instead starts the dense server alone (CUDA graphs, no profiler flags) for the load
+#    study and the restart check (issue 14, items 4 and 6): health --wait through the load (GPU memory sampled
+#    every 0.5 s beside it), gpu list/holders, `gpu wait-free` while the server holds the GPU (must fail naming
+#    it), settings --pid --url at 80 and 200 columns (+ --json), bench serve with default workers at
+#    BENCH_CONCURRENCY (1,8,32,128,256), 256 in / 128 out, --duration sized to the time left (BENCH_MAX_S per
+#    point; 256 is dropped first when short), then `gpu wait-free` started just before SIGINT (must succeed;
+#    its time from the SIGINT measured). settings at 80/200 columns runs on a pseudo-terminal (tty_capture.py). Key files straight to $OUT: bench.json, bench.txt, waitfree.txt,
+#    settings-80.txt, settings-200.txt.
 #    Each capture profiles 8 engine steps from the 20th after /start_profile (PROFILE_DELAY, PROFILE_STEPS):
 #    decode steps of all B requests, past the steps in which the front end admits them.
 #    and runs the loop with servescope as the only client: health --wait (through the load), gpu list / holders,
@@ -90,7 +98,8 @@ if [ $# -eq 0 ]; then say "no plan words: install only"; pack; exit 0; fi
 PLAN_NAME=$(echo "$@" | tr ' ' '+')
 
 need_models=""
-for m in llama8b-16l qwen3moe-30b-12l; do [ -f $MODELS/$m/config.json ] || need_models="$need_models $m"; done
+WANT_MODELS="llama8b-16l qwen3moe-30b-12l"; [ "$*" = bench ] && WANT_MODELS=llama8b-16l
+for m in $WANT_MODELS; do [ -f $MODELS/$m/config.json ] || need_models="$need_models $m"; done
 if [ -n "$need_models" ]; then
   say "making models:$need_models"
   python3 $PAY/make_models.py $MODELS $need_models > $W/models.log 2>&1 || { tail -20 $W/models.log; say "models FAILED"; pack; exit 1; }
@@ -209,10 +218,77 @@ run_pair() {   # run_pair FLAVOUR TOKENS EXTRA_FLAGS...
   ls "$W"/prof/*/ 2>/dev/null | head -5
 }
 
+run_bench() {   # the dense server alone, CUDA graphs: load study + restart check (plan word `bench`)
+  local flav=graphs k=dense name=dense-bench url=http://127.0.0.1:8001
+  if [ "$(left)" -lt 200 ]; then say "skip bench plan: $(left)s left"; return; fi
+  mkdir -p "$W/logs"
+  nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 500 > "$W/logs/gpu-mem.csv" 2>&1 &
+  local smi=$!
+  FLAGS[$k]="--max-model-len 4096 --gpu-memory-utilization 0.4 --port ${PORT[$k]}"
+  # shellcheck disable=SC2086
+  setsid python3 -m vllm.entrypoints.openai.api_server --model $MODELS/${MODEL[$k]} \
+    --served-model-name ${MODEL[$k]} ${FLAGS[$k]} > "$W/logs/server-$name.log" 2>&1 &
+  PID[$k]=$!; local t0=$(date +%s.%N)
+  say "started $name: pid ${PID[$k]} ($(left)s left)"
+  local to=$(( $(left) - 150 )); [ $to -lt 60 ] && to=60
+  $SS health $url --wait --timeout $to --poll 2 --pid ${PID[$k]} --log "$W/logs/server-$name.log" \
+    > "$W/logs/health-$name.txt" 2>&1
+  READY[$k]=$?
+  say "health --wait rc=${READY[$k]} after $(python3 -c "import time;print(round(time.time()-$t0,1))")s"
+  tail -6 "$W/logs/health-$name.txt" | cut -c1-160 | sed 's/^/    /' | tee -a "$LOG"
+  if [ "${READY[$k]}" != 0 ]; then tail -30 "$W/logs/server-$name.log"; stop_server $k; kill $smi; return; fi
+  # while the server holds the GPU: holders, a wait-free that must fail naming it, settings
+  $SS gpu list > "$W/logs/gpu-list-$name.txt" 2>&1; $SS gpu holders > "$W/logs/gpu-holders-$name.txt" 2>&1
+  $SS gpu holders --json > "$W/logs/gpu-holders-$name.json" 2>&1
+  nvidia-smi > "$W/logs/nvidia-smi-$name.txt" 2>&1
+  ps -o pid,ppid,rss,args -s ${PID[$k]} | cut -c1-200 > "$W/logs/ps-$name.txt" 2>&1
+  sed 's/^/    /' "$W/logs/gpu-holders-$name.txt" | cut -c1-160 | head -8 | tee -a "$LOG"
+  local wf=$W/logs/waitfree.txt t
+  { echo "### 1. servescope gpu wait-free --max-used-mib 1024 --timeout 5 --poll 1   (server pid ${PID[$k]} up)"
+    t=$(date +%s.%N); COLUMNS=200 $SS gpu wait-free --max-used-mib 1024 --timeout 5 --poll 1 2>&1; local rc=$?
+    echo "### exit code $rc, $(python3 -c "import time;print(round(time.time()-$t,2))") s"; } > "$wf" 2>&1
+  say "wait-free while up: $(grep '### exit' "$wf")"; grep -v '^###' "$wf" | head -6 | cut -c1-160 | sed 's/^/    /' | tee -a "$LOG"
+  for c in 80 200; do   # on a terminal of c columns (piped, settings never wraps)
+    python3 "$REPO/tools/gpu_vllm/tty_capture.py" $c python3 -m servescope settings --pid ${PID[$k]} --url $url \
+      > "$W/logs/settings-$c.txt" 2>&1
+    echo "### exit code $?" >> "$W/logs/settings-$c.txt"
+  done
+  $SS settings --pid ${PID[$k]} --url $url > "$W/logs/settings-piped.txt" 2>&1
+  $SS settings --pid ${PID[$k]} --url $url --json > "$W/logs/settings-$name.json" 2>&1
+  tr '\0' '\n' < /proc/${PID[$k]}/environ > "$W/logs/environ-$name.txt" 2>/dev/null
+  say "settings: $(tail -1 "$W/logs/settings-80.txt"), $(wc -l < "$W/logs/settings-80.txt") / $(wc -l < "$W/logs/settings-200.txt") lines at 80 / 200 cols, widest $(awk '{ if (length > m) m = length } END { print m }' "$W/logs/settings-80.txt")"
+  # the sweep: --duration per point sized to the time left (after it: ~40 s for the stop and pack)
+  local conc=${BENCH_CONCURRENCY:-1,8,32,128,256} maxd=${BENCH_MAX_S:-30}
+  local sweep=$(( $(left) - 40 )) n d
+  n=$(echo "$conc" | tr ',' '\n' | wc -l); d=$(( (sweep - 15 - 5 * n) / n ))
+  if [ $d -lt 8 ] && [ $n -gt 1 ]; then conc=${conc%,*}; n=$(( n - 1 )); d=$(( (sweep - 15 - 5 * n) / n )); fi
+  [ $d -gt "$maxd" ] && d=$maxd; [ $d -lt 3 ] && d=3
+  say "bench serve --concurrency $conc --duration $d (sweep budget ${sweep}s)"
+  t=$(date +%s)
+  COLUMNS=200 timeout $(( sweep > 30 ? sweep : 30 )) $SS bench serve $url --concurrency $conc --input-tokens 256 \
+    --output-tokens 128 --duration $d -o "$W/logs/bench.json" > "$W/logs/bench.txt" 2>&1
+  rc=$?; echo "### exit code $rc" >> "$W/logs/bench.txt"
+  say "bench serve rc=$rc in $(( $(date +%s) - t ))s"; grep -E "^concurrency|lag p99|bound|front end" "$W/logs/bench.txt" | cut -c1-200 | tee -a "$LOG"
+  # the restart: wait-free started, then SIGINT; it must return once the memory is free
+  { echo "### 2. servescope gpu wait-free --max-used-mib 1024 --timeout 60 --poll 0.5   (started, then SIGINT to ${PID[$k]})"; } >> "$wf"
+  t=$(date +%s.%N)
+  COLUMNS=200 $SS gpu wait-free --max-used-mib 1024 --timeout 60 --poll 0.5 >> "$wf" 2>&1 &
+  local wfp=$!
+  sleep 1.5   # its first poll sees the server still there
+  local ts=$(date +%s.%N); echo "### SIGINT at +$(python3 -c "print(round($ts-$t,2))") s" >> "$wf"
+  stop_server $k
+  wait $wfp; rc=$?
+  echo "### exit code $rc, returned $(python3 -c "import time;print(round(time.time()-$ts,2))") s after the SIGINT" >> "$wf"
+  sleep 1; kill $smi 2>/dev/null
+  say "wait-free after stop: $(tail -1 "$wf")"
+  cp "$W/logs/bench.json" "$W/logs/bench.txt" "$wf" "$W/logs/settings-80.txt" "$W/logs/settings-200.txt" "$OUTD"/ 2>/dev/null
+}
+
 for word in "$@"; do
   case $word in
     graphs) run_pair graphs "$TOKENS" ;;
     eager) run_pair eager "$TOKENS" --enforce-eager ;;
+    bench) run_bench ;;
     *) say "unknown plan word $word" ;;
   esac
 done
