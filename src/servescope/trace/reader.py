@@ -90,16 +90,30 @@ class TraceData:
     annotations: list[Annotation]
     distributed: dict[str, Any] | None
     metadata: dict[str, str]
+    # cpu_op rows that mark a profiler step (``ProfilerStep#N``, torch.profiler's schedule): ranges, not work
+    step_markers: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, dtype=bool))
+
+
+STEP_MARKER_PREFIX = "ProfilerStep#"
+
+
+def _step_markers(names: list[str], cpu_ops: OpTable) -> npt.NDArray[np.bool_]:
+    ids = [i for i, name in enumerate(names) if name.startswith(STEP_MARKER_PREFIX)]
+    if not ids or len(cpu_ops) == 0:
+        return np.zeros(len(cpu_ops), dtype=bool)
+    return np.isin(cpu_ops.name, np.array(ids, dtype=np.int32))
 
 
 def to_trace_data(decoded: DecodedTrace) -> TraceData:
     """The arrays analysis works on, over ``decoded``'s columns."""
+    cpu_ops = OpTable.of(decoded.cpu_ops)
     return TraceData(
         path=decoded.path, size_bytes=decoded.size_bytes, event_count=decoded.event_count, names=decoded.names,
         threads=decoded.threads,
-        device=OpTable.of(decoded.device), cpu_ops=OpTable.of(decoded.cpu_ops), launches=OpTable.of(decoded.launches),
+        device=OpTable.of(decoded.device), cpu_ops=cpu_ops, launches=OpTable.of(decoded.launches),
         frames=OpTable.of(decoded.frames),
         annotations=decoded.annotations, distributed=decoded.distributed, metadata=decoded.metadata,
+        step_markers=_step_markers(decoded.names, cpu_ops),
     )
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from servescope.trace.reader import Annotation, TraceData
+from servescope.trace.reader import STEP_MARKER_PREFIX, Annotation, TraceData
 from servescope.trace.work import Work
 
 __all__ = ["PHASES", "Step", "Steps", "find_steps", "parse_vllm_step"]
@@ -127,10 +127,14 @@ def _annotation_steps(annotations: list[Annotation]) -> tuple[str, list[Step]]:
     return ("annotation", _outermost(steps)) if steps else ("", [])
 
 
-def _profiler_steps(annotations: list[Annotation]) -> list[Step]:
-    cpu = sorted((a for a in annotations if not a.on_gpu and a.name.startswith("ProfilerStep#")),
-                 key=lambda a: a.ts_us)
-    return [Step(i, a.name, "unknown", a.ts_us, a.ts_us + a.dur_us) for i, a in enumerate(cpu)]
+def _profiler_steps(data: TraceData) -> list[Step]:
+    """``ProfilerStep#N`` ranges, written as user annotations or as CPU operators (older torch.profiler)."""
+    marked = [(a.ts_us, a.ts_us + a.dur_us, a.name) for a in data.annotations
+              if not a.on_gpu and a.name.startswith(STEP_MARKER_PREFIX)]
+    ops = data.cpu_ops
+    marked += [(float(ops.ts_us[r]), float(ops.ts_us[r] + ops.dur_us[r]), data.names[int(ops.name[r])])
+               for r in np.flatnonzero(data.step_markers).tolist()]
+    return [Step(i, name, "unknown", start, end) for i, (start, end, name) in enumerate(sorted(set(marked)))]
 
 
 def _outermost(steps: list[Step]) -> list[Step]:
@@ -224,7 +228,7 @@ def find_steps(data: TraceData, work: Work, *, gap_us: float | None = None) -> S
     if not steps:
         source, steps = "execute_model", _execute_model_steps(data)
     if not steps:
-        source, steps = "profiler_step", _profiler_steps(data.annotations)
+        source, steps = "profiler_step", _profiler_steps(data)
     if steps:
         step_of = _attribute(data, work, steps)
         return Steps(source, _with_phases(data, work, steps, step_of), step_of)

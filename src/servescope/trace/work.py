@@ -60,4 +60,6 @@ def select_work(data: TraceData) -> Work:
         order = np.argsort(data.device.ts_us, kind="stable").astype(np.int64)
         return Work("device", data.device, order, data.device.dur_us[order])
     order = np.argsort(data.cpu_ops.ts_us, kind="stable").astype(np.int64)
+    if len(data.step_markers) and data.step_markers.any():  # ProfilerStep#N ranges mark steps; they are no work
+        order = order[~data.step_markers[order]]
     return Work("cpu_op", data.cpu_ops, order, cpu_self_time(data.cpu_ops)[order])
