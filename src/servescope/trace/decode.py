@@ -55,6 +55,7 @@ __all__ = [
     "decode_part",
     "decode_trace",
     "join_parts",
+    "read_op_inputs",
 ]
 
 KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, KIND_CPU_OP, KIND_PYTHON = 0, 1, 2, 3, 4
@@ -74,9 +75,6 @@ class _Args(msgspec.Struct, gc=False):  # no cycles: skip GC tracking of 1e6 obj
     in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
     dtype: str | None = None
     kernel: str | None = None  # on a runtime launch: the kernel it launched (newer Kineto, ROCm)
-    # record_shapes: kept as raw JSON (cheap to skip) and parsed only for the ops whose shapes say what a step
-    # computed (the token ids into the embedding lookup)
-    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
 
 
 class _Fields(msgspec.Struct, gc=False):
@@ -172,7 +170,6 @@ class Columns:
     thread: array[int] = field(default_factory=lambda: array("i"))  # index into DecodedTrace.threads
     msg_bytes: dict[int, int] = field(default_factory=dict)  # row -> bytes, for collectives that record it
     kernel: dict[int, int] = field(default_factory=dict)  # launch row -> name id of the kernel it launched
-    dims: dict[int, list[Any]] = field(default_factory=dict)  # cpu_op row -> input shapes, for SHAPED_OPS only
 
     def __len__(self) -> int:
         return len(self.ts_us)
@@ -188,7 +185,6 @@ class Columns:
         self.thread.fromlist([thread_ids[i] for i in other.thread])
         self.msg_bytes.update({first + row: size for row, size in other.msg_bytes.items()})
         self.kernel.update({first + row: name_ids[name] for row, name in other.kernel.items()})
-        self.dims.update({first + row: dims for row, dims in other.dims.items()})
 
     def add(self, events: list[_Event], kind: int | list[int], name_ids: list[int], thread_ids: list[int]) -> int:
         """Append ``events`` (all of one kind, or a kind each) with their interned names and threads; returns
@@ -229,9 +225,6 @@ _DTYPE_BYTES = {
 }
 
 
-# Operators whose recorded input shapes analysis reads: the embedding lookup's token ids are [batch, sequence]
-# in HF-style models (a sequence of 1 is a decode step) and [tokens] in vLLM / SGLang.
-SHAPED_OPS = frozenset({"aten::embedding"})
 _DEVICE, _CPU, _LAUNCH, _ANNOTATION, _FRAME = range(5)
 _TABLE_OF = {**dict.fromkeys(_DEVICE_KINDS, _DEVICE), "cpu_op": _CPU, **dict.fromkeys(_RUNTIME_CATS, _LAUNCH),
              **dict.fromkeys(_ANNOTATION_CATS, _ANNOTATION), "python_function": _FRAME}
@@ -276,8 +269,7 @@ class _Collector:
             first = self._add(self.device, device, [_DEVICE_KINDS[e.cat] for e in device])
             self._collectives(device, first)
         if cpu:  # every cpu_op, step markers (ProfilerStep#N) too: what they mean is trace/steps' business
-            first = self._add(self.cpu_ops, cpu, KIND_CPU_OP)
-            self._shapes(cpu, first)
+            self._add(self.cpu_ops, cpu, KIND_CPU_OP)
         launches = [e for e in launches if e.args is not None and e.args.correlation is not None]
         if launches:
             first = self._add(self.launches, launches, -1)
@@ -288,29 +280,6 @@ class _Collector:
             self._add(self.frames, frames, KIND_PYTHON)
         self.annotations.extend(Annotation(e.name, e.ts, e.dur, e.pid, e.tid, e.cat == "gpu_user_annotation")
                                 for e in annotations)
-
-    def _shapes(self, cpu: list[_Event], first: int) -> None:
-        """Input shapes of the SHAPED_OPS rows just added (found by name id in C, not by a loop over events)."""
-        names = self.cpu_ops.name
-        for op in SHAPED_OPS:
-            name_id = self._ids.get(op)  # .get: a name not seen is not interned
-            if name_id is None:
-                continue
-            row = first
-            while True:
-                try:
-                    row = names.index(name_id, row)
-                except ValueError:
-                    break
-                args = cpu[row - first].args
-                if args is not None and len(args.input_dims):
-                    try:
-                        dims = msgspec.json.decode(args.input_dims)
-                    except msgspec.DecodeError:
-                        dims = None
-                    if isinstance(dims, list):
-                        self.cpu_ops.dims[row] = dims
-                row += 1
 
     def _collectives(self, device: list[_Event], first: int) -> None:
         for offset, ev in enumerate(device):
@@ -860,3 +829,42 @@ def _trace_data(path: Path, size: int, sink: _Collector, header: _Header | _Whol
         distributed=header.distributedInfo if isinstance(header.distributedInfo, dict) else None,
         metadata=metadata,
     )
+
+
+class _ShapedArgs(msgspec.Struct, gc=False):
+    input_dims: list[Any] | None = msgspec.field(default=None, name="Input Dims")
+
+
+class _ShapedEvent(msgspec.Struct, gc=False):
+    name: str = ""
+    cat: str = ""
+    ts: float = 0.0
+    pid: int | str = 0
+    tid: int | str = 0
+    args: _ShapedArgs | None = None
+
+
+class _ShapedTrace(msgspec.Struct, gc=False):
+    traceEvents: list[_ShapedEvent] = msgspec.field(default_factory=list)  # noqa: N815 - the trace's own key
+
+
+def read_op_inputs(path: str | Path, ops: frozenset[str]) -> list[tuple[str, float, int | str, int | str, list[Any]]]:
+    """(name, ts, pid, tid, input dims) of every cpu_op named in ``ops`` that recorded its input shapes.
+
+    A second, separate read of the file: record_shapes writes ``Input Dims`` on every operator, and keeping them
+    in the main decode cost a fifth of its time; analysis needs them only for a few ops of a few traces.
+
+    Raises:
+        InputError: as :func:`decode_trace`.
+    """
+    path = Path(path)
+    buf = _load_bytes(path)
+    try:
+        first = _NON_SPACE.search(buf)
+        bare = first is not None and buf[first.start() : first.start() + 1] == b"["
+        events = (msgspec.json.decode(buf, type=list[_ShapedEvent]) if bare
+                  else msgspec.json.decode(buf, type=_ShapedTrace).traceEvents)
+    except (msgspec.DecodeError, ValueError, OverflowError) as exc:
+        raise InputError(str(path), f"not a profiler trace ({exc})") from None
+    return [(e.name, e.ts, e.pid, e.tid, e.args.input_dims) for e in events
+            if e.cat == "cpu_op" and e.name in ops and e.args is not None and e.args.input_dims is not None]

@@ -53,7 +53,6 @@ class OpTable:
     thread: npt.NDArray[np.int32]  # index into TraceData.threads
     msg_bytes: dict[int, int] = field(default_factory=dict)  # row -> bytes, for collectives that record it
     kernel: dict[int, int] = field(default_factory=dict)  # launch row -> name id of the kernel it launched
-    dims: dict[int, list[Any]] = field(default_factory=dict)  # cpu_op row -> recorded input shapes (SHAPED_OPS)
 
     def __len__(self) -> int:
         return int(self.ts_us.shape[0])
@@ -70,7 +69,6 @@ class OpTable:
             thread=np.frombuffer(columns.thread, dtype=np.intc).astype(np.int32, copy=False),
             msg_bytes=columns.msg_bytes,
             kernel=columns.kernel,
-            dims=columns.dims,
         )
 
 

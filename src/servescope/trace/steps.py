@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from servescope.trace.decode import read_op_inputs
 from servescope.trace.reader import STEP_MARKER_PREFIX, Annotation, TraceData
 from servescope.trace.work import Work
 
@@ -236,18 +237,24 @@ def find_steps(data: TraceData, work: Work, *, gap_us: float | None = None) -> S
     return Steps(source, steps, step_of, used_gap)
 
 
+# The embedding lookup's token ids are [batch, sequence] in HF-style models: a sequence of one token is a decode
+# step. Read (a second pass over the file) only for steps no marker gave a phase, in traces small enough.
+_SHAPED_OPS = frozenset({"aten::embedding"})
+_SHAPES_MAX_BYTES = 256 << 20
+
+
 def _embedding_batches(data: TraceData, steps: list[Step]) -> dict[int, tuple[int, int]]:
     """Step index -> (sequences, tokens per sequence) of the first 2-D token-id input its embedding read."""
     out: dict[int, tuple[int, int]] = {}
-    if not data.cpu_ops.dims:
+    if data.size_bytes > _SHAPES_MAX_BYTES or not any(n in _SHAPED_OPS for n in data.names):
         return out
     starts = np.array([s.start_us for s in steps])
     ends = np.array([s.end_us for s in steps])
-    for row, dims in sorted(data.cpu_ops.dims.items()):
+    for _name, ts, _pid, _tid, dims in sorted(read_op_inputs(data.path, _SHAPED_OPS), key=lambda e: e[1]):
         ids = dims[1] if len(dims) > 1 else None
         if not (isinstance(ids, list) and len(ids) == 2 and all(isinstance(v, int) for v in ids)):
             continue
-        at = _containing(starts, ends, np.array([data.cpu_ops.ts_us[row]]))[0]
+        at = _containing(starts, ends, np.array([ts]))[0]
         if at >= 0 and int(at) not in out:
             out[int(at)] = (ids[0], ids[1])
     return out
