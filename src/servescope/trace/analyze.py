@@ -131,7 +131,9 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
     return AnalysisDoc(
         servescope_version=__version__,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        platform={"python": sys.version.split()[0], "system": platform.platform()},
+        # not platform.platform(): it asks uname for the processor, which imports subprocess and runs it
+        platform={"python": sys.version.split()[0],
+                  "system": f"{platform.system()}-{platform.release()}-{platform.machine()}"},
         options={
             "taxonomy": taxonomy.source,
             "step_gap_us": request.step_gap_us if request.step_gap_us is not None else (max(gaps) if gaps else None),

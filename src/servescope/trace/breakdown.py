@@ -16,6 +16,7 @@ Definitions (all per step, then averaged over the steps of a phase):
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ import numpy.typing as npt
 
 from servescope.core.analysis import BASES, CategoryStats, DeviceTotal, KernelRow, PhaseStats, StepRow, Summary
 from servescope.trace.classify import CaptureReference, Classified, classify_work, first_most
-from servescope.trace.reader import KIND_NAMES, TraceData
+from servescope.trace.reader import KIND_NAMES, TraceData, distinct_ids
 from servescope.trace.steps import PHASES, Steps
 from servescope.trace.taxonomy import Taxonomy
 from servescope.trace.work import Work
@@ -64,7 +65,7 @@ def union_us(start: npt.NDArray[np.float64], end: npt.NDArray[np.float64]) -> fl
 
 
 def _median(values: Sequence[float]) -> float:
-    return float(np.median(values)) if len(values) else 0.0
+    return float(statistics.median(values)) if len(values) else 0.0
 
 
 def _phase_stats(rows: list[StepRow], counts: list[dict[str, int]], device_us: list[float],
@@ -164,7 +165,7 @@ def break_down(data: TraceData, work: Work, steps: Steps, taxonomy: Taxonomy, *,
 
     kernels = _kernel_rows(data, names, kinds, classified, dur, categories, rank)
     totals: dict[str, DeviceTotal] = {}
-    for kind_id in np.unique(kinds).tolist():
+    for kind_id in distinct_ids(kinds).tolist():
         mask = kinds == kind_id
         totals[KIND_NAMES[kind_id]] = DeviceTotal(count=int(mask.sum()), total_us=float(dur[mask].sum()))
     unattributed = float(dur[steps.step_of < 0].sum()) if len(steps.step_of) else 0.0

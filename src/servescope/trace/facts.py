@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from servescope.core.analysis import StepRow
-from servescope.trace.reader import OpTable, TraceData
+from servescope.trace.reader import OpTable, TraceData, distinct_ids
 
 __all__ = ["GRAPH_LAUNCH", "RankFacts", "StepGap", "graph_replayed", "rank_facts"]
 
@@ -54,7 +54,7 @@ def graph_replayed(data: TraceData) -> npt.NDArray[np.bool_]:
     launches = data.launches
     if len(launches) == 0 or len(data.device) == 0:
         return np.zeros(len(data.device), dtype=bool)
-    name_ids = np.unique(launches.name)
+    name_ids = distinct_ids(launches.name)
     graph_names = np.array([i for i in name_ids.tolist() if GRAPH_LAUNCH.search(data.names[i])], dtype=np.int32)
     if len(graph_names) == 0:
         return np.zeros(len(data.device), dtype=bool)

@@ -10,6 +10,7 @@ message cites, the metric's range and where it held, so a reader can check the c
 from __future__ import annotations
 
 import re
+import statistics
 import string
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -154,7 +155,7 @@ def _phase_values(ra: RankAnalysis, phase: str, stats: PhaseStats, facts: RankFa
         if "comm.all_to_all" in comm and comm_total else 0.0,
         "all_reduce_share_of_comm": comm["comm.all_reduce"].total_us / comm_total
         if "comm.all_reduce" in comm and comm_total else 0.0,
-        "median_msg_bytes": int(np.median(sizes)) if sizes else None,
+        "median_msg_bytes": int(statistics.median(sizes)) if sizes else None,
         "attention_share": cats["attention"].share if "attention" in cats else 0.0,
         "other_share": cats["other"].share if "other" in cats else 0.0,
     }
@@ -166,7 +167,7 @@ def _phase_values(ra: RankAnalysis, phase: str, stats: PhaseStats, facts: RankFa
         idle_total = sum(g.idle_us for g in gaps)
         worst = max(gaps, key=lambda g: g.largest_gap_us)
         values.update({
-            "idle_share": float(np.median(shares)) if shares else 0.0,
+            "idle_share": float(statistics.median(shares)) if shares else 0.0,
             "largest_gap_us": worst.largest_gap_us, "gap_step": worst.step, "gap_at_us": worst.largest_gap_at_us,
             "largest_gap_of_idle": min(worst.largest_gap_us / idle_total, 1.0) if idle_total > 0 else 0.0,
         })

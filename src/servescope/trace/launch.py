@@ -25,7 +25,7 @@ from functools import cache
 import numpy as np
 import numpy.typing as npt
 
-from servescope.trace.reader import KIND_KERNEL, OpTable, TraceData
+from servescope.trace.reader import KIND_KERNEL, OpTable, TraceData, distinct_ids
 from servescope.trace.taxonomy import Rule, Taxonomy
 from servescope.trace.work import Work
 
@@ -229,7 +229,7 @@ def launch_context(data: TraceData, work: Work, taxonomy: Taxonomy, categories: 
         launch = launch_rows(data, table.correlation[work.rows])
         launched = launch >= 0
         at = launch[launched]
-        distinct = np.unique(data.launches.name)
+        distinct = distinct_ids(data.launches.name)
         graph_names = np.array([bool(_GRAPH_LAUNCH.search(data.names[int(i)])) for i in distinct.tolist()]
                                or [False])
         is_graph = np.zeros(len(at), dtype=bool)
@@ -282,7 +282,7 @@ def frame_categories(data: TraceData, taxonomy: Taxonomy, index: dict[str, int],
     decided[hit] = frames.rule[pos[hit]]
     frame[hit] = frames.name[pos[hit]]
     rule_category = np.full(len(rules), -1, dtype=np.int32)
-    for k in np.unique(decided[hit]).tolist():
+    for k in distinct_ids(decided[hit]).tolist():
         rule_category[k] = index[rules[k].category]
     category[hit] = rule_category[decided[hit]]
     return category, frame, decided

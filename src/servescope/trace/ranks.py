@@ -13,6 +13,7 @@ beyond that is **waiting** for the slowest rank.
 from __future__ import annotations
 
 import re
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,7 +95,7 @@ def assign_ranks(traces: list[TraceData]) -> list[RankedTrace]:
 def _spread(values: dict[int, float]) -> CrossRankCategory:
     ranks = sorted(values, key=lambda r: values[r])
     return CrossRankCategory(
-        min_us=values[ranks[0]], median_us=float(np.median(list(values.values()))), max_us=values[ranks[-1]],
+        min_us=values[ranks[0]], median_us=float(statistics.median(values.values())), max_us=values[ranks[-1]],
         min_rank=ranks[0], max_rank=ranks[-1],
     )
 
@@ -143,7 +144,7 @@ def compare_ranks(per_rank: dict[int, RankBreakdown]) -> list[CrossRankStats]:
             collective_us_per_step={str(r): coll[r] / per_step for r in sorted(present)},
             collective_wait_us_per_step={str(r): wait[r] / per_step for r in sorted(present)},
             collective_wait_share={str(r): (wait[r] / coll[r] if coll[r] else 0.0) for r in sorted(present)},
-            collective_start_skew_us=(Summary(mean=float(np.mean(skews)), median=float(np.median(skews)))
+            collective_start_skew_us=(Summary(mean=float(np.mean(skews)), median=float(statistics.median(skews)))
                                       if skews else None),
         ))
     return out

@@ -36,6 +36,7 @@ __all__ = [
     "Annotation",
     "OpTable",
     "TraceData",
+    "distinct_ids",
     "read_trace",
     "to_trace_data",
 ]
@@ -100,6 +101,12 @@ def _step_markers(names: list[str], cpu_ops: OpTable) -> npt.NDArray[np.bool_]:
     if not ids or len(cpu_ops) == 0:
         return np.zeros(len(cpu_ops), dtype=bool)
     return np.isin(cpu_ops.name, np.array(ids, dtype=np.int32))
+
+
+def distinct_ids(values: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.int64]:
+    """The distinct values of an array of non-negative ids, ascending (``np.unique`` without its import of
+    ``numpy.ma``, ~17 ms of a 0.4 s run)."""
+    return np.flatnonzero(np.bincount(values)) if len(values) else np.zeros(0, dtype=np.int64)
 
 
 def to_trace_data(decoded: DecodedTrace) -> TraceData:

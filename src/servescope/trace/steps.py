@@ -25,13 +25,14 @@ attributed by time: the step whose range contains the op's start.
 from __future__ import annotations
 
 import re
+import statistics
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from servescope.trace.decode import read_op_inputs
-from servescope.trace.reader import STEP_MARKER_PREFIX, Annotation, TraceData
+from servescope.trace.reader import STEP_MARKER_PREFIX, Annotation, TraceData, distinct_ids
 from servescope.trace.work import Work
 
 __all__ = ["PHASES", "Step", "Steps", "find_steps", "parse_vllm_step"]
@@ -204,7 +205,7 @@ def _gap_steps(work: Work, gap_us: float | None) -> tuple[str, list[Step], npt.N
     gaps = start[1:] - reach[:-1]
     if gap_us is None:
         positive = gaps[gaps > 0]
-        median = float(np.median(positive)) if len(positive) else 0.0
+        median = float(statistics.median(positive.tolist())) if len(positive) else 0.0
         gap_us = max(_DEFAULT_GAP_FLOOR_US, _GAP_MEDIAN_FACTOR * median)
     cuts = np.flatnonzero(gaps > gap_us) + 1
     step_of = np.zeros(len(start), dtype=np.int64)
@@ -296,7 +297,7 @@ def _graph_replay_share(data: TraceData, work: Work, step_of: npt.NDArray[np.int
     if work.kind != "device" or len(work.rows) == 0 or len(data.launches) == 0:
         return share
     launches = data.launches
-    distinct = np.unique(launches.name)
+    distinct = distinct_ids(launches.name)
     is_graph_name = np.array([bool(_GRAPH_LAUNCH.search(data.names[int(n)])) for n in distinct.tolist()])
     if not is_graph_name.any():
         return share
