@@ -46,10 +46,11 @@ def test_comm_file_and_calibrate_are_recorded(tmp_path: Path) -> None:
     capture = DATA / "vllm-cpu-profile" / "tp1_b1.analysis.json"
     config = DATA / "vllm-cpu-profile" / "tiny-llama.config.json"
     result = runner.invoke(app, ["plan", "--model", str(config), "--hardware", "h200", "--gpus", "1", "--batch", "1",
-                                 "--comm", str(comm), "--calibrate", str(capture), "--json"])
+                                 "--comm", str(comm), "--calibrate", str(capture), "--json", "--force"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["inputs"]["comm"]["path"] == str(comm) and doc["calibration"]["path"] == str(capture)
+    assert [line.split(" differs")[0] for line in doc["forced"]] == [f"forced: --calibrate {capture}"]
     assert doc["curves"][0]["origin"] == "measured curve" and doc["curves"][0]["world_size"] == 1
 
 
@@ -94,3 +95,44 @@ def test_report_re_renders_a_saved_plan_without_recomputing(tmp_path: Path) -> N
     assert 'id="chart-plan-steps"' in page.read_text(encoding="utf-8")
     cannot = runner.invoke(app, ["report", str(saved), "--html", str(saved / "under-a-file.html")])
     assert cannot.exit_code == 2 and len(cannot.stderr.strip().splitlines()) == 1 and "cannot write" in cannot.stderr
+
+
+# --- provenance (issue 15 item 4): the bad cases of the issue, on the repo's real files ---------------------
+
+CPU = DATA / "vllm-cpu-profile"
+GLOO = DATA / "comm" / "cpu_ws2_gloo.json"  # bench comm --backend gloo on this CPU VM: device "cpu (gloo)"
+
+
+def test_cpu_capture_for_kimi_on_rtx_pro_6000_is_refused_then_forced_and_named() -> None:
+    args = ["plan", "--model", "kimi-k2.5", "--hardware", "rtx-pro-6000", "--gpus", "8", "--batch", "1,8",
+            "--calibrate", str(CPU / "tp1_b4.analysis.json")]
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2
+    lines = [ln for ln in refused.output.splitlines() if ln.strip()]
+    assert len(lines) == 1, refused.output
+    assert str(CPU / "tp1_b4.analysis.json") in lines[0] and "work kind: CPU operators" in lines[0]
+    assert "model: captured serving tiny-llama, the plan is for kimi-k2.5" in lines[0] and "--force" in lines[0]
+    forced = runner.invoke(app, [*args, "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert forced.stdout.startswith("FORCED --calibrate ") and "work kind" in forced.stdout.splitlines()[0]
+    doc = json.loads(runner.invoke(app, [*args, "--force", "--json"]).stdout)
+    assert doc["notes"][0] == doc["forced"][0] and "tiny-llama" in doc["forced"][0]
+
+
+def test_gloo_curve_from_this_cpu_for_an_h200_plan_is_refused_then_forced_and_named() -> None:
+    args = [*BASE, "--batch", "1,8", "--comm", str(GLOO)]
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2
+    line = refused.output.strip()
+    assert "\n" not in line and line.count(str(GLOO)) == 1
+    assert "device: measured on cpu (gloo)" in line and "backend: gloo" in line
+    doc = json.loads(runner.invoke(app, [*args, "--force", "--json"]).stdout)
+    assert doc["notes"] != [] and doc["notes"][0] == doc["forced"][0]
+    assert "backend: gloo" in doc["forced"][0] and str(GLOO) in doc["forced"][0]
+
+
+def test_matching_curve_is_not_flagged() -> None:
+    result = runner.invoke(app, [*BASE, "--batch", "1", "--comm", str(DATA / "comm" / "h200_ws1_nccl.json"),
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["forced"] == []

@@ -184,7 +184,8 @@ def test_plan_with_calibration_marks_and_reproduces(tmp_path: Path) -> None:
     capture, measured = _batch_4_capture(tmp_path)
     hw = _hardware(tmp_path, "[kernel_floor_us]\nattention = 5.0\nother = 1.0\n")
     doc = run_plan(PlanRequest(model=str(CPU / "tiny-llama.config.json"), hardware=str(hw), gpus=1,
-                               batches=(4, 16), context=48, calibrate=str(capture)))
+                               batches=(4, 16), context=48, calibrate=str(capture), force=True))
+    assert doc["forced"] and doc["forced"][0].startswith(f"forced: --calibrate {capture} ")  # CPU ops, GPU plan
     assert doc["factors"]["attention_efficiency"] == {"value": pytest.approx(0.25), "origin": "calibrated"}
     assert doc["factors"]["tflops_efficiency"]["origin"] == "assumed"
     point = doc["layouts"][0]["points"][0]
@@ -356,7 +357,8 @@ def test_vllm_cpu_calibrated_from_another_batch(tmp_path: Path, tp: int, fit: in
                   encoding="utf-8")
     batch, measured = _decode(json.loads((CPU / f"tp{tp}_b{check}.analysis.json").read_text(encoding="utf-8")))
     doc = run_plan(PlanRequest(model=str(CPU / "tiny-llama.config.json"), hardware=str(hw), gpus=tp,
-                               batches=(batch,), context=48, calibrate=str(CPU / f"tp{tp}_b{fit}.analysis.json")))
+                               batches=(batch,), context=48, calibrate=str(CPU / f"tp{tp}_b{fit}.analysis.json"),
+                               force=True))  # a CPU capture on a placeholder profile: work kind differs
     _check(f"cpu-tp{tp}", fit, check, batch, doc["layouts"][0]["points"][0]["step_ms"], measured)
 
 

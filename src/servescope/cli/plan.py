@@ -29,6 +29,9 @@ def plan(
         = None,
     eager: Annotated[bool, typer.Option("--eager", help="Use eager collective curves, not CUDA-graph ones.")]
         = False,
+    force: Annotated[bool, typer.Option("--force", help="Use a --comm curve or --calibrate capture from another "
+                                        "device, backend, work kind, model or TP instead of refusing it "
+                                        "(named in the headline and the notes).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan document as JSON.")] = False,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the JSON document here.")] = None,
     html_out: Annotated[Path | None, typer.Option("--html", help="Write an HTML report with a chart here.")] = None,
@@ -44,7 +47,8 @@ def plan(
                 raise InputError(str(path), f"no such file ({flag})")
         request = PlanRequest(model=model, hardware=hardware, gpus=gpus, batches=parse_batches(batch),
                               context=context, comm=None if comm is None else str(comm),
-                              calibrate=None if calibrate is None else str(calibrate), graph=not eager)
+                              calibrate=None if calibrate is None else str(calibrate), graph=not eager,
+                              force=force)
         doc = run_plan(request)
         text = plan_to_json(doc)
         if output is not None:
@@ -54,4 +58,7 @@ def plan(
     if as_json:
         sys.stdout.write(text)
     else:
-        render_plan(doc, Console(highlight=False))
+        console = Console(highlight=False)
+        for line in doc["forced"]:  # the headline: what this plan rests on that does not match it
+            console.print(f"[bold red]FORCED[/] {line.removeprefix('forced: ')}", soft_wrap=True)
+        render_plan(doc, console)

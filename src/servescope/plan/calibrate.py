@@ -91,7 +91,8 @@ from servescope.plan.layouts import Layout
 from servescope.plan.model import ModelArch
 from servescope.report.jsonout import decode_analysis
 
-__all__ = ["MIN_GROUP_STEPS", "WEIGHT_CATEGORIES", "Calibration", "apply_calibration", "calibrate"]
+__all__ = ["MIN_GROUP_STEPS", "WEIGHT_CATEGORIES", "Calibration", "apply_calibration", "calibrate", "capture_tp",
+           "read_capture"]
 
 WEIGHT_CATEGORIES = ("gemm", "moe", "quantize")
 # A kernel of the moe or quantize category that multiplies by a weight matrix, by its name (MoE GEMMs: fused_moe,
@@ -244,6 +245,21 @@ def _context(raw: Any, default: int) -> tuple[int, str | None]:
     return default, f"context {default} tokens (--context): the document has no profile settings"
 
 
+def read_capture(path: str | Path) -> tuple[str, AnalysisDoc, Any]:
+    """(source, decoded document, raw JSON) of the analysis at ``path``.
+
+    Raises:
+        InputError: unreadable or not an analysis document.
+    """
+    source, data = _source(path)
+    return source, decode_analysis(data, source), json.loads(data)
+
+
+def capture_tp(doc: AnalysisDoc) -> int:
+    """The capture's TP size: its ranks, or the world size its traces report when that is more."""
+    return max(len(doc.ranks), max((t.world_size or 1) for t in doc.traces) if doc.traces else 1)
+
+
 def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: CommCosts, *,
               context: int) -> Calibration:
     """Factors fitted to the decode phase of the capture at ``path`` (rules in the module doc).
@@ -252,13 +268,11 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
         InputError: the file is unreadable, not an analysis document, has no decode phase, no batch size,
             or its TP size does not split the model.
     """
-    source, data = _source(path)
-    doc: AnalysisDoc = decode_analysis(data, source)
-    raw = json.loads(data)
+    source, doc, raw = read_capture(path)
     ranks = [r for r in doc.ranks if "decode" in r.phases and r.phases["decode"].steps > 0]
     if not ranks:
         raise InputError(source, "no decode steps to calibrate from (capture a decode workload)")
-    tp = max(len(doc.ranks), max((t.world_size or 1) for t in doc.traces) if doc.traces else 1)
+    tp = capture_tp(doc)
 
     def comm_us(r: RankAnalysis) -> float:
         cats = r.phases["decode"].categories

