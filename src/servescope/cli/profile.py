@@ -51,7 +51,7 @@ def profile(
         request = ProfileRequest(url=url, batch=batch, output_tokens=output_tokens, input_tokens=input_tokens,
                                  trace_dir=trace_dir, api_key=resolve_api_key(api_key), model=model,
                                  trace_timeout_s=trace_timeout, warmup=warmup)
-        capture = capture_profile(request)
+        capture = capture_profile(request, say=lambda line: print(line, file=sys.stderr, flush=True))
         doc = analyze(AnalyzeRequest(paths=capture.trace_files))
         data = encode_profile(doc, capture.trace_files, capture={
             "url": capture.url, "model": capture.model, "batch": capture.batch,

@@ -62,6 +62,9 @@ class ProfileRequest:
     stable_s: float = 2.0
     request_timeout_s: float = 300.0
     warmup: bool = True  # one unprofiled batch first, so the profiled one runs in lockstep on a warm server
+    # A local --trace-dir not there yet: vLLM creates its torch_profiler_dir on the first /start_profile, so
+    # wait this long after it for the directory to appear.
+    dir_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,6 +144,8 @@ def _serves_port(argv: list[str], port: int) -> bool:
 
 
 def _snapshot(trace_dir: Path) -> dict[Path, tuple[int, int]]:
+    if not trace_dir.is_dir():
+        return {}
     return {p: (s.st_size, s.st_mtime_ns) for p in trace_dir.rglob(f"*{TRACE_SUFFIX}") if (s := p.stat())}
 
 
@@ -233,7 +238,27 @@ async def _one(client: ServerClient, body: dict[str, Any]) -> dict[str, int]:
     return usage
 
 
-async def _run(request: ProfileRequest, trace_dir: Path) -> ProfileCapture:
+async def _wait_for_dir(trace_dir: Path, timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` for the server to create ``trace_dir`` (after /start_profile).
+
+    Raises:
+        InputError: it did not appear in time.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not trace_dir.is_dir():
+        if time.monotonic() >= deadline:
+            raise InputError(str(trace_dir), f"trace directory does not exist here: the server did not create "
+                                             f"it within {timeout_s:g} s of /start_profile (is it the server's "
+                                             f"torch_profiler_dir?)")
+        await asyncio.sleep(0.1)
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+async def _run(request: ProfileRequest, trace_dir: Path,
+               say: Callable[[str], None] = _quiet) -> ProfileCapture:
     async with ServerClient(request.url, api_key=request.api_key, read_timeout_s=request.request_timeout_s,
                             max_connections=max(request.batch, 8)) as client:
         model = request.model
@@ -251,11 +276,19 @@ async def _run(request: ProfileRequest, trace_dir: Path) -> ProfileCapture:
             short = {**body, "max_tokens": 2, "min_tokens": 2}
             await asyncio.gather(*(_one(client, short) for _ in range(request.batch)))
         before = _snapshot(trace_dir)
+        if not trace_dir.is_dir():
+            say(f"{trace_dir} is not there yet: waiting up to {request.dir_timeout_s:g} s after /start_profile "
+                f"for the server to create it (vLLM creates its profiler directory on the first one)")
         try:
             await _post_empty(client, "/start_profile")
         except EndpointNotFound:
             raise InputError(client.url_of("/start_profile"),
                              f"HTTP 404: profiling is off on this server; restart it with {PROFILER_FLAGS}") from None
+        try:
+            await _wait_for_dir(trace_dir, request.dir_timeout_s)
+        except InputError:
+            await _post_empty(client, "/stop_profile")
+            raise
         started = time.monotonic()
         try:
             usage = await asyncio.gather(*(_one(client, body) for _ in range(request.batch)))
@@ -306,25 +339,27 @@ def _check(request: ProfileRequest) -> Path:
             where = "" if local else " (the server is not on this machine, so its traces are not here either)"
             raise InputError(request.url, f"cannot tell the server's profiler directory{where}; "
                                           "pass --trace-dir DIR (the server's torch_profiler_dir)")
-    if not trace_dir.is_dir():
-        where = "" if local else f"; the server at {request.url} is not on this machine"
+    if not trace_dir.is_dir() and (not local or trace_dir.exists()):
+        where = (f"; the server at {request.url} is not on this machine" if not local
+                 else " (a file, not a directory)")
         raise InputError(str(trace_dir), f"trace directory does not exist here{where}")
-    return trace_dir
+    return trace_dir  # local and not there yet: _run waits for the server to create it
 
 
-def capture_profile(request: ProfileRequest) -> ProfileCapture:
+def capture_profile(request: ProfileRequest, *, say: Callable[[str], None] = _quiet) -> ProfileCapture:
     """Profile ``batch`` × ``output_tokens`` on the server and return its complete new trace files.
 
     Raises:
         InputError: bad options, an unreachable or non-OpenAI server, profiling off (404, naming the
-            flags to add), no trace directory here, or traces not complete in time.
+            flags to add), no trace directory here (a local one not there yet is waited for after
+            /start_profile, ``request.dir_timeout_s``, told through ``say``), or traces not complete in time.
 
     Example:
         >>> capture_profile(ProfileRequest(url="http://127.0.0.1:8000", batch=4, output_tokens=32,
         ...                                trace_dir=Path("/tmp/traces")))  # doctest: +SKIP
     """
     trace_dir = _check(request)
-    capture = asyncio.run(_run(request, trace_dir))
+    capture = asyncio.run(_run(request, trace_dir, say))
     if not capture.trace_files:
         raise InputError(str(trace_dir), "no new trace files")
     return capture
