@@ -164,6 +164,9 @@ class TraceInfo(msgspec.Struct, kw_only=True):
     events: int
     rank_source: str  # "distributedInfo" | "filename" | "only file" | "none"
     world_size: int | None = None
+    # events left out as malformed (a field of the wrong type, a negative duration, a time out of range)
+    malformed_events: int = 0
+    malformed_examples: list[str] = msgspec.field(default_factory=list)
 
 
 class InputFile(msgspec.Struct, kw_only=True):

@@ -128,6 +128,11 @@ def render_summary(doc: AnalysisDoc, console: Console, phases: Sequence[str] | N
     head = f"servescope: {len(doc.inputs)} trace file{'s' if len(doc.inputs) != 1 else ''}"
     head += f", rank{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))}" if ranks else ""
     console.print(Text(head, style="bold"))
+    for trace in doc.traces:
+        if trace.malformed_events:
+            console.print(Text(f"  {trace.path}: {trace.malformed_events} malformed event"
+                               f"{'s' if trace.malformed_events != 1 else ''} of {trace.events:,} left out (first: "
+                               f"{'; '.join(trace.malformed_examples)})", style="yellow"))
     shown_phases = [p for p in _PHASE_ORDER if any(p in r.phases for r in doc.ranks) and p != "empty"
                     and (phases is None or p in phases)]
     for phase in shown_phases:

@@ -142,7 +142,8 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
         traces=[
             TraceInfo(path=str(t.data.path), rank=t.rank, role=t.role, events=t.data.event_count,
                       rank_source=t.rank_source,
-                      world_size=(t.data.distributed or {}).get("world_size"))
+                      world_size=(t.data.distributed or {}).get("world_size"),
+                      malformed_events=t.data.malformed, malformed_examples=t.data.malformed_examples)
             for t in sorted(traces, key=lambda t: (t.role != "worker", t.rank or 0))
         ] + [TraceInfo(path=str(c.path), rank=_capture_rank(c), role="capture", events=c.event_count,
                        rank_source="capture") for c in captures],

@@ -48,6 +48,7 @@ __all__ = [
     "KIND_MEMSET",
     "KIND_NAMES",
     "KIND_PYTHON",
+    "MALFORMED_SHARE",
     "Annotation",
     "Columns",
     "DecodedTrace",
@@ -111,19 +112,43 @@ _OTHER_PHASES = tuple(
 _ByPhase = Union[_Complete, *_OTHER_PHASES]  # type: ignore[valid-type]  # noqa: UP007
 
 
+class _Skipping(list[Any]):
+    """Events of a block decoded one by one, and (index in the block, problem) of those that did not decode."""
+
+    skipped: list[tuple[int, str]]
+
+
 class _BlockDecoder:
     """Decodes a JSON array of events, by phase when every event names a known one (fast: only ``X``
-    events get fields), else field by field (:class:`_Event`), which also names any problem."""
+    events get fields), else field by field (:class:`_Event`); a block with a malformed event (a field of
+    the wrong type, an id beyond int64) is decoded event by event, the malformed ones left out and named.
+    JSON that is not well formed is not an event problem: it raises."""
 
     def __init__(self) -> None:
         self._by_phase = msgspec.json.Decoder(list[_ByPhase])
         self._plain = msgspec.json.Decoder(list[_Event])
+        self._raw = msgspec.json.Decoder(list[msgspec.Raw])
+        self._one = msgspec.json.Decoder(_Event)
 
     def decode(self, data: bytes | bytearray | memoryview) -> list[Any]:
         try:
             return self._by_phase.decode(data)
-        except msgspec.ValidationError:
+        except (msgspec.ValidationError, OverflowError):
+            pass
+        try:
             return self._plain.decode(data)
+        except (msgspec.ValidationError, OverflowError):
+            return self._one_by_one(data)
+
+    def _one_by_one(self, data: bytes | bytearray | memoryview) -> _Skipping:
+        out = _Skipping()
+        out.skipped = []
+        for index, raw in enumerate(self._raw.decode(data)):
+            try:
+                out.append(self._one.decode(raw))
+            except (msgspec.ValidationError, OverflowError) as exc:
+                out.skipped.append((index, str(exc) or type(exc).__name__))
+        return out
 
 
 class _Header(msgspec.Struct):
@@ -186,6 +211,18 @@ class Columns:
         self.msg_bytes.update({first + row: size for row, size in other.msg_bytes.items()})
         self.kernel.update({first + row: name_ids[name] for row, name in other.kernel.items()})
 
+    def drop(self, rows: set[int]) -> None:
+        """Leave out ``rows`` (a rare repair: rows renumbered, the per-row dicts with them)."""
+        if not rows:
+            return
+        keep = [r for r in range(len(self.ts_us)) if r not in rows]
+        new_row = {old: new for new, old in enumerate(keep)}
+        for name in ("kind", "name", "ts_us", "dur_us", "correlation", "thread"):
+            column = getattr(self, name)
+            setattr(self, name, array(column.typecode, [column[r] for r in keep]))
+        self.msg_bytes = {new_row[r]: v for r, v in self.msg_bytes.items() if r in new_row}
+        self.kernel = {new_row[r]: v for r, v in self.kernel.items() if r in new_row}
+
     def add(self, events: list[_Event], kind: int | list[int], name_ids: list[int], thread_ids: list[int]) -> int:
         """Append ``events`` (all of one kind, or a kind each) with their interned names and threads; returns
         the first new row."""
@@ -216,6 +253,8 @@ class DecodedTrace:
     annotations: list[Annotation]
     distributed: dict[str, Any] | None
     metadata: dict[str, str]
+    malformed: int = 0  # events left out as malformed (see MALFORMED_SHARE)
+    malformed_examples: list[str] = field(default_factory=list)
 
 
 _DTYPE_BYTES = {
@@ -225,6 +264,12 @@ _DTYPE_BYTES = {
 }
 
 
+# Malformed events (a field of the wrong type, a negative duration, a time out of range) are left out and
+# counted, the first few named; more than this share of a trace's events fails it: then it is not the odd
+# bad event of a real trace but a file this reader does not understand.
+MALFORMED_SHARE = 0.01
+MALFORMED_EXAMPLES = 3
+_MAX_TS_US = 1e17  # ~3,000 years of microseconds: a timestamp beyond is no clock's
 _DEVICE, _CPU, _LAUNCH, _ANNOTATION, _FRAME = range(5)
 _TABLE_OF = {**dict.fromkeys(_DEVICE_KINDS, _DEVICE), "cpu_op": _CPU, **dict.fromkeys(_RUNTIME_CATS, _LAUNCH),
              **dict.fromkeys(_ANNOTATION_CATS, _ANNOTATION), "python_function": _FRAME}
@@ -241,6 +286,8 @@ class _Collector:
         self.launches = Columns()
         self.frames = Columns()
         self.annotations: list[Annotation] = []
+        self.malformed = 0  # events left out: a field of the wrong type, a negative or out-of-range time
+        self.malformed_examples: list[str] = []
         self.count = 0
 
     @property
@@ -256,7 +303,12 @@ class _Collector:
         return table.add(events, kind, [ids[e.name] for e in events], [threads[e.pid, e.tid] for e in events])
 
     def take(self, events: list[_Event]) -> None:
-        self.count += len(events)
+        skipped: list[tuple[int, str]] = getattr(events, "skipped", [])
+        for index, problem in skipped:
+            if len(self.malformed_examples) < MALFORMED_EXAMPLES:
+                self.malformed_examples.append(f"event {self.count + index}: {problem}")
+        self.malformed += len(skipped)
+        self.count += len(events) + len(skipped)
         tables: tuple[list[_Event], ...] = ([], [], [], [], [])
         table_of = _TABLE_OF
         for e in events:
@@ -693,8 +745,8 @@ def _read_whole(path: Path, buf: _Buffer) -> tuple[_Collector, _Header | _WholeT
             if buf[last : last + 1] != b"]":
                 raise InputError(str(path), "invalid JSON (truncated: the event list has no closing ])")
             sink = _decode_events(buf, first.start() + 1 if first else 1, last)
-        elif head == b"{" and len(buf) <= _CHUNK_BYTES:
-            header = msgspec.json.decode(buf, type=_WholeTrace)
+        elif head == b"{" and len(buf) <= _CHUNK_BYTES and (whole := _whole_or_none(buf)) is not None:
+            header = whole
             if header.traceEvents is msgspec.UNSET:
                 raise InputError(str(path), "not a profiler trace (no traceEvents)")
             sink = _Collector()
@@ -718,6 +770,15 @@ def _read_whole(path: Path, buf: _Buffer) -> tuple[_Collector, _Header | _WholeT
     return sink, header
 
 
+def _whole_or_none(buf: _Buffer) -> _WholeTrace | None:
+    """A small object-form trace decoded in one pass; None when an event is malformed (the block path then
+    leaves it out and names it)."""
+    try:
+        return msgspec.json.decode(buf, type=_WholeTrace)
+    except (msgspec.ValidationError, OverflowError):
+        return None
+
+
 @dataclass(slots=True)
 class Part:
     """The events of one byte range of a trace, names and threads interned locally (picklable: a read-ahead
@@ -734,6 +795,8 @@ class Part:
     count: int
     head: bytes | None
     rest: bytes | None
+    malformed: int = 0
+    malformed_examples: list[str] = field(default_factory=list)
 
 
 def decode_part(path: Path, index: int, parts: int) -> Part:
@@ -769,7 +832,7 @@ def decode_part(path: Path, index: int, parts: int) -> Part:
             raise ValueError(str(exc)) from None
         head = bytes(buf[: key.start()]) if index == 0 else None
     return Part(sink.names, sink.threads, sink.device, sink.cpu_ops, sink.launches, sink.frames, sink.annotations,
-                sink.count, head, rest)
+                sink.count, head, rest, sink.malformed, sink.malformed_examples)
 
 
 def _drop(buf: _Buffer, lo: int, hi: int) -> None:
@@ -792,13 +855,15 @@ def join_parts(path: Path, parts: list[Part]) -> DecodedTrace:
     if head is None or rest is None:
         raise ValueError("the parts do not start and end the events array")
     sink = _Collector()
-    for part in parts:
+    for i, part in enumerate(parts):
         names = [sink._ids[name] for name in part.names]
         threads = [sink._threads[thread] for thread in part.threads]
         for into, columns in ((sink.device, part.device), (sink.cpu_ops, part.cpu_ops),
                               (sink.launches, part.launches), (sink.frames, part.frames)):
             into.extend(columns, names, threads)
         sink.annotations.extend(part.annotations)
+        sink.malformed_examples.extend(f"{e} (part {i + 1})" for e in part.malformed_examples)
+        sink.malformed += part.malformed
         sink.count += part.count
     try:
         header = msgspec.json.decode(head + _NO_EVENTS + rest, type=_Header)
@@ -807,9 +872,30 @@ def join_parts(path: Path, parts: list[Part]) -> DecodedTrace:
     return _trace_data(path, path.stat().st_size, sink, header)
 
 
+def _drop_bad_times(sink: _Collector) -> None:
+    """Rows whose duration is negative or whose time is out of range are malformed events: left out, counted."""
+    for label, table in (("kernel/copy", sink.device), ("cpu_op", sink.cpu_ops), ("runtime call", sink.launches),
+                         ("python frame", sink.frames)):
+        if not len(table) or (min(table.dur_us) >= 0 and min(table.ts_us) >= 0 and max(table.ts_us) < _MAX_TS_US):
+            continue  # the common case: three passes in C, no row looked at
+        names = sink.names
+        bad = [row for row, (ts, dur) in enumerate(zip(table.ts_us, table.dur_us, strict=True))
+               if dur < 0 or ts < 0 or ts >= _MAX_TS_US]
+        for row in bad[: max(0, MALFORMED_EXAMPLES - len(sink.malformed_examples))]:
+            problem = "negative duration" if table.dur_us[row] < 0 else "time out of range"
+            sink.malformed_examples.append(f"{label} {names[table.name[row]]!r} at ts {table.ts_us[row]}: "
+                                           f"{problem} (dur {table.dur_us[row]})")
+        sink.malformed += len(bad)
+        table.drop(set(bad))
+
+
 def _trace_data(path: Path, size: int, sink: _Collector, header: _Header | _WholeTrace) -> DecodedTrace:
     if sink.count == 0:
         raise InputError(str(path), "empty trace (traceEvents holds no events)")
+    _drop_bad_times(sink)
+    if sink.malformed > MALFORMED_SHARE * sink.count:
+        raise InputError(str(path), f"not a profiler trace ({sink.malformed} of {sink.count} events malformed, "
+                                    f"over {MALFORMED_SHARE:.0%}; first: {'; '.join(sink.malformed_examples)})")
     metadata = {k: v for k, v in (("vllm_version", header.vllm_version), ("host_name", header.host_name)) if v}
     if header.deviceProperties:
         first = header.deviceProperties[0]
@@ -828,6 +914,8 @@ def _trace_data(path: Path, size: int, sink: _Collector, header: _Header | _Whol
         annotations=sink.annotations,
         distributed=header.distributedInfo if isinstance(header.distributedInfo, dict) else None,
         metadata=metadata,
+        malformed=sink.malformed,
+        malformed_examples=sink.malformed_examples,
     )
 
 

@@ -91,6 +91,8 @@ class TraceData:
     metadata: dict[str, str]
     # cpu_op rows that mark a profiler step (``ProfilerStep#N``, torch.profiler's schedule): ranges, not work
     step_markers: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    malformed: int = 0  # events left out as malformed, and the first few named
+    malformed_examples: list[str] = field(default_factory=list)
 
 
 STEP_MARKER_PREFIX = "ProfilerStep#"
@@ -119,6 +121,7 @@ def to_trace_data(decoded: DecodedTrace) -> TraceData:
         frames=OpTable.of(decoded.frames),
         annotations=decoded.annotations, distributed=decoded.distributed, metadata=decoded.metadata,
         step_markers=_step_markers(decoded.names, cpu_ops),
+        malformed=decoded.malformed, malformed_examples=decoded.malformed_examples,
     )
 
 

@@ -1,0 +1,103 @@
+"""Malformed events in a real trace are left out, counted and named; the analysis goes on.
+
+Each test mutates the project's own real vLLM capture (a few events made malformed), and checks against plain
+``json`` what must be left out: the count, the kernels that remain, the position named.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tracefiles import ROOT
+
+from servescope.core.errors import InputError
+from servescope.trace.analyze import AnalyzeRequest, analyze
+from servescope.trace.reader import read_trace
+
+CAPTURE = ROOT / "tests" / "data" / "h200-vllm" / "dense-graphs-b16" / "rank0.pt.trace.json.gz"
+
+
+def _doc() -> dict[str, Any]:
+    with gzip.open(CAPTURE, "rt", encoding="utf-8") as handle:
+        loaded: dict[str, Any] = json.load(handle)
+    return loaded
+
+
+def _kernel_positions(doc: dict[str, Any]) -> list[int]:
+    return [i for i, e in enumerate(doc["traceEvents"]) if e.get("ph") == "X" and e.get("cat") == "kernel"]
+
+
+def _write(tmp_path: Path, doc: dict[str, Any]) -> Path:
+    path = tmp_path / "rank0.pt.trace.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(("field", "value", "problem"), [
+    ("dur", None, "dur"),
+    ("dur", "12", "dur"),
+    ("ts", "1.5", "ts"),
+    ("dur", -5.0, "negative duration"),
+    ("ts", 1e20, "time out of range"),
+])
+def test_one_malformed_kernel_is_left_out_and_named(tmp_path: Path, field: str, value: Any, problem: str) -> None:
+    doc = _doc()
+    kernels = _kernel_positions(doc)
+    at = kernels[len(kernels) // 2]
+    doc["traceEvents"][at][field] = value
+    path = _write(tmp_path, doc)
+    data = read_trace(path)
+    assert data.malformed == 1
+    assert problem in data.malformed_examples[0]
+    if problem in ("dur", "ts"):  # a field of the wrong type: the event's position in traceEvents is named
+        assert data.malformed_examples[0].startswith(f"event {at}:")
+    kinds = {"kernel": 0}
+    assert int((data.device.kind == kinds["kernel"]).sum()) == len(kernels) - 1
+    result = analyze(AnalyzeRequest(paths=[path]))
+    [trace] = [t for t in result.traces if t.role == "worker"]
+    assert trace.malformed_events == 1 and trace.events == len(doc["traceEvents"])
+    assert sum(k.count for k in result.kernels if k.kind == "kernel") == len(kernels) - 1
+
+
+def test_the_same_events_are_left_out_when_the_trace_is_read_as_a_stream(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import servescope.trace.decode as decode
+
+    doc = _doc()
+    kernels = _kernel_positions(doc)
+    for at in kernels[::400][:3]:
+        doc["traceEvents"][at]["dur"] = None
+    path = _write(tmp_path, doc)
+    whole = read_trace(path)
+    monkeypatch.setattr(decode, "_CHUNK_BYTES", 1 << 12)
+    monkeypatch.setattr(decode, "_WHOLE_LIMIT", 1 << 14)
+    streamed = read_trace(path)
+    assert whole.malformed == streamed.malformed == 3
+    assert whole.malformed_examples == streamed.malformed_examples
+    assert whole.device.dur_us.tolist() == streamed.device.dur_us.tolist()
+
+
+def test_more_than_the_stated_share_fails_the_trace(tmp_path: Path) -> None:
+    from servescope.trace.decode import MALFORMED_SHARE
+
+    doc = _doc()
+    kernels = _kernel_positions(doc)
+    bad = int(MALFORMED_SHARE * len(doc["traceEvents"])) + 2
+    assert bad < len(kernels)
+    for at in kernels[:bad]:
+        doc["traceEvents"][at]["dur"] = "x"
+    path = _write(tmp_path, doc)
+    with pytest.raises(InputError) as err:
+        read_trace(path)
+    assert str(path) in str(err.value) and f"{bad} of {len(doc['traceEvents'])} events malformed" in str(err.value)
+
+
+def test_broken_json_is_still_one_error_not_a_skip(tmp_path: Path) -> None:
+    path = tmp_path / "cut.json"
+    path.write_text(json.dumps(_doc())[:-5000], encoding="utf-8")
+    with pytest.raises(InputError):
+        read_trace(path)
