@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tracefiles import ROOT
 
 from servescope.core.errors import InputError
 from servescope.trace.analyze import AnalyzeRequest, analyze
 from servescope.trace.reader import read_trace
+from tracefiles import ROOT
 
 CAPTURE = ROOT / "tests" / "data" / "h200-vllm" / "dense-graphs-b16" / "rank0.pt.trace.json.gz"
 
