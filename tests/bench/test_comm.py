@@ -224,10 +224,13 @@ def test_the_gloo_curve_file_drives_plan(gloo_run: tuple[dict, dict, str], tmp_p
     path.write_text(json.dumps(doc))
     config = Path(__file__).parents[1] / "data" / "vllm-cpu-profile" / "tiny-llama.config.json"
     hidden = json.loads(config.read_text())["hidden_size"]
-    res = CliRunner().invoke(app, ["plan", "--model", str(config), "--hardware", "h200", "--gpus", "2",
-                                   "--batch", "2,8", "--comm", str(path), "--json"])
+    args = ["plan", "--model", str(config), "--hardware", "h200", "--gpus", "2", "--batch", "2,8", "--comm", str(path)]
+    refused = CliRunner().invoke(app, [*args, "--json"])  # a CPU gloo curve for an H200 plan: another setup
+    assert refused.exit_code == 2 and "gloo" in refused.output and "--force" in refused.output
+    res = CliRunner().invoke(app, [*args, "--force", "--json"])
     assert res.exit_code == 0, res.output
     plan = json.loads(res.stdout)
+    assert any("gloo" in note for note in plan["notes"])  # used only when forced, and then said
     assert plan["curves"][0]["origin"] == "measured curve" and plan["curves"][0]["world_size"] == 2
     measured = {p["bytes"]: p["time_us"] for c in doc["curves"]
                 if c["op"] == "all_reduce" and c["variant"] == "default" and not c["graph"] for p in c["points"]}
