@@ -112,12 +112,19 @@ def write_truth(path: Path, truth: dict[str, Any]) -> None:
     path.write_text(json.dumps(truth, indent=1, default=str) + "\n", encoding="utf-8")
 
 
+# What the summary's ms/step is, said once per run: it is not what `analyze` of the trace reports.
+STEP_TIME_MEANING = ("ms/step: an unprofiled round, timed by CUDA events (GPU) or the wall clock (CPU); "
+                     "`servescope analyze` of the trace measures the profiled round, slower by the profiler's "
+                     "own cost (large where CPU operators are the work)")
+
+
 def summary_line(truth: dict[str, Any]) -> str:
-    """One line per capture: what, trace size, work events, decode step and prefill time."""
+    """One line per capture: what, trace size, work events, decode step and prefill time (unprofiled)."""
     mode = "graphs" if truth["cuda_graphs"] else "eager"
     return (f"{truth['model_kind']:5s} b{truth['batch']:<3d} {mode:6s} trace {truth['trace_bytes_gz'] / 1e6:5.2f} MB gz"
             f" ({truth['trace_bytes_json'] / 1e6:5.1f} MB json) {truth['event_count']:6d} {truth['work']} events"
-            f"  decode {truth['wall_ms_per_decode_step']:.3f} ms/step  prefill {truth['wall_ms_prefill']:.2f} ms"
+            f"  decode {truth['wall_ms_per_decode_step']:.3f} ms/step unprofiled"
+            f"  prefill {truth['wall_ms_prefill']:.2f} ms"
             f"  -> {truth['trace_file']}")
 
 
@@ -375,6 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle.*")
     args.out.mkdir(parents=True, exist_ok=True)
     t0, failed = time.perf_counter(), []
+    print(STEP_TIME_MEANING, flush=True)
     built: tuple[str, Any] | None = None
     with torch.inference_mode():
         for opts in captures:
