@@ -63,7 +63,7 @@ def test_ci_fails_the_run_when_the_corpus_is_missing(tmp_path: Path) -> None:
 
 def test_ci_sets_the_requirement() -> None:
     text = (ROOT / ".ci" / "run").read_text()
-    assert f"export {REQUIRE_ENV}=1" in text
+    assert f"export {REQUIRE_ENV}=1" in text and "export SERVESCOPE_SLOW=1" in text
 
 
 def _readme_test_command() -> str:
