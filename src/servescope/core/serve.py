@@ -19,7 +19,6 @@ names the server's API front end (``front_end_bound``).
 
 from __future__ import annotations
 
-import string
 import tomllib
 from collections.abc import Mapping
 from functools import cache
@@ -27,6 +26,8 @@ from importlib.resources import files
 from typing import Any
 
 import msgspec
+
+from servescope.core.messages import format_message
 
 __all__ = [
     "DEFINITIONS",
@@ -203,19 +204,6 @@ def _serve_rules() -> dict[str, Any]:
     return tomllib.loads((files("servescope") / "data" / "findings-serve.toml").read_text(encoding="utf-8"))
 
 
-class _Fields(dict[str, Any]):
-    def __missing__(self, key: str) -> None:
-        return None
-
-
-class _Formatter(string.Formatter):
-    def format_field(self, value: Any, format_spec: str) -> str:
-        return "N/A" if value is None else super().format_field(value, format_spec)
-
-
-def _format(template: str, values: Mapping[str, Any]) -> str:
-    return _Formatter().vformat(template, (), _Fields(values))
-
 
 def is_client_bound(lag_p99_ms: float | None, tpot_median_ms: float | None,
                     rules: Mapping[str, Any] | None = None) -> bool:
@@ -242,7 +230,7 @@ def judge_point(point: ServePoint, rules: Mapping[str, Any] | None = None) -> li
                                                            ("tpot_median_ms", point.tpot_ms.median)) if v is not None}
     if lag.client_bound or is_client_bound(lag.p99_ms, point.tpot_ms.median, rules):
         rule = rules["client_bound"]
-        return [ServeFinding(id="client_bound", message=_format(rule["message"], values), advice=rule["advice"],
+        return [ServeFinding(id="client_bound", message=format_message(rule["message"], values), advice=rule["advice"],
                              evidence=evidence)]
     rule = rules["front_end_bound"]
     if lag.p99_ms is None or lag.p99_ms > rule["lag_p99_ms_at_most"]:
@@ -265,5 +253,5 @@ def judge_point(point: ServePoint, rules: Mapping[str, Any] | None = None) -> li
     if not exceeded:
         return []
     values["figures"] = "; ".join(exceeded)
-    return [ServeFinding(id="front_end_bound", message=_format(rule["message"], values), advice=rule["advice"],
+    return [ServeFinding(id="front_end_bound", message=format_message(rule["message"], values), advice=rule["advice"],
                          evidence=evidence)]

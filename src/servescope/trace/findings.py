@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from servescope.core.analysis import CrossRankStats, Finding, KernelRow, PhaseStats, RankAnalysis
+from servescope.core.messages import format_message
 from servescope.trace.facts import RankFacts
 
 __all__ = ["find_bottlenecks", "load_rules", "taxonomy_snippet"]
@@ -54,27 +55,6 @@ def _matches(name: str, spec: Mapping[str, Any], key: str = "patterns") -> bool:
     if not any(p.search(name) for p in _compiled(tuple(spec.get(key, ())))):
         return False
     return not any(p.search(name) for p in _compiled(tuple(spec.get("exclude", ()))))
-
-
-class _Values(dict[str, Any]):
-    """Message fields; one a rule's facts do not have formats as N/A."""
-
-    def __missing__(self, key: str) -> None:
-        return None
-
-
-class _MessageFormatter(string.Formatter):
-    """Formats a rule's message; a value that is not available prints as N/A whatever its format."""
-
-    def format_field(self, value: Any, format_spec: str) -> str:
-        return "N/A" if value is None else super().format_field(value, format_spec)
-
-
-_FORMATTER = _MessageFormatter()
-
-
-def _format(template: str, values: Mapping[str, Any]) -> str:
-    return _FORMATTER.vformat(template, (), _Values(values))
 
 
 def _fields(template: str) -> list[str]:
@@ -422,7 +402,7 @@ def _finding(group: _Group, rule: Mapping[str, Any], partner: _Group | None,
         evidence["rule"] = f"{group.rule}+{partner.rule}"
     if template.startswith("{where}"):
         values["where"] = values["where"].capitalize()
-    message = _format(template, values).replace("step step", "step")
+    message = format_message(template, values).replace("step step", "step")
 
     metric = rule["metric"]
     evidence.update({

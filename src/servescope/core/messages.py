@@ -1,0 +1,31 @@
+"""Finding messages from templates kept in data files: a field the facts do not have prints as N/A."""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["format_message"]
+
+
+class _Values(dict[str, Any]):
+    """Message fields; one the facts do not have is None (printed N/A)."""
+
+    def __missing__(self, key: str) -> None:
+        return None
+
+
+class _Formatter(string.Formatter):
+    """A value that is not available prints as N/A whatever its format spec."""
+
+    def format_field(self, value: Any, format_spec: str) -> str:
+        return "N/A" if value is None else super().format_field(value, format_spec)
+
+
+_FORMATTER = _Formatter()
+
+
+def format_message(template: str, values: Mapping[str, Any]) -> str:
+    """``template`` (a ``str.format`` template) over ``values``; missing or None fields print as N/A."""
+    return _FORMATTER.vformat(template, (), _Values(values))
