@@ -26,7 +26,7 @@ from servescope.trace.reader import OpTable, TraceData, distinct_ids
 
 __all__ = ["GRAPH_LAUNCH", "RankFacts", "StepGap", "graph_replayed", "rank_facts"]
 
-GRAPH_LAUNCH = re.compile(r"(?:cuda|hip)GraphLaunch", re.IGNORECASE)
+GRAPH_LAUNCH = re.compile(r"GraphLaunch", re.IGNORECASE)  # cudaGraphLaunch, hipGraphLaunch, cuGraphLaunch
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +50,8 @@ class RankFacts:
 
 
 def graph_replayed(data: TraceData) -> npt.NDArray[np.bool_]:
-    """Per device row: launched by a ``cudaGraphLaunch``/``hipGraphLaunch`` (a graph replay)."""
+    """Per device row: launched by a ``cudaGraphLaunch``/``hipGraphLaunch`` (a graph replay). The one test of
+    a replay: classification, step phases and findings all read it."""
     launches = data.launches
     if len(launches) == 0 or len(data.device) == 0:
         return np.zeros(len(data.device), dtype=bool)

@@ -25,13 +25,13 @@ from functools import cache
 import numpy as np
 import numpy.typing as npt
 
+from servescope.trace.facts import graph_replayed
 from servescope.trace.reader import KIND_KERNEL, OpTable, TraceData, distinct_ids
 from servescope.trace.taxonomy import Rule, Taxonomy
 from servescope.trace.work import Work
 
 __all__ = ["LaunchContext", "frame_categories", "launch_context", "launch_rows"]
 
-_GRAPH_LAUNCH = re.compile(r"GraphLaunch", re.IGNORECASE)
 _TOLERANCE_US = 1e-3  # float rounding between a frame's end and the end of a call inside it
 _ATEN = "aten::"
 
@@ -228,14 +228,7 @@ def launch_context(data: TraceData, work: Work, taxonomy: Taxonomy, categories: 
     if work.kind == "device":
         launch = launch_rows(data, table.correlation[work.rows])
         launched = launch >= 0
-        at = launch[launched]
-        distinct = distinct_ids(data.launches.name)
-        graph_names = np.array([bool(_GRAPH_LAUNCH.search(data.names[int(i)])) for i in distinct.tolist()]
-                               or [False])
-        is_graph = np.zeros(len(at), dtype=bool)
-        if len(at):
-            is_graph = graph_names[np.searchsorted(distinct, data.launches.name[at])]
-        replayed[np.flatnonzero(launched)[is_graph]] = True
+        replayed = graph_replayed(data)[work.rows] & launched
         # copies and sets are memory work whatever launched them: only kernels take their launch's context
         query = np.flatnonzero(launched & ~replayed & (table.kind[work.rows] == KIND_KERNEL))
         q_launch = launch[query]

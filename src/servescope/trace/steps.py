@@ -32,7 +32,8 @@ import numpy as np
 import numpy.typing as npt
 
 from servescope.trace.decode import read_op_inputs
-from servescope.trace.reader import STEP_MARKER_PREFIX, Annotation, TraceData, distinct_ids
+from servescope.trace.facts import graph_replayed
+from servescope.trace.reader import STEP_MARKER_PREFIX, Annotation, TraceData
 from servescope.trace.work import Work
 
 __all__ = ["PHASES", "Step", "Steps", "find_steps", "parse_vllm_step"]
@@ -46,7 +47,6 @@ _SGLANG_STEP = re.compile(r"^step\[(?P<mode>[A-Z_]+)(?: bs=(?P<bs>\d+))?")
 _SGLANG_PHASES = {"DECODE": "decode", "PREFILL": "prefill", "EXTEND": "prefill", "MIXED": "mixed", "IDLE": "empty"}
 _EXECUTE_MODEL = re.compile(r"(?:^|[:\s.])execute_model$")
 _MODEL_RUNNER = re.compile(r"model_runner", re.IGNORECASE)
-_GRAPH_LAUNCH = re.compile(r"GraphLaunch", re.IGNORECASE)
 _GRAPH_DECODE_SHARE = 0.5
 _DEFAULT_GAP_FLOOR_US = 100.0
 _GAP_MEDIAN_FACTOR = 20.0
@@ -294,19 +294,11 @@ def _graph_replay_share(data: TraceData, work: Work, step_of: npt.NDArray[np.int
                         count: int) -> npt.NDArray[np.float64]:
     """Per step, the share of its device work time replayed from CUDA/HIP graphs."""
     share = np.zeros(count)
-    if work.kind != "device" or len(work.rows) == 0 or len(data.launches) == 0:
+    if work.kind != "device" or len(work.rows) == 0:
         return share
-    launches = data.launches
-    distinct = distinct_ids(launches.name)
-    is_graph_name = np.array([bool(_GRAPH_LAUNCH.search(data.names[int(n)])) for n in distinct.tolist()])
-    if not is_graph_name.any():
+    replayed = graph_replayed(data)[work.rows]
+    if not replayed.any():
         return share
-    order = np.argsort(launches.correlation, kind="stable")
-    sorted_corr = launches.correlation[order]
-    corr = work.table.correlation[work.rows]
-    pos = np.clip(np.searchsorted(sorted_corr, corr), 0, len(sorted_corr) - 1)
-    found = (sorted_corr[pos] == corr) & (corr >= 0)
-    replayed = found & is_graph_name[np.searchsorted(distinct, launches.name[order[pos]])]
     ok = step_of >= 0
     total = np.bincount(step_of[ok], weights=work.dur_us[ok], minlength=count)
     graph = np.bincount(step_of[ok & replayed], weights=work.dur_us[ok & replayed], minlength=count)
