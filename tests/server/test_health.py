@@ -258,3 +258,25 @@ def test_flat_gpu_memory_stays_unreachable_and_no_gpu_is_not_zero() -> None:
     probe = memory_used_probe(snapshot=no_gpu)  # type: ignore[arg-type]
     assert [probe(), probe(), probe()] == [None, None, None] and len(calls) == 1  # asked once, then N/A
     assert idle_mib == 0
+
+
+@pytest.mark.no_server
+def test_wait_piped_keeps_a_line_per_phase_of_the_load(tmp_path: Path) -> None:
+    """Piped (a log, a unit's journal), health --wait still says how the wait went: one lasting line when the
+    phase changes (a live process = loading, then its exit = crashed), not only the verdict."""
+    log = tmp_path / "server.log"
+    log.write_text("INFO loading weights\n")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    try:
+        run = subprocess.run([sys.executable, "-m", "servescope", "health", f"http://127.0.0.1:{_dead_port()}",
+                              "--wait", "--timeout", "20", "--poll", "0.3", "--pid", str(proc.pid), "--log",
+                              str(log)], capture_output=True, text=True, timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    lines = [line.split() for line in run.stderr.splitlines() if line.strip()]
+    assert run.returncode == 1, run.stderr
+    phases = [words[2] for words in lines if len(words) > 2 and words[1] == "s"]
+    assert phases == ["loading", "crashed"], run.stderr
+    assert "loading weights" in run.stderr.splitlines()[0]
+    assert all(len(line) <= 80 for line in run.stderr.splitlines())

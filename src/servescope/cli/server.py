@@ -13,6 +13,25 @@ from servescope.cli.common import BarProgress, app, bench_app, user_errors, with
 from servescope.core.errors import InputError
 
 
+class LoadLog:
+    """``health --wait``'s lasting lines on stderr, for a terminal and a log alike: one when the phase
+    changes and one every ``every_s`` between, so that how the load went (GPU memory rising, the server's
+    newest log line) is still there after the verdict. Each line is cut to the console's width."""
+
+    def __init__(self, console: Console, every_s: float = 10.0) -> None:
+        self._console = console
+        self._every_s = every_s
+        self._phase: str | None = None
+        self._last_s = 0.0
+
+    def __call__(self, elapsed_s: float, phase: str, line: str | None) -> None:
+        if phase == self._phase and elapsed_s - self._last_s < self._every_s:
+            return
+        self._phase, self._last_s = phase, elapsed_s
+        self._console.print(f"{elapsed_s:5.0f} s  {phase:<11}  {line or ''}".rstrip(), markup=False,
+                            highlight=False, soft_wrap=False, no_wrap=True, overflow="ellipsis", crop=True)
+
+
 @app.command()
 def health(
     url: Annotated[str, typer.Argument(help="The server, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine).")],
@@ -49,10 +68,16 @@ def health(
     with user_errors():
         key = resolve_api_key(api_key)
         if wait:
+            from servescope.cli.common import err
+
+            load_log = None if as_json else LoadLog(err)
+
             def waiting(bar: BarProgress | None) -> object:
                 def show(elapsed_s: float, phase: str, line: str | None) -> None:
                     if bar is not None:
                         bar.advance(f"{elapsed_s:.0f} s  {phase}  {line or ''}")
+                    if load_log is not None:
+                        load_log(elapsed_s, phase, line)
                 return wait_until_ready(url, timeout_s=WAIT_TIMEOUT_S if timeout is None else timeout, poll_s=poll,
                                         api_key=key, pid=pid, unit=unit, log_path=log, progress=show,
                                         gpu_memory=memory_used_probe())
