@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,11 +95,17 @@ def cmd_stage(args: argparse.Namespace) -> None:
     wheels = REPO / ".p-wheels.tmp"
     shutil.rmtree(wheels, ignore_errors=True)
     wheels.mkdir()
-    had_build = (REPO / "build").exists()
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
-          str(REPO)], cwd=REPO)
-    if not had_build:  # setuptools' in-tree scratch folder: not ours to leave behind
-        shutil.rmtree(REPO / "build", ignore_errors=True)
+    # The wheel is made from the last commit, not the working tree: others may be mid-edit, and the results
+    # then name one commit (session.txt prints servescope's version and the commit).
+    with tempfile.TemporaryDirectory() as src:
+        archive = subprocess.run(["git", "archive", "HEAD"], cwd=REPO, check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", src], input=archive, check=True)
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, check=True, text=True,
+                              capture_output=True).stdout.strip()
+        (wheels / "SERVESCOPE_COMMIT").write_text(head + "\n")
+        _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
+              src], cwd=src)
+    print(f"servescope wheel from HEAD {head}")
     _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PLAT, "-d", str(wheels), "deflate>=0.7"])
     extra = sum(p.stat().st_size for p in wheels.iterdir()) + sum((SHARED / s).stat().st_size for s in SCRIPTS)
     tree = tree_bytes()

@@ -20,6 +20,12 @@
 #    point; 256 is dropped first when short), then `gpu wait-free` started just before SIGINT (must succeed;
 #    its time from the SIGINT measured). settings at 80/200 columns runs on a pseudo-terminal (tty_capture.py). Key files straight to $OUT: bench.json, bench.txt, waitfree.txt,
 #    settings-80.txt, settings-200.txt.
+#    The plan words `scaled` (API_SERVERS front ends, default 4) and `anchor` (one) start the dense server alone
+#    with `vllm serve --api-server-count N` (CUDA graphs, no profiler), wait for it with `health --wait` piped
+#    (its lasting lines show the load; nvidia-smi samples the memory beside it), then run, in SWEEP_ORDER,
+#    servescope's bench serve (defaults, BENCH_MAX_S per point) and `vllm bench serve` (the anchor: random
+#    256 in / 128 out, --ignore-eos, ~20 s a point, the server's /metrics saved before and after each point)
+#    on BENCH_CONCURRENCY.
 #    Each capture profiles 8 engine steps from the 20th after /start_profile (PROFILE_DELAY, PROFILE_STEPS):
 #    decode steps of all B requests, past the steps in which the front end admits them.
 #    and runs the loop with servescope as the only client: health --wait (through the load), gpu list / holders,
@@ -92,13 +98,15 @@ SS="python3 -m servescope"
 export VLLM_VERSION=$(python3 -c 'import vllm; print(vllm.__version__)' 2>/dev/null)
 export TORCH_VERSION=$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)
 export GPU_DESC=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
-say "vllm $VLLM_VERSION, torch $TORCH_VERSION, $GPU_DESC, servescope $($SS --version 2>/dev/null | head -1)"
+say "vllm $VLLM_VERSION, torch $TORCH_VERSION, $GPU_DESC, servescope $($SS --version 2>/dev/null | head -1) (commit $(cat $PAY/SERVESCOPE_COMMIT 2>/dev/null || echo unknown))"
+unset VLLM_VERSION TORCH_VERSION   # not the server's: vLLM warns about unknown VLLM_* variables and settings lists them
 
 if [ $# -eq 0 ]; then say "no plan words: install only"; pack; exit 0; fi
 PLAN_NAME=$(echo "$@" | tr ' ' '+')
 
 need_models=""
-WANT_MODELS="llama8b-16l qwen3moe-30b-12l"; [ "$*" = bench ] && WANT_MODELS=llama8b-16l
+WANT_MODELS="llama8b-16l qwen3moe-30b-12l"
+case "$*" in *graphs*|*eager*) ;; *) WANT_MODELS=llama8b-16l ;; esac
 for m in $WANT_MODELS; do [ -f $MODELS/$m/config.json ] || need_models="$need_models $m"; done
 if [ -n "$need_models" ]; then
   say "making models:$need_models"
@@ -284,11 +292,80 @@ run_bench() {   # the dense server alone, CUDA graphs: load study + restart chec
   cp "$W/logs/bench.json" "$W/logs/bench.txt" "$wf" "$W/logs/settings-80.txt" "$W/logs/settings-200.txt" "$OUTD"/ 2>/dev/null
 }
 
+vllm_bench_point() {   # vllm_bench_point URL CONC PROMPTS: the anchor, `vllm bench serve`, with /metrics around it
+  local url=$1 c=$2 n=$3 d=$W/logs/vbench t
+  mkdir -p "$d"
+  python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('$url/metrics').read().decode())" \
+    > "$d/metrics-before-c$c.txt" 2>&1
+  t=$(date +%s.%N)
+  timeout $(( $(left) - 30 )) python3 -m vllm.entrypoints.cli.main bench serve --backend vllm --base-url "$url" \
+    --model ${MODEL[dense]} --tokenizer $MODELS/${MODEL[dense]} --dataset-name random --random-input-len 256 \
+    --random-output-len 128 --ignore-eos --max-concurrency "$c" --num-prompts "$n" --seed 0 \
+    --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99 --save-result --result-dir "$d" \
+    --result-filename "vllm-bench-c$c.json" > "$d/vllm-bench-c$c.txt" 2>&1
+  local rc=$?
+  python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('$url/metrics').read().decode())" \
+    > "$d/metrics-after-c$c.txt" 2>&1
+  say "vllm bench serve c=$c n=$n rc=$rc in $(python3 -c "import time;print(round(time.time()-$t,1))")s: $(grep -E 'Mean TPOT|Mean TTFT' "$d/vllm-bench-c$c.txt" | tr -s ' ' | tr '\n' ' ')"
+  [ $rc -eq 0 ] || tail -5 "$d/vllm-bench-c$c.txt" | cut -c1-200 | sed 's/^/    /' | tee -a "$LOG"
+}
+
+run_load() {   # run_load API_SERVERS: the dense server alone (CUDA graphs) with N API front ends; both sweeps
+  local api=$1 k=dense name=dense-api$1 url=http://127.0.0.1:8001
+  if [ "$(left)" -lt 200 ]; then say "skip load plan api=$api: $(left)s left"; return; fi
+  mkdir -p "$W/logs"
+  nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 500 > "$W/logs/gpu-mem-$name.csv" 2>&1 &
+  local smi=$!
+  FLAGS[$k]="--max-model-len 4096 --gpu-memory-utilization 0.4 --port ${PORT[$k]} --api-server-count $api"
+  # `vllm serve` (the CLI's entry point): only it starts more than one API server
+  # shellcheck disable=SC2086
+  setsid python3 -m vllm.entrypoints.cli.main serve $MODELS/${MODEL[$k]} \
+    --served-model-name ${MODEL[$k]} ${FLAGS[$k]} > "$W/logs/server-$name.log" 2>&1 &
+  PID[$k]=$!; local t0=$(date +%s.%N)
+  say "started $name: pid ${PID[$k]} ($(left)s left): vllm serve ... ${FLAGS[$k]}"
+  local to=$(( $(left) - 150 )); [ $to -lt 60 ] && to=60
+  # piped, as a unit's ExecStartPost or a CI log would run it: its lasting lines show the load
+  COLUMNS=160 $SS health $url --wait --timeout $to --poll 2 --pid ${PID[$k]} --log "$W/logs/server-$name.log" \
+    > "$W/logs/health-$name.txt" 2>&1
+  READY[$k]=$?
+  say "health --wait rc=${READY[$k]} after $(python3 -c "import time;print(round(time.time()-$t0,1))")s"
+  cut -c1-160 "$W/logs/health-$name.txt" | sed 's/^/    /' | tee -a "$LOG"
+  if [ "${READY[$k]}" != 0 ]; then tail -30 "$W/logs/server-$name.log"; stop_server $k; kill $smi; return; fi
+  ps -o pid,ppid,rss,args -s ${PID[$k]} | cut -c1-200 > "$W/logs/ps-$name.txt" 2>&1
+  $SS gpu holders > "$W/logs/gpu-holders-$name.txt" 2>&1
+  local order=${SWEEP_ORDER:-servescope vllm} which conc=${BENCH_CONCURRENCY:-1,8,32,128,256} d=${BENCH_MAX_S:-25} t
+  for which in $order; do
+    if [ "$which" = servescope ]; then
+      local n; n=$(echo "$conc" | tr ',' '\n' | wc -l)
+      if [ "$(left)" -lt $(( n * (d + 6) + 60 )) ]; then say "skip servescope sweep: $(left)s left"; continue; fi
+      say "bench serve --concurrency $conc --duration $d"
+      t=$(date +%s)
+      COLUMNS=200 timeout $(( $(left) - 30 )) $SS bench serve $url --concurrency $conc --input-tokens 256 \
+        --output-tokens 128 --duration $d -o "$W/logs/bench-$name.json" > "$W/logs/bench-$name.txt" 2>&1
+      echo "### exit code $?" >> "$W/logs/bench-$name.txt"
+      say "bench serve in $(( $(date +%s) - t ))s"; grep -E "^concurrency|lag p99|bound|front end|TPOT" "$W/logs/bench-$name.txt" | cut -c1-200 | head -40 | tee -a "$LOG"
+    else
+      # prompts per point: ~20 s at the rates one front end reached on 2026-12-03 (3, 21, 66, 129, 127 req/s)
+      local c
+      for c in ${conc//,/ }; do
+        case $c in 1) n=60 ;; 8) n=420 ;; 32) n=1300 ;; 128) n=2600 ;; *) n=3000 ;; esac
+        if [ "$(left)" -lt 60 ]; then say "skip vllm bench serve c=$c: $(left)s left"; continue; fi
+        vllm_bench_point $url "$c" "$n"
+      done
+    fi
+  done
+  stop_server $k
+  sleep 1; kill $smi 2>/dev/null
+  cp "$W/logs/bench-$name.json" "$W/logs/bench-$name.txt" "$W/logs/health-$name.txt" "$OUTD"/ 2>/dev/null
+}
+
 for word in "$@"; do
   case $word in
     graphs) run_pair graphs "$TOKENS" ;;
     eager) run_pair eager "$TOKENS" --enforce-eager ;;
     bench) run_bench ;;
+    scaled) run_load "${API_SERVERS:-4}" ;;
+    anchor) run_load 1 ;;
     *) say "unknown plan word $word" ;;
   esac
 done
