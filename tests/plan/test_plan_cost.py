@@ -16,7 +16,7 @@ import pytest
 from servescope.core.errors import InputError
 from servescope.plan.collectives import CommCosts
 from servescope.plan.cost import GIB, Collective, collectives_per_step, layout_memory, predict_point
-from servescope.plan.factors import default_factors
+from servescope.plan.factors import Factors, default_factors
 from servescope.plan.hardware import load_hardware
 from servescope.plan.layouts import Layout, candidate_layouts
 from servescope.plan.model import load_model_arch
@@ -166,3 +166,30 @@ def test_layouts_offered_and_left_out() -> None:
 def test_unknown_hardware_is_an_input_error() -> None:
     with pytest.raises(InputError, match="no such hardware profile"):
         load_hardware("no-such-gpu")
+
+
+def test_alike_requests_route_to_top_k_experts_at_any_batch() -> None:
+    """routing "alike" (B copies of one sequence, as `servescope profile` sends them): a MoE layer reads the
+    top_k experts' weights at every batch, as one token does; "independent": E(1-(1-k/E)^B) experts."""
+    arch = load_model_arch("qwen3-235b-a22b")
+    hw = load_hardware("h200")
+    layout = Layout(kind="tp", tp=8)
+    independent = default_factors()
+    alike = independent.replaced("calibrated", routing="alike")
+
+    def read(factors: Factors, batch: int) -> float:
+        comm = CommCosts(hw, factors, [])
+        memory = layout_memory(arch, layout, hw, factors, context=1024)
+        return predict_point(arch, layout, hw, comm, batch=batch, context=1024, memory=memory).weight_bytes
+
+    assert independent.routing == "independent"
+    assert read(alike, 64) == read(alike, 1) == read(independent, 1)
+    w = rank_weights(arch, layout)
+    experts = arch.experts * (1 - (1 - arch.top_k / arch.experts) ** 64)
+    assert read(independent, 64) - read(independent, 1) == pytest.approx(
+        arch.moe_layers * (experts - arch.top_k) * w.expert)
+
+
+def test_routing_must_be_known() -> None:
+    with pytest.raises(ValueError, match="independent, alike"):
+        default_factors().replaced("calibrated", routing="skewed")

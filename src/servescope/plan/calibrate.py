@@ -63,11 +63,32 @@ Two unknowns per part cannot come from one number, so what is fitted depends on 
    0 and fixed other = the idle time (noted). If a part's measured time is at or below its floors, rule 2
    applies to it.
 
-A GPU capture whose device idles more than half of each step is *launch-bound* (eager PyTorch: the host
-launches one kernel at a time). Its idle time is left out of *other* before the rules above, and
-``host_step_us`` = its step: the model's step never gets shorter than the host's time to launch it, and a
-batch whose device work outgrows it is device-bound again. (A CPU trace has no separate host: its idle time
-is the engine's own Python work between operators, and it stays in *other* like any other time.)
+A GPU capture whose device idles more than half of each step, and whose forward is not a graph replay
+(``graph_replay_share`` below ``GRAPH_REPLAYED``), is *launch-bound* (eager PyTorch: the host launches one
+kernel at a time, and the device idles between them). Its idle time is left out of *other* before the rules
+above, and ``host_step_us`` = its step: the model's step never gets shorter than the host's time to launch
+it, and a batch whose device work outgrows it is device-bound again.
+
+A capture whose forward replays a CUDA graph is never launch-bound, however long its device idles: the step
+is the host's input preparation (the device idle but for a few small copies) *followed by* the replay, whose
+kernels run back to back, so its idle time is a fixed cost per step *added to* the device's work, not a floor
+the device's work hides under; it stays in *other* (its fixed time), as on any device-bound capture. On the
+real vLLM 0.26 captures of ``tests/data/h200-vllm`` the replay starts 1.6–2.6 ms into every step, after the
+same host work at every batch (dense 103 CPU ops and 23 runtime calls, MoE 145 and 32), and the step's device
+work ends with it: the dense steps (device busy longer than idle) and the MoE ones (shorter) are the one
+mechanism, and a threshold on idle > busy had put them under two.
+
+(A CPU trace has no separate host: its idle time is the engine's own Python work between operators, and it
+stays in *other* like any other time.)
+
+A MoE capture's weights are fitted with the experts its workload touched (``Calibration.routing``, rules in
+``_capture_routing``): "alike" when its requests are one sequence repeated (a ``servescope profile`` document:
+one prompt at temperature 0 to all; or expert GEMMs at a batch above 1 faster than the independent tokens'
+experts could be read at the datasheet HBM rate), so every token picks the same ``top_k`` experts; else
+"independent" (E·(1−(1−k/E)^B) experts). The predictions keep the capture's routing, and a note says so. (The
+real vLLM MoE captures of ``tests/data/h200-vllm`` ran 8 experts at 1, 16 and 64 requests; read as 82 and 126
+experts, calibrated at 16 the planner fitted an HBM efficiency of 2.9, and from batch 1 it predicted 16 and 64
+at +52% and +90% once the host time was no longer a floor.)
 
 No number from a capture at another batch enters the fit; the hardware profile's floors come from
 ``tools/bench_kernel_floor.py``, a separate benchmark on the same kind of GPU.
@@ -91,8 +112,8 @@ from servescope.plan.layouts import Layout
 from servescope.plan.model import ModelArch
 from servescope.report.jsonout import decode_analysis
 
-__all__ = ["MIN_GROUP_STEPS", "WEIGHT_CATEGORIES", "Calibration", "apply_calibration", "calibrate", "capture_tp",
-           "read_capture"]
+__all__ = ["GRAPH_REPLAYED", "MIN_GROUP_STEPS", "WEIGHT_CATEGORIES", "Calibration", "apply_calibration", "calibrate",
+           "capture_tp", "read_capture"]
 
 WEIGHT_CATEGORIES = ("gemm", "moe", "quantize")
 # A kernel of the moe or quantize category that multiplies by a weight matrix, by its name (MoE GEMMs: fused_moe,
@@ -102,6 +123,10 @@ GEMM_NAME = re.compile(r"gemm|gemv|nvjet|xmma|matmul|grouped_?mm|scaled_mm|fused
 PARTS = ("weights", "attention", "collectives", "other")
 MIN_GROUP_STEPS = 3  # decode steps a batch size needs before the per-step fit uses it
 MODES = ("steps at several batches", "one batch of 1", "one batch above 1")
+# Share of the device's work launched by graph replays above which a capture's idle time is host preparation
+# serial with the replay (module doc), not launch-bound idling between eager kernels (0.92-0.95 in the real
+# vLLM graph captures of tests/data/h200-vllm, 0 in their --enforce-eager twins).
+GRAPH_REPLAYED = 0.5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,6 +139,8 @@ class Calibration:
         measured_ms: the capture's parts per step (``step`` too).
         modelled_ms: the model's parts at the capture's batch, efficiency 1 and no fixed times.
         fitted: the factors replaced, by name.
+        routing: how the capture's tokens picked their experts (``Factors.routing``, "independent" for a
+            dense model); the predictions keep it (they are for the capture's workload at other batches).
         points: per batch group the fit used, ``{batch, steps, measured_ms}``.
         notes: what was kept as assumed, and why.
     """
@@ -127,6 +154,7 @@ class Calibration:
     measured_ms: dict[str, float]
     modelled_ms: dict[str, float]
     fitted: dict[str, float]
+    routing: str = "independent"
     points: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -255,6 +283,29 @@ def read_capture(path: str | Path) -> tuple[str, AnalysisDoc, Any]:
     return source, decode_analysis(data, source), json.loads(data)
 
 
+def _capture_routing(raw: Any, arch: ModelArch, batch: int, measured_us: float,
+                     independent_us: float) -> tuple[str, str | None]:
+    """The routing of the capture's workload (``Factors.routing``) and a note saying why, for a MoE model.
+
+    "alike" when the document is a ``servescope profile`` run (its ``profile`` section: that command sends
+    one prompt at temperature 0 to all its requests, so they are one sequence repeated), or when the capture's
+    expert GEMMs at a batch above 1 took less time than reading the weights of the experts independent tokens
+    would touch takes at the datasheet HBM rate (``independent_us``, efficiency 1): those bytes were not read,
+    so the batch's tokens picked the same experts. Else "independent".
+    """
+    if not arch.moe_layers:
+        return "independent", None
+    tail = ("; the predictions are for that workload (B copies of one sequence: a MoE layer runs top_k experts "
+            "at any batch), where requests of distinct prompts would touch E·(1−(1−k/E)^B) experts")
+    if isinstance(raw, dict) and isinstance(raw.get("profile"), dict):
+        return "alike", "routing alike: a servescope profile capture sends one prompt at temperature 0" + tail
+    if batch > 1 and 0 < measured_us < independent_us:
+        return "alike", (f"routing alike: the capture's expert GEMMs took {measured_us:.0f} µs a step, less than "
+                         f"the {independent_us:.0f} µs the experts of {batch} independent tokens take to read at "
+                         f"the datasheet HBM rate" + tail)
+    return "independent", None
+
+
 def capture_tp(doc: AnalysisDoc) -> int:
     """The capture's TP size: its ranks, or the world size its traces report when that is more."""
     return max(len(doc.ranks), max((t.world_size or 1) for t in doc.traces) if doc.traces else 1)
@@ -289,18 +340,27 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
     if tp > 1 and (arch.heads % tp or arch.hidden % tp):
         raise InputError(source, f"the capture has {tp} ranks, which do not split {arch.name}")
     f = comm.factors
-    unit = f.replaced("unit", hbm_efficiency=1.0, attention_efficiency=1.0, collective_scale=1.0,
-                      other_scale=1.0, us_per_request=0.0, weights_fixed_us=0.0, attention_fixed_us=0.0)
-    memory = layout_memory(arch, layout, hw, unit, context=ctx)
-    unit_comm = comm.with_factors(unit)
+    streaming = _streaming(doc, rank.rank, hw)
+    measured = _phase_parts(phase, streaming)
+
+    def unit_comm(routing: str) -> CommCosts:  # efficiency 1, no fixed times, the capture's routing
+        return comm.with_factors(f.replaced("unit", hbm_efficiency=1.0, attention_efficiency=1.0,
+                                            collective_scale=1.0, other_scale=1.0, us_per_request=0.0,
+                                            weights_fixed_us=0.0, attention_fixed_us=0.0, routing=routing))
+
+    memory = layout_memory(arch, layout, hw, f, context=ctx)
+    routing, why = _capture_routing(raw, arch, batch, measured["weights"],
+                                    predict_point(arch, layout, hw, unit_comm("independent"), batch=batch,
+                                                  context=ctx, memory=memory).parts_ms["weights"] * 1e3)
+    if why:
+        notes.append(why)
+    unit = unit_comm(routing)
 
     def modelled(b: int) -> dict[str, float]:  # µs at efficiency 1, no fixed times; other = requests
-        parts = predict_point(arch, layout, hw, unit_comm, batch=b, context=ctx, memory=memory).parts_ms
+        parts = predict_point(arch, layout, hw, unit, batch=b, context=ctx, memory=memory).parts_ms
         return {"weights": parts["weights"] * 1e3, "attention": parts["attention"] * 1e3,
                 "collectives": parts["collectives"] * 1e3, "other": float(b)}
 
-    streaming = _streaming(doc, rank.rank, hw)
-    measured = _phase_parts(phase, streaming)
     small = [f"{name} {c.calls_per_step - streaming.part_calls(name, c.calls_per_step):.0f} a step "
              f"({1 - streaming.time.get(name, 1.0):.0%} of its time)" for name, c in sorted(phase.categories.items())
              if streaming.part_calls(name, c.calls_per_step) < c.calls_per_step]
@@ -308,7 +368,9 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
         notes.append(f"small calls priced as other (they stream no weight or KV bytes): {', '.join(small)}")
     # A GPU capture whose device idles most of the step is launch-bound (eager PyTorch): its step is the host's
     # time, and only the device's work is fitted to the parts (host_step_us holds the step).
-    host_bound = rank.work_kind == "device" and phase.idle_us_per_step > phase.busy_us_per_step
+    # A graph replay's idle is the host's preparation before it, serial with the replay: a fixed cost, not a floor.
+    host_bound = (rank.work_kind == "device" and phase.idle_us_per_step > phase.busy_us_per_step
+                  and rank.graph_replay_share < GRAPH_REPLAYED)
     idle = max(0.0, phase.idle_us_per_step)
     if host_bound:
         measured["other"] = max(0.0, measured["other"] - idle)
@@ -401,10 +463,12 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
     return Calibration(path=source, rank=rank.rank, tp=tp, batch=batch, context=ctx, mode=mode,
                        measured_ms={k: v / 1e3 for k, v in measured.items()},
                        modelled_ms={**{k: at_batch[k] / 1e3 for k in ("weights", "attention", "collectives")},
-                                    "other": base_other / 1e3}, fitted=fitted,
+                                    "other": base_other / 1e3}, fitted=fitted, routing=routing,
                        points=points, notes=notes)
 
 
 def apply_calibration(factors: Factors, calibration: Calibration) -> Factors:
-    """``factors`` with the fitted values in place, marked ``calibrated``."""
+    """``factors`` with the fitted values (and a MoE capture's routing) in place, marked ``calibrated``."""
+    if calibration.routing != factors.routing:
+        return factors.replaced("calibrated", **calibration.fitted, routing=calibration.routing)
     return factors.replaced("calibrated", **calibration.fitted)

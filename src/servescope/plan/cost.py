@@ -6,8 +6,9 @@ token a request sees. Four parts, added without overlap:
 - **weights**: ``weights_fixed_us`` (the GEMMs' per-call floors; 0 until calibrated) + weight bytes one GPU
   reads on a token's path ÷ (HBM GB/s × ``hbm_efficiency``), or the GEMM FLOPs ÷ (dense TFLOP/s ×
   ``tflops_efficiency``) when that is longer. Routed experts count only the
-  expected active ones (:func:`servescope.plan.model.active_experts` of the tokens the MoE layer sees),
-  divided over the EP ranks.
+  expected active ones (:func:`servescope.plan.model.active_experts` of the tokens the MoE layer sees, or of
+  one token when ``routing`` is "alike": B copies of one sequence pick the same experts), divided over the EP
+  ranks.
 - **attention**: ``attention_fixed_us`` (kernel floors; 0 until calibrated) + KV-cache bytes read = requests
   per attention rank × context × KV bytes per token per layer (MLA: ``kv_lora_rank + qk_rope_head_dim``
   elements) × layers ÷ (HBM GB/s × ``attention_efficiency``).
@@ -200,7 +201,8 @@ def predict_point(arch: ModelArch, layout: Layout, hw: HardwareProfile, comm: Co
     read = w.attention * arch.layers + w.dense_mlp * dense_layers + w.lm_head
     flops = 2 * attn_requests * (w.attention_params * arch.layers + w.dense_params * dense_layers + w.head_params)
     if moe_layers:
-        active = active_experts(arch.experts, arch.top_k, moe_tokens)
+        # Alike requests (one sequence repeated) route every token to the same top_k experts.
+        active = active_experts(arch.experts, arch.top_k, 1 if f.routing == "alike" else moe_tokens)
         local_active = min(float(w.experts_held), active / layout.ep)
         shared_tokens = attn_requests if layout.ep == 1 else math.ceil(moe_tokens / layout.ep)
         read += moe_layers * (w.router + w.shared + local_active * w.expert)

@@ -13,11 +13,15 @@ from dataclasses import dataclass, field
 from importlib.resources import files
 from typing import Any
 
-__all__ = ["FACTOR_NAMES", "Factors", "default_factors"]
+__all__ = ["FACTOR_NAMES", "ROUTINGS", "Factors", "default_factors"]
 
 # Factors --calibrate can fit (the rest stay as assumed).
 FACTOR_NAMES = ("hbm_efficiency", "attention_efficiency", "collective_scale", "other_scale", "weights_fixed_us",
-                "attention_fixed_us", "us_per_request", "host_step_us", "other_calls")
+                "attention_fixed_us", "us_per_request", "host_step_us", "other_calls", "routing")
+# How a step's tokens pick their experts (``routing``): "independent" (requests of distinct prompts: B tokens pick
+# experts independently, uniform routing) or "alike" (the B requests are one sequence repeated, as
+# `servescope profile` sends them: one prompt, temperature 0, so every token picks the same top_k experts).
+ROUTINGS = ("independent", "alike")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +44,9 @@ class Factors:
             depend on the bytes read (kernel floors × calls), µs; 0 until calibrated.
         host_step_us: the host's time to launch one step of a launch-bound engine (eager PyTorch), µs: the
             step is never shorter; 0 (the device sets the step) until a launch-bound capture calibrates it.
+        routing: how a step's tokens pick their MoE experts, one of ``ROUTINGS``: "independent" (the expected
+            distinct experts of B independent tokens, :func:`servescope.plan.model.active_experts`) or "alike"
+            (B copies of one sequence: ``top_k`` experts at every batch).
         memory_utilization: share of a GPU's memory the engine may use.
         reserve_gib: activations, graphs and buffers per GPU, GiB.
         kv_bytes: bytes per KV-cache element.
@@ -60,13 +67,18 @@ class Factors:
     weights_fixed_us: float = 0.0
     attention_fixed_us: float = 0.0
     host_step_us: float = 0.0
+    routing: str = "independent"
     memory_utilization: float
     reserve_gib: float
     kv_bytes: float
     comm_alpha: dict[str, tuple[float, float]] = field(default_factory=dict)
     origins: dict[str, str] = field(default_factory=dict)
 
-    def replaced(self, origin: str, **values: float) -> Factors:
+    def __post_init__(self) -> None:
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {self.routing!r}")
+
+    def replaced(self, origin: str, **values: float | str) -> Factors:
         """A copy with ``values`` set and marked as coming from ``origin``."""
         origins = dict(self.origins)
         origins.update(dict.fromkeys(values, origin))
@@ -89,6 +101,7 @@ def default_factors() -> Factors:
     """The assumed factors of ``data/plan.toml``."""
     data = tomllib.loads(files("servescope").joinpath("data", "plan.toml").read_text(encoding="utf-8"))
     eff, over, mem = data["efficiency"], data["overhead"], data["memory"]
+    routing = str(data.get("workload", {}).get("routing", "independent"))
     alpha = {kind: (float(v["base_us"]), float(v["hop_us"])) for kind, v in data["comm"].items()}
     values = dict(
         hbm_efficiency=float(eff["hbm"]), attention_efficiency=float(eff["attention"]),
@@ -97,6 +110,6 @@ def default_factors() -> Factors:
         us_per_request=float(over.get("us_per_request", 0.0)),
         memory_utilization=float(mem["utilization"]), reserve_gib=float(mem["reserve_gib"]),
         kv_bytes=float(mem["kv_bytes"]))
-    return Factors(**values, comm_alpha=alpha,
-                   origins=dict.fromkeys([*values, "collective_scale", "other_scale", "weights_fixed_us",
+    return Factors(**values, routing=routing, comm_alpha=alpha,
+                   origins=dict.fromkeys([*values, "routing", "collective_scale", "other_scale", "weights_fixed_us",
                                            "attention_fixed_us", "host_step_us", "other_calls"], "assumed"))
