@@ -223,9 +223,9 @@ def _type_text(t: mi.Type, link: Any) -> str:
     if isinstance(t, mi.DictType):
         return f"{{{_type_text(t.key_type, link)}: {_type_text(t.value_type, link)}}}"
     if isinstance(t, mi.LiteralType):
-        return " \\| ".join(f"`{v!r}`" for v in t.values)
+        return " \\| ".join(f"`{msgspec.json.encode(v).decode()}`" for v in t.values)
     if isinstance(t, mi.EnumType):
-        return " \\| ".join(f"`{m.value!r}`" for m in t.cls)
+        return " \\| ".join(f"`{msgspec.json.encode(m.value).decode()}`" for m in t.cls)
     names = {mi.IntType: "int", mi.FloatType: "float", mi.StrType: "str", mi.BoolType: "bool",
              mi.NoneType: "null", mi.AnyType: "any", mi.BytesType: "str (base64)", mi.DateTimeType: "str (date-time)"}
     return names.get(type(t), type(t).__name__.removesuffix("Type").lower())
