@@ -28,7 +28,7 @@ HEADER = """\
      Run `.venv/bin/python tools/gen_cli_reference.py` after changing a command;
      tests/test_docs.py fails while this page and the CLI differ. -->
 
-Every command prints a human summary by default and its result document with `--json`
+Commands that report print a human summary by default and their result document with `--json`
 ([JSON keys](json-keys.md)). Exit codes: 0 done, 1 a finding-level failure (not ready, an error-level lint,
 failed requests), 2 bad input or usage, with one line on stderr naming the file or URL and what is wrong.
 `servescope COMMAND --help` prints what this page shows.
