@@ -3,10 +3,11 @@ and the public ``nvidia-smi topo`` outputs in tests/data/gpu/topo."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import stat
 from pathlib import Path
+
+import msgspec
 
 from servescope.gpu.records import GpuInfo, GpuSnapshot
 from servescope.gpu.smi import parse_compute_apps_csv, parse_query_gpu_csv, parse_topo_matrix, parse_topo_p2p
@@ -61,7 +62,7 @@ def topo_text(folder: str, name: str = "topo-m.txt") -> str:
 def snapshot_of(text: str, p2p: str | None = None) -> GpuSnapshot:
     topo = parse_topo_matrix(text)
     if p2p is not None:
-        topo = dataclasses.replace(topo, p2p_read=parse_topo_p2p(p2p)[1])
+        topo = msgspec.structs.replace(topo, p2p_read=parse_topo_p2p(p2p)[1])
     gpus = tuple(GpuInfo(index=i) for i in range(topo.gpu_count))
     return GpuSnapshot(gpus, (), topo, "nvidia-smi", "2026-12-03T00:00:00+00:00")
 

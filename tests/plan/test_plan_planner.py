@@ -13,7 +13,8 @@ from servescope.plan.planner import PlanRequest, find_crossovers, parse_batches,
 
 def test_document_keys_and_inputs() -> None:
     doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="h200", gpus=8, batches=(1, 8, 32, 128), context=2048))
-    assert doc["schema"] == "servescope.plan/1" and doc["servescope_version"] == __version__
+    assert (doc["schema"], doc["schema_version"]) == ("servescope.plan", 1)
+    assert doc["servescope_version"] == __version__
     assert (doc["model"]["name"], doc["hardware"]["name"], doc["gpus"]) == ("kimi-k2.5", "h200", 8)
     assert doc["inputs"] == {"model": "kimi-k2.5", "hardware": "h200", "gpus": 8, "batches": [1, 8, 32, 128],
                              "context": 2048, "comm": None, "calibrate": None, "graph": True}

@@ -43,9 +43,11 @@ ANALYZE_FLAGS = (
     _TOP,
 )
 REPORT_FLAGS = (
-    Flag("document", (), Path, "A saved `analyze`, `plan` or `bench serve` JSON document (-o / --json)."),
+    Flag("document", (), Path, "A saved JSON document of any command (-o / --json): analyze, plan, bench "
+         "serve/comm/gemm, health, settings, gpu, service status, diff."),
     _HTML,
     _TOP,
+    Flag("as_json", ("--json",), bool, "Print the document as JSON.", default=False),
 )
 DIFF_FLAGS = (
     Flag("before", (), Path, "Traces (file or directory) or a saved analysis JSON."),
@@ -66,7 +68,7 @@ def write_outputs(doc: object, *, json_out: Path | None, html_out: Path | None, 
             if encoded is None:
                 from servescope.report.jsonout import encode_analysis
 
-                encoded = encode_analysis(doc)  # type: ignore[arg-type]
+                encoded = encode_analysis(doc)
             write_bytes_atomic(json_out, encoded)
         target = html_out
         if html_out is not None:
@@ -118,54 +120,26 @@ def analyze(paths: list[Path] | None, example: bool, example_name: str | None, a
     render_analysis(doc, Console(highlight=False), top=top)
 
 
-def report(document: Path, html: Path | None, top: int) -> None:
-    """Re-render a saved document (tables, HTML) without recomputing: an analysis, a plan or a bench serve run.
+def report(document: Path, html: Path | None, top: int, as_json: bool) -> None:
+    """Re-render a saved document (text, JSON, HTML) without recomputing: the text is what its command printed.
 
-    The document's ``schema`` field says which it is.
+    The document's ``schema`` field says which kind it is.
     """
-    import json
-
-    from rich.console import Console
-
-    def write_html(text: str) -> None:
-        from servescope.core.atomic import write_text_atomic
-
-        if html is not None:
-            try:
-                write_text_atomic(html, text)
-            except OSError as exc:
-                raise InputError(str(html), f"cannot write: {exc.strerror or exc}") from None
+    from servescope.core.atomic import write_text_atomic
+    from servescope.core.document import read_document
+    from servescope.report.rerender import render_document, render_html, render_text, text_console
 
     with user_errors():
-        try:
-            data = document.read_bytes()
-        except OSError as exc:
-            raise InputError(str(document), exc.strerror or "cannot read") from None
-        try:
-            head = json.loads(data)
-        except ValueError:
-            head = None  # decode_analysis below names the problem
-        schema = head.get("schema") if isinstance(head, dict) else None
-        console = Console(highlight=False)
-        if isinstance(schema, str) and schema.startswith("servescope.plan"):
-            from servescope.report.plan import render_plan, render_plan_html
-
-            write_html(render_plan_html(head))
-            render_plan(head, console)
-            return
-        if schema == "servescope.bench_serve":
-            from servescope.report.serve import decode_serve, render_serve, render_serve_html
-
-            run = decode_serve(data, str(document))
-            write_html(render_serve_html(run))
-            render_serve(run, console)
-            return
-        from servescope.report.jsonout import decode_analysis
-        from servescope.report.tables import render_analysis
-
-        doc = decode_analysis(data, str(document))
-        write_outputs(doc, json_out=None, html_out=html)
-    render_analysis(doc, console, top=top)
+        doc = read_document(document)
+        if html is not None:
+            try:
+                write_text_atomic(html, render_html(doc, top=top))
+            except OSError as exc:
+                raise InputError(str(html), f"cannot write: {exc.strerror or exc}") from None
+    if as_json:
+        sys.stdout.write(render_document(doc, "json"))
+        return
+    render_text(doc, text_console(doc), top=top)
 
 
 def diff(before: Path, after: Path, phase: str, as_json: bool, taxonomy: Path | None) -> None:

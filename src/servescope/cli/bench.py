@@ -27,8 +27,8 @@ def bench_gemm(
 ) -> None:
     """Time the model's per-rank decode GEMMs; TFLOP/s and GB/s against ceilings measured in the same run."""
     from servescope.bench.gemm import run_gemm_bench
-    from servescope.core.atomic import write_text_atomic
-    from servescope.core.gemm import gemm_doc_to_json
+    from servescope.core.atomic import write_bytes_atomic
+    from servescope.core.document import encode
     from servescope.plan.model import gemm_shapes, load_model_arch
     from servescope.report.gpu import render_gemm
 
@@ -41,9 +41,9 @@ def bench_gemm(
         shapes = [s for b in batches for s in gemm_shapes(arch, tp=tp, batch=b)]
         doc = run_gemm_bench(shapes, device=device, iters=iters, progress=None if as_json else _gemm_progress)
         if output is not None:
-            write_text_atomic(output, gemm_doc_to_json(doc))
+            write_bytes_atomic(output, encode(doc))
     if as_json:
-        sys.stdout.write(gemm_doc_to_json(doc) + "\n")
+        sys.stdout.buffer.write(encode(doc))
     else:
         render_gemm(doc, Console(highlight=False))
 
@@ -95,7 +95,6 @@ def bench_comm(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Collective latency curves (nccl-tests algbw/busbw), one fresh process group per NCCL env variant."""
-    import json
 
     from servescope.bench.comm import (
         ELEM_BYTES,
@@ -111,7 +110,7 @@ def bench_comm(
     )
     from servescope.core.atomic import write_text_atomic
     from servescope.core.comm import OPS
-    from servescope.report.comm import comm_result_json, render_comm
+    from servescope.report.comm import comm_result_document, render_comm
 
     with user_errors():
         op_list = tuple(o.strip() for o in ops.split(",") if o.strip())
@@ -157,9 +156,9 @@ def bench_comm(
         if env_out is not None:
             write_text_atomic(env_out, "\n".join(env_lines) + "\n")
     if as_json:
-        from servescope.core.comm import curve_doc_to_json
-        sys.stdout.write(json.dumps(comm_result_json(json.loads(curve_doc_to_json(result.doc)), choices, env_lines,
-                                                     result.failures, result.output), indent=1) + "\n")
+        from servescope.core.document import encode
+        sys.stdout.buffer.write(encode(comm_result_document(result.doc, choices, env_lines, result.failures,
+                                                            result.output)))
     else:
         render_comm(result.doc, choices, env_lines, result.failures, Console(highlight=False))
     if result.failures:

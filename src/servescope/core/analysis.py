@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import msgspec
 
+from servescope.core.document import Document
+
 __all__ = [
     "SCHEMA_VERSION",
     "AnalysisDoc",
@@ -25,6 +27,7 @@ __all__ = [
     "StepRow",
     "Summary",
     "TraceInfo",
+    "decode_analysis",
 ]
 
 SCHEMA_VERSION = 1
@@ -174,7 +177,7 @@ class InputFile(msgspec.Struct, kw_only=True):
     size_bytes: int
 
 
-class AnalysisDoc(msgspec.Struct, kw_only=True):
+class AnalysisDoc(Document, kw_only=True, frozen=True):
     schema: str = "servescope.analysis"
     schema_version: int = SCHEMA_VERSION
     servescope_version: str
@@ -189,3 +192,15 @@ class AnalysisDoc(msgspec.Struct, kw_only=True):
     categories: dict[str, str]  # category -> group (communication | compute | memory | other)
     across_ranks: list[CrossRankStats]
     findings: list[Finding]
+
+
+def decode_analysis(data: bytes, source: str) -> AnalysisDoc:
+    """The analysis document saved in ``data`` (read from ``source``) by ``analyze --json``.
+
+    Raises:
+        InputError: ``data`` is not JSON, not a ``servescope.analysis`` document, of a newer schema
+            version, or a field has the wrong type (one line naming ``source``).
+    """
+    from servescope.core.document import decode_as
+
+    return decode_as(data, source, AnalysisDoc)

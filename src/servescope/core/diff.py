@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from servescope.core.analysis import Finding
+from servescope.core.document import Document
 
 __all__ = ["CategoryDelta", "DiffDoc", "RankDiff"]
 
@@ -28,7 +29,7 @@ class RankDiff(msgspec.Struct, kw_only=True):
     categories: dict[str, CategoryDelta]
 
 
-class DiffDoc(msgspec.Struct, kw_only=True):
+class DiffDoc(Document, kw_only=True, frozen=True):
     schema: str = "servescope.diff"
     schema_version: int = 1
     servescope_version: str

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import msgspec
 
+from servescope.core.document import Document
+
 __all__ = ["HEALTH_SCHEMA", "HEALTH_SCHEMA_VERSION", "PHASES", "Check", "HealthResult", "ProcessInfo"]
 
 HEALTH_SCHEMA = "servescope.health"
@@ -50,7 +52,7 @@ class ProcessInfo(msgspec.Struct, kw_only=True, frozen=True):
     detail: str | None = None
 
 
-class HealthResult(msgspec.Struct, kw_only=True, frozen=True):
+class HealthResult(Document, kw_only=True, frozen=True):
     """Readiness of one OpenAI-compatible server at one moment (after waiting, when asked to wait).
 
     Durations are seconds on a monotonic clock; ``checked_at`` (UTC, ISO 8601) only labels the result.

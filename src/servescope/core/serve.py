@@ -27,6 +27,7 @@ from typing import Any
 
 import msgspec
 
+from servescope.core.document import Document
 from servescope.core.messages import format_message
 
 __all__ = [
@@ -172,7 +173,7 @@ class ServeOptions(msgspec.Struct, kw_only=True, frozen=True):
     cpus: int | None = None
 
 
-class ServeResult(msgspec.Struct, kw_only=True, frozen=True):
+class ServeResult(Document, kw_only=True, frozen=True):
     """A whole sweep. ``aborted`` says why it stopped early (the server died), else ``None``.
 
     The API key is never part of this document; ``api_key_source`` names where one came from.

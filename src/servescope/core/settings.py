@@ -13,11 +13,13 @@ from typing import Any
 
 import msgspec
 
+from servescope.core.document import Document
 from servescope.core.redact import MASK
 
 __all__ = [
     "GROUPS",
     "MASK",
+    "SERVING_ENV_PREFIXES",
     "SETTINGS_SCHEMA",
     "SETTINGS_SCHEMA_VERSION",
     "Drift",
@@ -30,6 +32,7 @@ __all__ = [
     "Setting",
     "SettingsDoc",
     "SourceNote",
+    "is_serving_env",
 ]
 
 SETTINGS_SCHEMA = "servescope.settings"
@@ -163,7 +166,7 @@ class SourceNote(msgspec.Struct, kw_only=True, frozen=True):
     detail: str
 
 
-class SettingsDoc(msgspec.Struct, kw_only=True, frozen=True):
+class SettingsDoc(Document, kw_only=True, frozen=True):
     """The effective configuration of one deployed server; ``groups`` in :data:`GROUPS` order."""
 
     schema: str = SETTINGS_SCHEMA
@@ -177,3 +180,18 @@ class SettingsDoc(msgspec.Struct, kw_only=True, frozen=True):
     sources: list[SourceNote]
     groups: list[Group]
     drift: list[Drift]
+
+
+#: Environment variables that matter to serving, by prefix: the engines', the collectives', CUDA's and ROCm's,
+#: torch's, Hugging Face's, the threading libraries' and the loader's.
+SERVING_ENV_PREFIXES = (
+    "VLLM_", "SGLANG_", "SGL_", "NCCL_", "RCCL_", "CUDA_", "CUBLAS", "CUDNN_", "NVIDIA_", "NVSHMEM_", "NVTE_",
+    "HIP_", "ROCM_", "HSA_", "TORCH", "PYTORCH_", "TRITON_", "GLOO_", "UCX_", "MASTER_ADDR", "MASTER_PORT",
+    "HF_", "HUGGING_FACE_", "TRANSFORMERS_", "TOKENIZERS_", "OMP_", "MKL_", "KMP_", "MALLOC_", "LD_LIBRARY_PATH",
+    "LD_PRELOAD", "PYTHONPATH", "PYTHONHASHSEED", "VIRTUAL_ENV", "XDG_CACHE_HOME",
+)
+
+
+def is_serving_env(name: str) -> bool:
+    """Whether an environment variable is one that matters to serving (:data:`SERVING_ENV_PREFIXES`)."""
+    return name.startswith(SERVING_ENV_PREFIXES)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from servescope.core.atomic import write_bytes_atomic
 from servescope.core.errors import InputError
+from servescope.core.service import ServiceStatus
 from servescope.deploy.systemctl import run_systemctl, show_unit
 from servescope.gpu.inventory import WaitResult, wait_until_gpu_memory_free
 
@@ -73,21 +74,6 @@ def start_service(name: str) -> None:
 def stop_service(name: str) -> None:
     """``systemctl stop NAME``."""
     run_systemctl(["stop", unit_name(name)])
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceStatus:
-    """``systemctl show`` of the unit: states, main pid (None when not running) and restarts."""
-
-    name: str
-    load_state: str | None
-    active_state: str | None
-    sub_state: str | None
-    result: str | None
-    main_pid: int | None
-    restarts: int | None
-    started_at: str | None
-    fragment_path: str | None
 
 
 def service_status(name: str) -> ServiceStatus:

@@ -31,6 +31,7 @@ from servescope.core.errors import InputError
 from servescope.core.settings import (
     GROUPS,
     MASK,
+    SERVING_ENV_PREFIXES,
     Drift,
     Group,
     ProcessRecord,
@@ -39,6 +40,7 @@ from servescope.core.settings import (
     Setting,
     SettingsDoc,
     SourceNote,
+    is_serving_env,
 )
 from servescope.deploy.drift import (
     EngineArgs,
@@ -242,19 +244,6 @@ def _engine_settings(run: EngineArgs, argv: Sequence[str], source: str, origin: 
 
 # Environment variables that matter to serving, shown by `settings` in a terminal (the JSON has every one):
 # engines, collectives, CUDA/ROCm, torch and its compiler, Hugging Face, threading, the loader and Python.
-SERVING_ENV_PREFIXES = (
-    "VLLM_", "SGLANG_", "SGL_", "NCCL_", "RCCL_", "CUDA_", "CUBLAS", "CUDNN_", "NVIDIA_", "NVSHMEM_", "NVTE_",
-    "HIP_", "ROCM_", "HSA_", "TORCH", "PYTORCH_", "TRITON_", "GLOO_", "UCX_", "MASTER_ADDR", "MASTER_PORT",
-    "HF_", "HUGGING_FACE_", "TRANSFORMERS_", "TOKENIZERS_", "OMP_", "MKL_", "KMP_", "MALLOC_", "LD_LIBRARY_PATH",
-    "LD_PRELOAD", "PYTHONPATH", "PYTHONHASHSEED", "VIRTUAL_ENV", "XDG_CACHE_HOME",
-)
-
-
-def is_serving_env(name: str) -> bool:
-    """Whether an environment variable is one that matters to serving (:data:`SERVING_ENV_PREFIXES`)."""
-    return name.startswith(SERVING_ENV_PREFIXES)
-
-
 def _env_settings(unit: UnitRecord | None, proc: ProcessRecord | None) -> list[tuple[str, Setting]]:
     unit_env = unit.env if unit is not None else {}
     items: list[tuple[str, Setting]] = []

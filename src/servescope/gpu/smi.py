@@ -7,13 +7,14 @@ the only place that starts the binary.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import datetime
 import re
 import subprocess
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from typing import Any
+
+import msgspec
 
 from servescope.gpu.errors import GpuQueryError, GpuUnavailable
 from servescope.gpu.records import GpuInfo, GpuProcess, GpuSnapshot, Topology
@@ -413,7 +414,7 @@ def _with_p2p(topology: Topology, timeout_s: float) -> Topology:
     gpus = tuple(d for d in topology.devices if d.startswith("GPU"))
     if labels != gpus:
         return topology
-    return dataclasses.replace(topology, p2p_read=matrix)
+    return msgspec.structs.replace(topology, p2p_read=matrix)
 
 
 def smi_snapshot(*, timeout_s: float = 15.0) -> GpuSnapshot:

@@ -102,7 +102,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servescope.core.analysis import AnalysisDoc, KernelRow, PhaseStats, RankAnalysis, StepRow
+from servescope.core.analysis import AnalysisDoc, KernelRow, PhaseStats, RankAnalysis, StepRow, decode_analysis
 from servescope.core.errors import InputError
 from servescope.plan.collectives import CommCosts
 from servescope.plan.cost import layout_memory, predict_point
@@ -110,7 +110,6 @@ from servescope.plan.factors import Factors
 from servescope.plan.hardware import HardwareProfile
 from servescope.plan.layouts import Layout
 from servescope.plan.model import ModelArch
-from servescope.report.jsonout import decode_analysis
 
 __all__ = ["GRAPH_REPLAYED", "MIN_GROUP_STEPS", "WEIGHT_CATEGORIES", "Calibration", "apply_calibration", "calibrate",
            "capture_tp", "read_capture"]

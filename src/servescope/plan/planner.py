@@ -5,7 +5,8 @@ Example:
     >>> [layout["name"] for layout in doc["layouts"]]                    # doctest: +SKIP
     ['TP=8', 'TP=8 EP=8', 'DP=8 EP=8', 'PP=8', 'TP=2 PP=4', 'TP=4 PP=2']
 
-The document (schema ``servescope.plan/1``) holds the exact inputs, every factor with its origin, and per
+The document (:class:`servescope.core.plan.PlanDoc`, schema ``servescope.plan`` version 1) holds the exact
+inputs, every factor with its origin, and per
 layout ``{name, kind, tp, ep, pp, dp, gpus, feasible, reason, memory_gib_per_gpu: {weights, kv_cache,
 usable}, kv_tokens_per_gpu, kv_capacity_tokens, points: [{batch, step_ms, tokens_per_s, parts_ms: {weights,
 attention, collectives, other}, origins, collectives_per_step: {OP: {count, bytes, bytes_each, ms}},
@@ -28,6 +29,7 @@ from typing import Any
 
 from servescope import __version__
 from servescope.core.errors import InputError
+from servescope.core.plan import PLAN_SCHEMA, PLAN_SCHEMA_VERSION
 from servescope.plan.calibrate import apply_calibration, calibrate, capture_tp, read_capture
 from servescope.plan.collectives import ALL_OPS, CommCosts, CurveSource, bundled_curves, user_curves
 from servescope.plan.cost import LayoutMemory, PointCost, layout_memory, predict_point
@@ -39,7 +41,7 @@ from servescope.plan.provenance import calibration_differences, curve_difference
 
 __all__ = ["SCHEMA", "PlanRequest", "find_crossovers", "parse_batches", "recommend", "run_plan"]
 
-SCHEMA = "servescope.plan/1"
+SCHEMA = PLAN_SCHEMA
 MAX_BATCH = 1 << 20
 
 
@@ -304,7 +306,7 @@ def run_plan(request: PlanRequest) -> dict[str, Any]:
 
     crossovers = find_crossovers([ev.layout.name for ev in feasible], request.batches, step_at)
     return {
-        "schema": SCHEMA, "servescope_version": __version__,
+        "schema": SCHEMA, "schema_version": PLAN_SCHEMA_VERSION, "servescope_version": __version__,
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "platform": {"python": sys.version.split()[0], "system": platform.platform()},
         "inputs": {"model": request.model, "hardware": request.hardware, "gpus": request.gpus,

@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 from rich.console import Console
 from rich.table import Table
 
 from servescope.core.comm import CurveDoc
+from servescope.core.comm_result import CommResultDoc, DecodeChoiceRow
 
-__all__ = ["comm_result_json", "render_comm"]
+__all__ = ["comm_result_document", "render_comm"]
 
 
 def _size(nbytes: int) -> str:
@@ -50,8 +52,9 @@ def render_comm(doc: CurveDoc, choices: Sequence[Any], env_lines: Sequence[str],
         console.print(f"failed: {f}", markup=False)
 
 
-def comm_result_json(doc_json: dict[str, Any], choices: Sequence[Any], env_lines: Sequence[str],
-                     failures: Sequence[str], output: str | None) -> dict[str, Any]:
-    """Stable ``--json`` keys: curves (the curve document), best_at_decode, environment, failures, output."""
-    return {"curves": doc_json, "best_at_decode": [dict(vars(c)) for c in choices],
-            "environment": list(env_lines), "failures": list(failures), "output": output}
+def comm_result_document(doc: CurveDoc, choices: Sequence[Any], env_lines: Sequence[str], failures: Sequence[str],
+                         output: str | None) -> CommResultDoc:
+    """The ``--json`` document: curves (the curve file), best_at_decode, environment, failures, output."""
+    return CommResultDoc(curves=doc, best_at_decode=[msgspec.convert(c, DecodeChoiceRow, from_attributes=True)
+                                                     for c in choices],
+                         environment=list(env_lines), failures=list(failures), output=output)

@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from servescope.core.diff import CategoryDelta, DiffDoc
-from servescope.report.jsonout import encode_document
+from servescope.core.document import encode as encode_document
 from servescope.report.tables import format_us
 
 __all__ = ["encode_diff", "render_diff"]

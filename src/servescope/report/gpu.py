@@ -9,14 +9,17 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from servescope.core.document import encode
 from servescope.core.gemm import GemmBenchDoc
 
 __all__ = ["encode_dataclass", "render_gemm", "render_holders", "render_snapshot", "render_topology"]
 
 
 def encode_dataclass(record: Any) -> bytes:
-    """A frozen record as indented JSON (None → null), ending in a newline."""
-    return (json.dumps(dataclasses.asdict(record), indent=2) + "\n").encode()
+    """A GPU record (snapshot, topology, holders) as indented JSON (None → null), ending in a newline."""
+    if dataclasses.is_dataclass(record) and not isinstance(record, type):
+        return (json.dumps(dataclasses.asdict(record), indent=2) + "\n").encode()
+    return encode(record)
 
 
 def _na(value: object) -> str:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.text import Text
 
-from servescope.core.health import HEALTH_SCHEMA, HealthResult
-from servescope.report.jsonout import decode_document, encode_document
+from servescope.core.document import decode_as
+from servescope.core.document import encode as encode_document
+from servescope.core.health import HealthResult
 
 __all__ = ["decode_health", "encode_health", "render_health"]
 
@@ -26,7 +27,7 @@ def decode_health(data: bytes, source: str) -> HealthResult:
     Raises:
         InputError: ``data`` is not a ``servescope.health`` document.
     """
-    return decode_document(data, HealthResult, schema=HEALTH_SCHEMA, source=source, what="health result")
+    return decode_as(data, source, HealthResult)
 
 
 def render_health(result: HealthResult, console: Console) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from servescope.core.analysis import AnalysisDoc, CrossRankStats, PhaseStats, RankAnalysis
+from servescope.report.page import CSS as _CSS
 from servescope.report.tables import (
     COMMUNICATION,
     decided_by,
@@ -46,17 +47,6 @@ CATEGORY_COLORS: dict[str, str] = {  # keyed by the bundled taxonomy's category 
 _COMM_FALLBACK = ("#ef3b2c", "#fc9272", "#e6550d", "#fdd0a2", "#99000d", "#f768a1")
 _OTHER_FALLBACK = ("#3182bd", "#31a354", "#756bb1", "#636363", "#8c6d31", "#843c39", "#7b4173", "#5254a3")
 
-_CSS = """
-body { font-family: system-ui, sans-serif; margin: 1.5rem; color: #222; }
-table { border-collapse: collapse; margin: 0.5rem 0 1.2rem; font-size: 0.9rem; }
-th, td { padding: 0.2rem 0.6rem; border-bottom: 1px solid #ddd; text-align: left; }
-th { background: #f4f4f4; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-tr.comm td { color: #b2182b; }
-.swatch { display: inline-block; width: 0.8em; height: 0.8em; margin-right: 0.4em; }
-.sev-high { color: #b2182b; font-weight: bold; } .sev-medium { color: #b35806; }
-.meta { color: #555; }
-"""
 
 Cell = str | tuple[str, str]  # text, or (text, title shown on hover)
 

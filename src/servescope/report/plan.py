@@ -1,4 +1,4 @@
-"""Views of a plan document (``servescope.plan/1``): terminal tables, JSON text, and an HTML page with a chart.
+"""Views of a plan document (``servescope.plan``): terminal tables, JSON text, and an HTML page with a chart.
 
 Only renders: every figure comes from the document :func:`servescope.plan.planner.run_plan` returned (or a
 saved one). The HTML chart div has the stable id ``chart-plan-steps`` (step time vs batch, one line per
@@ -7,15 +7,18 @@ layout; infeasible layouts dotted).
 
 from __future__ import annotations
 
-import html
-import json
 from typing import Any
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["plan_to_json", "render_plan", "render_plan_html"]
+from servescope.core.document import encode
+from servescope.core.plan import plan_document
+from servescope.report.page import escape as _e
+from servescope.report.page import page
+
+__all__ = ["plan_to_json", "render_plan", "render_plan_headline", "render_plan_html"]
 
 _PARTS = ("weights", "attention", "collectives", "other")
 _SHORT = {"measured curve": "measured", "published curve": "published", "datasheet": "datasheet",
@@ -23,8 +26,20 @@ _SHORT = {"measured curve": "measured", "published curve": "published", "datashe
 
 
 def plan_to_json(doc: dict[str, Any]) -> str:
-    """The document as indented JSON text ending in a newline."""
-    return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
+    """The document as indented JSON text ending in a newline (checked as a :class:`~servescope.core.plan.PlanDoc`)."""
+    return encode(plan_document(doc)).decode()
+
+
+def _tokens_per_s(layout: dict[str, Any], point: dict[str, Any]) -> str:
+    """tok/s as the table shows it: ``!kv`` when the KV cache cannot hold batch × context."""
+    tps = point["tokens_per_s"]
+    return "N/A" if tps is None else f"{tps:,.0f}" + ("" if point["fits_kv"] else " !kv")
+
+
+def render_plan_headline(doc: dict[str, Any], console: Console) -> None:
+    """``FORCED`` lines first: the inputs used with ``--force`` although they do not match the plan."""
+    for line in doc["forced"]:
+        console.print(f"[bold red]FORCED[/] {line.removeprefix('forced: ')}", soft_wrap=True)
 
 
 def _origins(point: dict[str, Any]) -> str:
@@ -48,10 +63,8 @@ def render_plan(doc: dict[str, Any], console: Console) -> None:
     for layout in doc["layouts"]:
         name = layout["name"] + ("" if layout["feasible"] else " ✗")
         for i, p in enumerate(layout["points"]):
-            tps = p["tokens_per_s"]
             table.add_row(name if i == 0 else "", str(p["batch"]), f"{p['step_ms']:.2f}",
-                          *(f"{p['parts_ms'][k]:.2f}" for k in _PARTS),
-                          "N/A" if tps is None else f"{tps:,.0f}" + ("" if p["fits_kv"] else " !kv"))
+                          *(f"{p['parts_ms'][k]:.2f}" for k in _PARTS), _tokens_per_s(layout, p))
             marks.update(o for v in p["origins"].values() for o in v)
     console.print(table)
     console.print(f"✗ does not fit; !kv the KV cache cannot hold batch × context. Figures from: "
@@ -83,10 +96,6 @@ def render_plan(doc: dict[str, Any], console: Console) -> None:
         console.print(f"note: {note}", markup=False)
 
 
-def _e(text: object) -> str:
-    return html.escape(str(text), quote=True)
-
-
 def _figure(doc: dict[str, Any]) -> Any:
     import plotly.graph_objects as go
 
@@ -107,9 +116,17 @@ def _figure(doc: dict[str, Any]) -> Any:
     return fig
 
 
+def _cell(text: str) -> str:
+    """A cell; the marks the terminal shows (``✗``, ``!kv``) stand out."""
+    for mark in (" ✗", " !kv"):
+        if text.endswith(mark):
+            return f'{_e(text.removesuffix(mark))} <span class="mark">{_e(mark.strip())}</span>'
+    return _e(text)
+
+
 def _table(headers: list[str], rows: list[list[str]]) -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows)
+    body = "".join("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
@@ -119,29 +136,28 @@ def render_plan_html(doc: dict[str, Any]) -> str:
 
     chart = str(pio.to_html(_figure(doc), full_html=False, include_plotlyjs=True, div_id="chart-plan-steps",
                             default_height="480px", config={"displaylogo": False, "responsive": True}))
-    rows = [[layout["name"], str(p["batch"]), f"{p['step_ms']:.3f}", *(f"{p['parts_ms'][k]:.3f}" for k in _PARTS),
+    rows = [[layout["name"] + ("" if layout["feasible"] else " ✗"), str(p["batch"]), f"{p['step_ms']:.3f}",
+             *(f"{p['parts_ms'][k]:.3f}" for k in _PARTS), _tokens_per_s(layout, p),
              ", ".join(f"{op} ×{c['count']}" for op, c in p["collectives_per_step"].items()) or "none", _origins(p)]
             for layout in doc["layouts"] for p in layout["points"]]
     mem = [[x["name"], "yes" if x["feasible"] else "no", f"{x['memory_gib_per_gpu']['weights']:.1f}",
             f"{x['memory_gib_per_gpu']['kv_cache']:.1f}", f"{x['kv_tokens_per_gpu']:,}", x["reason"]]
            for x in doc["layouts"]]
-    factors = [[k, f"{v['value']:.4g}", v["origin"]] for k, v in doc["factors"].items()]
+    factors = [[k, f"{v['value']:.4g}" if isinstance(v["value"], int | float) else str(v["value"]), v["origin"]]
+               for k, v in doc["factors"].items()]
     rec = doc["recommendation"]
     parts = [
-        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>servescope plan {_e(doc['model']['name'])}</title>",
-        "<style>body{font-family:system-ui,sans-serif;margin:1.5rem;color:#222}"
-        "table{border-collapse:collapse;margin:.5rem 0 1.2rem;font-size:.9rem}"
-        "th,td{padding:.2rem .6rem;border-bottom:1px solid #ddd;text-align:left}th{background:#f4f4f4}"
-        ".meta{color:#555}</style></head><body>",
         "<h1>servescope plan</h1>",
+        *(f'<p class="warn"><b>FORCED</b> {_e(line.removeprefix("forced: "))}</p>' for line in doc["forced"]),
         f'<p class="meta">servescope {_e(doc["servescope_version"])} · {_e(doc["created_at"])} · {_e(_header(doc))}'
         "</p>",
         f"<h2>Recommended: {_e(rec['layout'] or 'none')}</h2>",
         "<ul>" + "".join(f"<li>{_e(r)}</li>" for r in rec["reasons"]) + "</ul>",
         "<h2>Step time vs batch</h2>", chart,
         "<h2>Layouts</h2>",
-        _table(["layout", "batch", "step ms", *(f"{k} ms" for k in _PARTS), "collectives per step", "from"], rows),
+        _table(["layout", "batch", "step ms", *(f"{k} ms" for k in _PARTS), "tok/s", "collectives per step", "from"],
+               rows),
+        '<p class="meta">✗ does not fit; !kv the KV cache cannot hold batch × context.</p>',
         "<h2>Memory per GPU</h2>",
         _table(["layout", "fits", "weights GiB", "KV cache GiB", "KV tokens per GPU", "why"], mem),
         "<h2>Crossovers</h2>",
@@ -151,6 +167,5 @@ def render_plan_html(doc: dict[str, Any]) -> str:
         "<h2>Factors</h2>", _table(["factor", "value", "origin"], factors),
         "<h2>Notes</h2>",
         "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in [*doc["notes"], *doc["skipped"]]) + "</ul>",
-        "</body></html>",
     ]
-    return "\n".join(parts) + "\n"
+    return page(f"servescope plan {doc['model']['name']}", parts)

@@ -10,7 +10,7 @@ import msgspec
 from rich.console import Console
 
 from servescope.core.analysis import AnalysisDoc
-from servescope.report.jsonout import encode_document
+from servescope.core.document import encode as encode_document
 
 __all__ = ["encode_profile", "render_capture"]
 

@@ -5,7 +5,6 @@ All read only the :class:`~servescope.core.serve.ServeResult` document, so a sav
 
 from __future__ import annotations
 
-import html
 import io
 from typing import Any
 
@@ -13,14 +12,17 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from servescope.core.serve import DEFINITIONS, SERVE_SCHEMA, Dist, ServePoint, ServeResult
-from servescope.report.jsonout import decode_document, encode_document
+from servescope.core.document import decode_as
+from servescope.core.document import encode as encode_document
+from servescope.core.serve import DEFINITIONS, Dist, ServePoint, ServeResult
+from servescope.report.page import escape, page, warning
 
 __all__ = [
     "compare_points",
     "decode_serve",
     "encode_serve",
     "point_label",
+    "point_warnings",
     "render_compare",
     "render_serve",
     "render_serve_html",
@@ -43,7 +45,7 @@ def decode_serve(data: bytes, source: str) -> ServeResult:
     Raises:
         InputError: ``data`` is not a ``servescope.bench_serve`` document.
     """
-    return decode_document(data, ServeResult, schema=SERVE_SCHEMA, source=source, what="bench serve result")
+    return decode_as(data, source, ServeResult)
 
 
 def point_label(point: ServePoint) -> str:
@@ -95,11 +97,8 @@ def render_serve(result: ServeResult, console: Console) -> None:
             f"{tok.output_mismatched_requests} requests off), prompt mean {_num(tok.prompt_mean)} "
             f"(requested {tok.prompt_requested}); client lag p99 {_ms(lag.p99_ms)} ms, max {_ms(lag.max_ms)} ms"
             f" over {_processes(point)}"))
-        for finding in point.findings:
-            console.print(Text(f"  {finding.message}; try: {finding.advice}", style="yellow"), overflow="fold")
-        if lag.client_bound and not any(f.id == "client_bound" for f in point.findings):  # saved by an older version
-            console.print(Text(f"  client-bound: the client's event loop ran up to {_ms(lag.p99_ms)} ms late (p99)",
-                               style="yellow"), overflow="fold")
+        for line in point_warnings(point):  # a client_bound without its finding: saved by an older version
+            console.print(Text(f"  {line}", style="yellow"), overflow="fold")
         if point.server.tpot_metric:
             console.print(Text(f"  server: {point.server.tpot_metric} (TPOT), {point.server.ttft_metric} (TTFT), "
                                f"{_num(point.server.requests, 0)} requests, "
@@ -221,25 +220,35 @@ def render_serve_html(result: ServeResult) -> str:
     fig.update_layout(template="plotly_white", height=420)
     chart = pio.to_html(fig, full_html=False, include_plotlyjs=True, div_id="chart-serve",
                         config={"displaylogo": False, "responsive": True})
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in
+    head = "".join(f"<th>{escape(h)}</th>" for h in
                    ("point", "client processes", "requests", "errors", "TTFT mean ms", "TPOT mean ms",
-                    "server TPOT ms", "ITL mean ms",
-                    "E2E mean ms", "output tok/s", "req/s"))
+                    "server TPOT ms", "ITL mean ms", "E2E mean ms", "output tok/s", "req/s", "client lag p99 ms"))
     rows = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in (
+        "<tr>" + "".join(f'<td class="num">{escape(c)}</td>' if i else f"<td>{escape(c)}</td>" for i, c in enumerate((
             point_label(p), str(p.workers), str(p.requests), str(p.errors), _ms(p.ttft_ms.mean), _ms(p.tpot_ms.mean),
             _ms(p.server.tpot_ms_mean), _ms(p.itl_ms.mean), _ms(p.e2e_ms.mean), _num(p.output_tokens_per_s),
-            _num(p.requests_per_s, 2))) + "</tr>" for p in result.points)
-    found = "".join(f"<li><b>{html.escape(point_label(p))}</b> {html.escape(f.id)}: {html.escape(f.message)}; "
-                    f"try: {html.escape(f.advice)}</li>" for p in result.points for f in p.findings)
-    defs = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in result.definitions.items())
+            _num(p.requests_per_s, 2), _ms(p.client_lag.p99_ms)))) + "</tr>" for p in result.points)
+    warnings = [f"{point_label(p)}: {line}" for p in result.points for line in point_warnings(p)]
+    defs = "".join(f"<li><b>{escape(k)}</b>: {escape(v)}</li>" for k, v in result.definitions.items())
     opts = result.options
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>servescope bench serve {html.escape(result.created_at)}</title></head><body>"
-            f"<h1>bench serve: {html.escape(result.url)}</h1>"
-            f"<p>model {html.escape(opts.model)}, {opts.input_tokens} in / {opts.output_tokens} out tokens; "
-            f"prompts: {html.escape(opts.prompt_source)}</p>{chart}"
-            f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
-            + (f"<h2>findings</h2><ul>{found}</ul>" if found else "") + f"<ul>{defs}</ul>"
-            + (f"<p><b>stopped early:</b> {html.escape(result.aborted)}</p>" if result.aborted else "")
-            + "</body></html>\n")
+    parts = [
+        f"<h1>bench serve: {escape(result.url)}</h1>",
+        f'<p class="meta">servescope {escape(result.servescope_version)} · {escape(result.created_at)} · model '
+        f"{escape(opts.model)}, {opts.input_tokens} in / {opts.output_tokens} out tokens; prompts: "
+        f"{escape(opts.prompt_source)}</p>",
+        *([warning("the server has no /metrics: server columns are N/A")] if not result.metrics_available else []),
+        *(["<h2>Findings</h2>", *(warning(w) for w in warnings)] if warnings else []),
+        *([f'<p class="warn"><b>stopped early:</b> {escape(result.aborted)}</p>'] if result.aborted else []),
+        chart,
+        f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>",
+        f"<h2>Definitions</h2><ul>{defs}</ul>",
+    ]
+    return page(f"servescope bench serve {result.created_at}", parts)
+
+
+def point_warnings(point: ServePoint) -> list[str]:
+    """The warnings the terminal prints under a point (findings such as client_bound and front_end_bound)."""
+    lines = [f"{f.message}; try: {f.advice}" for f in point.findings]
+    if point.client_lag.client_bound and not any(f.id == "client_bound" for f in point.findings):
+        lines.append(f"client-bound: the client's event loop ran up to {_ms(point.client_lag.p99_ms)} ms late (p99)")
+    return lines

@@ -7,9 +7,13 @@ import dataclasses
 import json
 from typing import Any
 
+import msgspec
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from servescope.core.document import encode
+from servescope.core.service import ServiceStatus
 
 __all__ = ["encode_import", "encode_lint", "encode_record", "render_import", "render_lint", "render_restart",
            "render_status"]
@@ -18,7 +22,9 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def encode_record(record: Any) -> bytes:
-    """A frozen record as indented JSON, ending in a newline."""
+    """A frozen record as indented JSON, ending in a newline (a :class:`ServiceStatus` is a document)."""
+    if isinstance(record, ServiceStatus):
+        return encode(record)
     return (json.dumps(dataclasses.asdict(record), indent=2, default=str) + "\n").encode()
 
 
@@ -56,9 +62,12 @@ def render_import(result: Any, spec_path: str, env_path: str | None, console: Co
                       " (values not shown); install it as the spec's env_file, mode 0600")
 
 
-def render_status(status: Any, console: Console) -> None:
+def render_status(status: ServiceStatus, console: Console) -> None:
+    """One row per ``systemctl show`` field of the unit (the document's header left out)."""
     table = Table(box=None, show_header=False)
-    for field in dataclasses.fields(status):
+    for field in msgspec.structs.fields(status):
+        if field.name in ("schema", "schema_version"):
+            continue
         value = getattr(status, field.name)
         table.add_row(field.name.replace("_", " "), "N/A" if value is None else escape(str(value)))
     console.print(table)

@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from servescope.core.document import encode as encode_document
 from servescope.core.settings import SettingsDoc
-from servescope.report.jsonout import encode_document
 
 __all__ = ["ENV_VALUE_MAX", "encode_settings", "render_settings", "settings_console"]
 

@@ -8,10 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from servescope import __version__
-from servescope.core.analysis import AnalysisDoc, Finding, PhaseStats
+from servescope.core.analysis import AnalysisDoc, Finding, PhaseStats, decode_analysis
 from servescope.core.diff import CategoryDelta, DiffDoc, RankDiff
 from servescope.core.errors import InputError
-from servescope.report.jsonout import decode_analysis
 from servescope.trace.analyze import AnalyzeRequest, analyze
 
 __all__ = ["diff_analyses", "diff_paths", "load_side"]
