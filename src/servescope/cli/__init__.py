@@ -1,8 +1,9 @@
 """The ``servescope`` command line: parse flags, call one feature function, render. No analysis here.
 
-``common`` holds the root app and its groups; each module beside it registers one family of commands.
-The app is put together on first use (``servescope.cli.app``), so that ``servescope analyze`` with plain
-flags can run without typer at all (see ``analyze.run_analyze_fast``).
+``common`` holds the root app and its groups; each module beside it declares one family of commands with
+typer. Typer builds every declared command when the app runs (~80 ms for all of them), so ``main()``
+imports only the module that declares the command named first on the command line; ``servescope.cli.app``
+is the whole app, put together on first use.
 """
 
 from __future__ import annotations
@@ -15,30 +16,35 @@ if TYPE_CHECKING:
 
     app: typer.Typer
 
-__all__ = ["app", "main"]
+__all__ = ["COMMAND_MODULES", "app", "main"]
 
-# Every module that registers commands, in the order `servescope --help` lists them.
-_COMMAND_MODULES = ("bench", "capture", "gpu", "plan", "profile", "server", "service", "settings")
+# Each top-level command (or group) and the modules that declare it; a group's commands may come from more
+# than one module.
+COMMAND_MODULES: dict[str, tuple[str, ...]] = {
+    "analyze": ("analyze",), "report": ("analyze",), "diff": ("analyze",), "plan": ("plan",),
+    "profile": ("profile",), "health": ("server",), "settings": ("settings",), "capture": ("capture",),
+    "gpu": ("gpu",), "bench": ("bench", "server"), "service": ("service",),
+}
+# Every module, in the order that gives `servescope --help` and `servescope bench --help` their order.
+_ALL_MODULES = ("analyze", "bench", "capture", "gpu", "plan", "profile", "server", "service", "settings")
 
 
-def _full_app() -> typer.Typer:
+def _load(modules: tuple[str, ...]) -> typer.Typer:
+    """The root app with the commands of ``modules`` declared on it."""
     import importlib
 
-    from servescope.cli import analyze, common
+    from servescope.cli import common
 
-    root = globals().get("app")
-    if root is None:
-        root = common.app
-        analyze.register(root)
-        for name in _COMMAND_MODULES:
-            importlib.import_module(f"servescope.cli.{name}")
-        globals()["app"] = root
-    return root
+    for name in modules:
+        importlib.import_module(f"servescope.cli.{name}")
+    return common.app
 
 
 def __getattr__(name: str) -> Any:
     if name == "app":
-        return _full_app()
+        root = _load(_ALL_MODULES)
+        globals()["app"] = root
+        return root
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -54,13 +60,15 @@ def _exit_now() -> None:
 
 def main() -> None:
     """Console-script entry point."""
-    from servescope.cli.analyze import run_analyze_fast
-
-    args = sys.argv[1:]
+    first = sys.argv[1:2]
+    command = first[0] if first and first[0] in COMMAND_MODULES else None
+    root = _load(COMMAND_MODULES[command]) if command is not None else __getattr__("app")
     try:
-        if args[:1] == ["analyze"] and run_analyze_fast(args[1:]):
+        root()
+    except SystemExit as done:
+        if command == "analyze" and done.code in (0, None):
             _exit_now()
-        _full_app()()
+        raise
     except KeyboardInterrupt:
         from servescope.cli.common import err
 

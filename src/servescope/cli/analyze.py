@@ -1,61 +1,22 @@
 """analyze, report, diff: traces in, breakdowns out.
 
-Each command is a plain function and its flags, declared once (:class:`~servescope.cli.common.Flag`);
-:func:`register` makes the typer commands from them. ``servescope analyze`` is the command people time,
-so ``main()`` runs it without typer when its flags are plain (:func:`run_analyze_fast`): this module
-imports nothing heavy at import time.
+``servescope analyze`` is the command people time, so this module imports only typer at import time and each
+command imports its feature code inside (``main()`` imports no other command module for it: see
+:mod:`servescope.cli`).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Annotated
 
-from servescope.cli.common import Flag, fail, run_without_typer, user_errors, with_progress
+import typer
+
+from servescope.cli.common import app, fail, user_errors, with_progress
 from servescope.core.errors import InputError
 
-if TYPE_CHECKING:
-    import typer
-
-__all__ = ["ANALYZE_FLAGS", "DIFF_FLAGS", "REPORT_FLAGS", "analyze", "diff", "register", "report",
-           "run_analyze_fast"]
-
-_TOP = Flag("top", ("--top",), int, "Kernels to list.", default=15, min=0)
-_HTML = Flag("html", ("--html",), Path | None, "Write a self-contained HTML report here.", default=None)
-
-ANALYZE_FLAGS = (
-    Flag("paths", (), list[Path] | None, "Trace files or directories (.json, .json.gz).", default=None,
-         show_default=False),
-    Flag("example", ("--example",), bool, "Analyze the bundled example: a real vLLM 0.26 server's decode steps "
-         "on an H200 (Qwen3-30B-A3B shapes, batch 16, CUDA graphs).", default=False),
-    Flag("example_name", ("--example-name",), str | None, "Analyze this bundled example instead: "
-         "h200-vllm-moe-b16 (the default), vllm-cpu-tp2 (vLLM TP=2 on the CPU: two ranks, real all-reduces) or "
-         "h200-moe-b16-graphs (an HF MoE model under CUDA graphs, made by capture decode).", default=None),
-    Flag("as_json", ("--json",), bool, "Print the analysis document as JSON.", default=False),
-    Flag("output", ("--output", "-o"), Path | None, "Write the JSON document here.", default=None),
-    _HTML,
-    Flag("taxonomy", ("--taxonomy",), Path | None, "TOML file of kernel rules that override the bundled "
-         "taxonomy.", default=None),
-    Flag("step_gap_us", ("--step-gap-us",), float | None, "Idle gap that separates steps when a trace has no "
-         "step annotations.", default=None, min=0.0),
-    _TOP,
-)
-REPORT_FLAGS = (
-    Flag("document", (), Path, "A saved JSON document of any command (-o / --json): analyze, plan, bench "
-         "serve/comm/gemm, health, settings, gpu, service status, diff."),
-    _HTML,
-    _TOP,
-    Flag("as_json", ("--json",), bool, "Print the document as JSON.", default=False),
-)
-DIFF_FLAGS = (
-    Flag("before", (), Path, "Traces (file or directory) or a saved analysis JSON."),
-    Flag("after", (), Path, "Traces (file or directory) or a saved analysis JSON."),
-    Flag("phase", ("--phase",), str, "decode, prefill, mixed or unknown.", default="decode"),
-    Flag("as_json", ("--json",), bool, "Print the diff document as JSON.", default=False),
-    Flag("taxonomy", ("--taxonomy",), Path | None, "Kernel rules file, as for analyze.", default=None),
-)
+__all__ = ["analyze", "diff", "report", "write_outputs"]
 
 
 def write_outputs(doc: object, *, json_out: Path | None, html_out: Path | None, encoded: bytes | None = None) -> None:
@@ -79,8 +40,27 @@ def write_outputs(doc: object, *, json_out: Path | None, html_out: Path | None, 
         raise InputError(str(target), f"cannot write: {exc.strerror or exc}") from None
 
 
-def analyze(paths: list[Path] | None, example: bool, example_name: str | None, as_json: bool, output: Path | None,
-            html: Path | None, taxonomy: Path | None, step_gap_us: float | None, top: int) -> None:
+@app.command()
+def analyze(
+    paths: Annotated[list[Path] | None, typer.Argument(help="Trace files or directories (.json, .json.gz).",
+                                                       show_default=False)] = None,
+    example: Annotated[bool, typer.Option("--example", help="Analyze the bundled example: a real vLLM 0.26 "
+                                          "server's decode steps on an H200 (Qwen3-30B-A3B shapes, batch 16, CUDA "
+                                          "graphs).")] = False,
+    example_name: Annotated[str | None, typer.Option("--example-name", help="Analyze this bundled example "
+                                                     "instead: h200-vllm-moe-b16 (the default), vllm-cpu-tp2 (vLLM "
+                                                     "TP=2 on the CPU: two ranks, real all-reduces) or "
+                                                     "h200-moe-b16-graphs (an HF MoE model under CUDA graphs, made "
+                                                     "by capture decode).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the analysis document as JSON.")] = False,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the JSON document here.")] = None,
+    html: Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
+    taxonomy: Annotated[Path | None, typer.Option("--taxonomy", help="TOML file of kernel rules that override the "
+                                                  "bundled taxonomy.")] = None,
+    step_gap_us: Annotated[float | None, typer.Option("--step-gap-us", min=0.0, help="Idle gap that separates "
+                                                      "steps when a trace has no step annotations.")] = None,
+    top: Annotated[int, typer.Option("--top", min=0, help="Kernels to list.")] = 15,
+) -> None:
     """Where each step's time goes, per rank and phase, and what the bottleneck is.
 
     Reads torch.profiler traces as vLLM, SGLang and plain PyTorch write them (one file per rank; vLLM's
@@ -120,7 +100,15 @@ def analyze(paths: list[Path] | None, example: bool, example_name: str | None, a
     render_analysis(doc, Console(highlight=False), top=top)
 
 
-def report(document: Path, html: Path | None, top: int, as_json: bool) -> None:
+@app.command()
+def report(
+    document: Annotated[Path, typer.Argument(help="A saved JSON document of any command (-o / --json): analyze, "
+                                             "plan, bench serve/comm/gemm, health, settings, gpu, service status, "
+                                             "diff.")],
+    html: Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
+    top: Annotated[int, typer.Option("--top", min=0, help="Kernels to list.")] = 15,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the document as JSON.")] = False,
+) -> None:
     """Re-render a saved document (text, JSON, HTML) without recomputing: the text is what its command printed.
 
     The document's ``schema`` field says which kind it is.
@@ -142,7 +130,14 @@ def report(document: Path, html: Path | None, top: int, as_json: bool) -> None:
     render_text(doc, text_console(doc), top=top)
 
 
-def diff(before: Path, after: Path, phase: str, as_json: bool, taxonomy: Path | None) -> None:
+@app.command()
+def diff(
+    before: Annotated[Path, typer.Argument(help="Traces (file or directory) or a saved analysis JSON.")],
+    after: Annotated[Path, typer.Argument(help="Traces (file or directory) or a saved analysis JSON.")],
+    phase: Annotated[str, typer.Option("--phase", help="decode, prefill, mixed or unknown.")] = "decode",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the diff document as JSON.")] = False,
+    taxonomy: Annotated[Path | None, typer.Option("--taxonomy", help="Kernel rules file, as for analyze.")] = None,
+) -> None:
     """Two analyses side by side: time per step by category, before → after, and findings that changed."""
     from rich.console import Console
 
@@ -155,17 +150,3 @@ def diff(before: Path, after: Path, phase: str, as_json: bool, taxonomy: Path | 
         sys.stdout.buffer.write(encode_diff(doc))
         return
     render_diff(doc, Console(highlight=False))
-
-
-def register(app: typer.Typer) -> None:
-    """Add analyze, report and diff to the root app."""
-    from servescope.cli.common import register as add
-
-    add(app, analyze, ANALYZE_FLAGS)
-    add(app, report, REPORT_FLAGS)
-    add(app, diff, DIFF_FLAGS)
-
-
-def run_analyze_fast(argv: Sequence[str]) -> bool:
-    """``servescope analyze ARGS`` without typer when ARGS are plain; False leaves it to typer."""
-    return run_without_typer(analyze, ANALYZE_FLAGS, argv)
