@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from typer.testing import CliRunner
 
@@ -105,6 +106,43 @@ def test_curve_file_round_trips_through_the_loader(gloo_run: tuple[dict, dict, s
     curve = loaded.curve("all_gather", variant="GLOO_DEVICE_TRANSPORT=TCP")
     assert curve is not None and [p.bytes for p in curve.points] == [1024, 4096, 16384, 32768, 65536]
     assert loaded.world_size == 2 and loaded.curve("all_gather", graph=True) is None
+
+
+def test_bench_comm_as_a_plain_function(tmp_path: Path) -> None:
+    """The function the command calls, without the CLI: one real gloo launch (2 ranks), its document returned
+    and its curve file written."""
+    from servescope.bench.comm import bench_comm
+    from servescope.core.comm_result import CommResultDoc
+
+    out = tmp_path / "curves.json"
+    doc = bench_comm(ops=["all_reduce"], sizes="1K,4K", backend="gloo", nproc=2, iters=3, warmup=1,
+                     model="llama-3-70b", tp=2, batches=[1], output=out)
+    assert isinstance(doc, CommResultDoc) and doc.failures == [] and doc.output == str(out)
+    assert json.loads(out.read_text())["curves"] == json.loads(json.dumps(msgspec.to_builtins(doc.curves)))["curves"]
+    [curve] = doc.curves.curves
+    # 1K and 4K asked, plus the decode size of batch 1: 8192 × 1 × 2 bytes
+    assert (curve.op, curve.variant, [p.bytes for p in curve.points]) == ("all_reduce", "default", [1024, 4096, 16384])
+    [choice] = doc.best_at_decode
+    at = next(p for p in curve.points if p.bytes == LLAMA_70B_HIDDEN * 2)
+    assert (choice.batch, choice.bytes, choice.variant) == (1, LLAMA_70B_HIDDEN * 2, "default")
+    assert choice.time_us == at.time_us == choice.default_time_us
+    assert doc.environment[0].startswith("# servescope bench comm: best all_reduce variant at decode sizes: default")
+
+
+@pytest.mark.parametrize(("options", "flag"), [
+    ({"ops": ["all_reduce", "broadcast"]}, "--ops"),
+    ({"ops": []}, "--ops"),
+    ({"dtype": "int8"}, "--dtype"),
+    ({"variants": ["NCCL_PROTO"]}, "--variant"),
+    ({"sizes": "64M:1K"}, "--sizes"),
+    ({"tp": 4}, "--tp"),
+])
+def test_bench_comm_bad_options_raise_one_input_error_naming_the_flag(options: dict[str, object], flag: str) -> None:
+    from servescope.bench.comm import bench_comm
+
+    with pytest.raises(InputError) as caught:
+        bench_comm(**{"backend": "gloo", "nproc": 2, **options})  # type: ignore[arg-type]
+    assert caught.value.source == flag and "\n" not in str(caught.value)
 
 
 def test_bad_variant_is_one_line_exit_2() -> None:

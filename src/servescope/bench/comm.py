@@ -19,21 +19,26 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servescope.core.atomic import write_text_atomic
 from servescope.core.comm import OPS, CurveDoc, CurvePoint, OpCurve, bus_factor, curve_doc_to_json, time_us_at
 from servescope.core.errors import InputError, require_extra
 
+if TYPE_CHECKING:
+    from servescope.core.comm_result import CommResultDoc
+
 __all__ = [
+    "DTYPES",
     "ELEM_BYTES",
     "CommBenchResult",
     "CommRequest",
     "DecodeChoice",
     "Variant",
+    "bench_comm",
     "best_at_decode",
     "environment_lines",
     "parse_sizes",
@@ -42,6 +47,7 @@ __all__ = [
 ]
 
 ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+DTYPES = tuple(ELEM_BYTES)
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 # NVLink multicast stays off unless a variant sets these (it can take a shared host's GPUs out of service).
@@ -372,3 +378,67 @@ def environment_lines(doc: CurveDoc, choices: Sequence[DecodeChoice]) -> list[st
     if doc.backend == "nccl" and "NCCL_NVLS_ENABLE" not in env:
         lines.append("Environment=NCCL_NVLS_ENABLE=0")
     return lines
+
+
+def bench_comm(*, ops: Sequence[str] = OPS, sizes: str = "1K:64M", variants: Sequence[str] = (), graph: bool = False,
+               nproc: int | None = None, backend: str = "auto", dtype: str = "bfloat16", iters: int = 50,
+               warmup: int = 10, model: str | None = None, tp: int | None = None,
+               batches: Sequence[int] = (1, 8, 32), rendezvous: Mapping[str, str] | None = None,
+               output: Path | None = None, timeout_s: float = 900.0, keep_going: bool = False,
+               progress: Progress | None = None) -> CommResultDoc:
+    """What ``servescope bench comm`` measures: the curves, the best all_reduce at decode sizes and its unit lines.
+
+    Args:
+        sizes: bytes as nccl-tests gives them, ``LOW:HIGH[:FACTOR]`` or a list (:func:`parse_sizes`).
+        variants: env variants (:func:`parse_variant`); ``default`` is always run first.
+        nproc: processes (GPUs) per node; ``None``: every GPU under nccl, 2 under gloo.
+        model: a preset or config.json whose hidden size adds the decode all_reduce sizes of ``batches``
+            and picks the best variant there; ``tp``, when given, must equal the world size.
+        rendezvous: torchrun's multi-node flags, underscored (``nnodes``, ``master_addr`` … :data:`RDZV_FLAGS`).
+        output: the curve file, rewritten after every variant.
+
+    Raises:
+        InputError: a bad option (one line naming its flag), a missing ``bench`` extra, or a failed worker
+            (with ``keep_going``, failed variants are listed in ``failures`` instead).
+
+    Example:
+        >>> doc = bench_comm(ops=["all_reduce"], sizes="1K:64K", backend="gloo", model="llama-3-70b",
+        ...                  batches=[1, 8])                                   # doctest: +SKIP
+        >>> doc.best_at_decode[0].variant                                       # doctest: +SKIP
+    """
+    from servescope.core.comm_result import CommResultDoc, DecodeChoiceRow
+
+    op_list = tuple(o.strip() for o in ops if o.strip())
+    bad = [o for o in op_list if o not in OPS]
+    if bad or not op_list:
+        raise InputError("--ops", f"unknown {', '.join(bad) or '(none)'}; expected some of {', '.join(OPS)}")
+    if dtype not in DTYPES:
+        raise InputError("--dtype", f"{dtype!r}: expected bfloat16, float16 or float32")
+    chosen_variants = [parse_variant("default")] + [parse_variant(v) for v in variants if v.strip() != "default"]
+    hidden = None
+    if model is not None:
+        from servescope.plan.model import load_model_arch
+
+        hidden = load_model_arch(model).hidden
+    chosen = resolve_backend(backend)
+    per_node = nproc if nproc is not None else default_nproc(chosen)
+    rdzv = {k: v for k, v in (rendezvous or {}).items() if v is not None}
+    unknown = set(rdzv) - set(RDZV_FLAGS)
+    if unknown:
+        raise ValueError(f"unknown rendezvous keys {sorted(unknown)}; expected some of {', '.join(RDZV_FLAGS)}")
+    nodes = rdzv.get("nnodes", "").split(":")[-1]
+    world = per_node * int(nodes) if nodes.isdigit() else per_node
+    if tp is not None and tp != world:
+        raise InputError("--tp", f"{tp}, but the bench runs {world} ranks; time the TP group's size (--gpus {tp})")
+    size_list = list(parse_sizes(sizes))
+    if hidden is not None:
+        size_list += [hidden * b * ELEM_BYTES[dtype] for b in batches]
+    req = CommRequest(ops=op_list, sizes=align_sizes(size_list, world_size=world, dtype=dtype),
+                      variants=tuple(chosen_variants), nproc=per_node, backend=chosen, dtype=dtype, iters=iters,
+                      warmup=warmup, graph=graph, rendezvous=rdzv, output=output, timeout_s=timeout_s,
+                      keep_going=keep_going)
+    result = run_comm_bench(req, progress)
+    choices = best_at_decode(result.doc, hidden=hidden, batches=batches) if hidden else []
+    return CommResultDoc(curves=result.doc, best_at_decode=[DecodeChoiceRow(**asdict(c)) for c in choices],
+                         environment=environment_lines(result.doc, choices) if choices else [],
+                         failures=list(result.failures), output=result.output)

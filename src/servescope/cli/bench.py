@@ -33,10 +33,7 @@ def bench_gemm(
     from servescope.report.gpu import render_gemm
 
     with user_errors():
-        try:
-            batches = [int(b) for b in batch.split(",") if b.strip()]
-        except ValueError:
-            raise InputError("--batch", f"not a comma-separated list of integers: {batch!r}") from None
+        batches = _int_list("--batch", batch)
         arch = load_model_arch(model)
         shapes = [s for b in batches for s in gemm_shapes(arch, tp=tp, batch=b)]
         doc = run_gemm_bench(shapes, device=device, iters=iters, progress=None if as_json else _gemm_progress)
@@ -95,71 +92,44 @@ def bench_comm(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Collective latency curves (nccl-tests algbw/busbw), one fresh process group per NCCL env variant."""
-
-    from servescope.bench.comm import (
-        ELEM_BYTES,
-        CommRequest,
-        align_sizes,
-        best_at_decode,
-        default_nproc,
-        environment_lines,
-        parse_sizes,
-        parse_variant,
-        resolve_backend,
-        run_comm_bench,
-    )
+    from servescope.bench.comm import bench_comm as measure
     from servescope.core.atomic import write_text_atomic
-    from servescope.core.comm import OPS
-    from servescope.report.comm import comm_result_document, render_comm
+    from servescope.report.comm import render_comm
 
     with user_errors():
-        op_list = tuple(o.strip() for o in ops.split(",") if o.strip())
-        bad = [o for o in op_list if o not in OPS]
-        if bad or not op_list:
-            raise InputError("--ops", f"unknown {', '.join(bad) or '(none)'}; expected some of {', '.join(OPS)}")
-        if dtype not in ("bfloat16", "float16", "float32"):
-            raise InputError("--dtype", f"{dtype!r}: expected bfloat16, float16 or float32")
-        variants = [parse_variant("default")] + [parse_variant(v) for v in variant or [] if v.strip() != "default"]
-        try:
-            batches = [int(b) for b in batch.split(",") if b.strip()]
-        except ValueError:
-            raise InputError("--batch", f"not a comma-separated list of integers: {batch!r}") from None
-        hidden = None
-        if model is not None:
-            from servescope.plan.model import load_model_arch
-            hidden = load_model_arch(model).hidden
-        chosen = resolve_backend(backend)
-        nproc = gpus if gpus is not None else default_nproc(chosen)
-        rdzv = {k: v for k, v in (("nnodes", nnodes), ("node_rank", node_rank), ("rdzv_endpoint", rdzv_endpoint),
-                                  ("rdzv_backend", rdzv_backend), ("rdzv_id", rdzv_id),
-                                  ("master_addr", master_addr), ("master_port", master_port)) if v is not None}
-        world = nproc * int(nnodes.split(":")[-1]) if nnodes and nnodes.split(":")[-1].isdigit() else nproc
-        if tp is not None and tp != world:
-            raise InputError("--tp", f"{tp}, but the bench runs {world} ranks; time the TP group's size (--gpus {tp})")
-        size_list = list(parse_sizes(sizes))
-        if hidden is not None:
-            size_list += [hidden * b * ELEM_BYTES[dtype] for b in batches]
-        req = CommRequest(ops=op_list, sizes=align_sizes(size_list, world_size=world, dtype=dtype),
-                          variants=tuple(variants), nproc=nproc, backend=chosen, dtype=dtype, iters=iters,
-                          warmup=warmup, graph=graph, rendezvous=rdzv, output=output, timeout_s=timeout,
-                          keep_going=keep_going)
+        batches = _int_list("--batch", batch)
+        rendezvous = {"nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": rdzv_endpoint,
+                      "rdzv_backend": rdzv_backend, "rdzv_id": rdzv_id, "master_addr": master_addr,
+                      "master_port": master_port}
         progress = None if as_json or not err.is_terminal else (lambda m: err.print(m, markup=False))
         previous = signal.signal(signal.SIGTERM, _interrupt)   # `timeout`/systemd stop: end the workers too
         try:
-            result = run_comm_bench(req, progress)
+            doc = measure(ops=ops.split(","), sizes=sizes, variants=variant or (), graph=graph, nproc=gpus,
+                          backend=backend, dtype=dtype, iters=iters, warmup=warmup, model=model, tp=tp,
+                          batches=batches, rendezvous={k: v for k, v in rendezvous.items() if v is not None},
+                          output=output, timeout_s=timeout, keep_going=keep_going, progress=progress)
         except KeyboardInterrupt:
             fail(f"interrupted; the variants that finished are in {output}" if output else "interrupted", code=130)
         finally:
             signal.signal(signal.SIGTERM, previous)
-        choices = best_at_decode(result.doc, hidden=hidden, batches=batches) if hidden else []
-        env_lines = environment_lines(result.doc, choices) if choices else []
         if env_out is not None:
-            write_text_atomic(env_out, "\n".join(env_lines) + "\n")
+            write_text_atomic(env_out, "\n".join(doc.environment) + "\n")
     if as_json:
         from servescope.core.document import encode
-        sys.stdout.buffer.write(encode(comm_result_document(result.doc, choices, env_lines, result.failures,
-                                                            result.output)))
+        sys.stdout.buffer.write(encode(doc))
     else:
-        render_comm(result.doc, choices, env_lines, result.failures, Console(highlight=False))
-    if result.failures:
-        fail(f"{len(result.failures)} failed: {result.failures[0]}")
+        render_comm(doc.curves, doc.best_at_decode, doc.environment, doc.failures, Console(highlight=False))
+    if doc.failures:
+        fail(f"{len(doc.failures)} failed: {doc.failures[0]}")
+
+
+def _int_list(option: str, text: str) -> list[int]:
+    """``1,8,32`` as integers.
+
+    Raises:
+        InputError: naming ``option``, when an item is not an integer.
+    """
+    try:
+        return [int(b) for b in text.split(",") if b.strip()]
+    except ValueError:
+        raise InputError(option, f"not a comma-separated list of integers: {text!r}") from None
