@@ -57,6 +57,27 @@ def test_tp2_profile_gives_two_ranks_with_decode_communication(profiling_server:
     assert [u["prompt_tokens"] for u in usage] == [24] * batch
 
 
+def test_profile_server_as_a_plain_function(profiling_server: ProfilingServer) -> None:
+    """The function the command calls, without the CLI: the capture's files and the analysis of exactly them."""
+    from servescope.server.profile import ProfileRequest, profile_server
+
+    batch, tokens = 2, 8
+    before = set(profiling_server.trace_dir.rglob("*.pt.trace.json.gz"))
+    said: list[str] = []
+    result = profile_server(ProfileRequest(url=profiling_server.url, batch=batch, output_tokens=tokens,
+                                           trace_dir=profiling_server.trace_dir), say=said.append)
+    new = set(profiling_server.trace_dir.rglob("*.pt.trace.json.gz")) - before
+    assert set(result.capture.trace_files) == new and len(new) == profiling_server.tp + 1
+    assert sorted(r.rank for r in result.analysis.ranks) == [0, 1]
+    assert {Path(t.path) for t in result.analysis.traces} == new
+    for rank in result.analysis.ranks:
+        by_hand = _steps_by_hand(Path(rank.path))
+        assert rank.phases["decode"].steps == len([s for s in by_hand if s[0] == 0 and s[2] > 0])
+    record = result.capture.record()
+    assert [u["completion_tokens"] for u in record["usage"]] == [tokens] * batch
+    assert record["batch"] == batch and record["output_tokens"] == tokens and record["url"] == profiling_server.url
+
+
 def test_tp2_profile_finds_the_trace_dir_from_the_local_process(profiling_server: ProfilingServer) -> None:
     result = run_cli("profile", profiling_server.url, "--batch", "1", "--output-tokens", "4")
     assert result.returncode == 0, result.stderr

@@ -44,20 +44,15 @@ def profile(
     from servescope.report.profile import encode_profile, render_capture
     from servescope.report.tables import render_analysis
     from servescope.server.client import resolve_api_key
-    from servescope.server.profile import ProfileRequest, capture_profile
-    from servescope.trace.analyze import AnalyzeRequest, analyze
+    from servescope.server.profile import ProfileRequest, profile_server
 
     with user_errors():
         request = ProfileRequest(url=url, batch=batch, output_tokens=output_tokens, input_tokens=input_tokens,
                                  trace_dir=trace_dir, api_key=resolve_api_key(api_key), model=model,
                                  trace_timeout_s=trace_timeout, warmup=warmup)
-        capture = capture_profile(request, say=lambda line: print(line, file=sys.stderr, flush=True))
-        doc = analyze(AnalyzeRequest(paths=capture.trace_files))
-        data = encode_profile(doc, capture.trace_files, capture={
-            "url": capture.url, "model": capture.model, "batch": capture.batch,
-            "output_tokens": capture.output_tokens, "input_tokens": capture.input_tokens,
-            "prompt_source": capture.prompt_source, "usage": capture.usage,
-            "requests_s": round(capture.requests_s, 3), "traces_wait_s": round(capture.traces_wait_s, 3)})
+        result = profile_server(request, say=lambda line: print(line, file=sys.stderr, flush=True))
+        capture, doc = result.capture, result.analysis
+        data = encode_profile(doc, capture.trace_files, capture=capture.record())
         target = output
         try:
             if output is not None:

@@ -23,19 +23,24 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from servescope.core.errors import InputError
 from servescope.server.client import ApiKey, ServerClient
 from servescope.server.errors import EndpointNotFound, NotOpenAICompatible
 
+if TYPE_CHECKING:
+    from servescope.core.analysis import AnalysisDoc
+
 __all__ = [
     "ProfileCapture",
     "ProfileRequest",
+    "ProfileResult",
     "capture_profile",
     "discover_trace_dir",
     "is_local_url",
+    "profile_server",
     "wait_for_traces",
 ]
 
@@ -82,6 +87,20 @@ class ProfileCapture:
     usage: list[dict[str, int]] = field(default_factory=list)  # per request, as the server reported it
     requests_s: float = 0.0
     traces_wait_s: float = 0.0
+
+    def record(self) -> dict[str, Any]:
+        """The run's settings and what the server reported: the ``profile`` object of the JSON document."""
+        return {"url": self.url, "model": self.model, "batch": self.batch, "output_tokens": self.output_tokens,
+                "input_tokens": self.input_tokens, "prompt_source": self.prompt_source, "usage": self.usage,
+                "requests_s": round(self.requests_s, 3), "traces_wait_s": round(self.traces_wait_s, 3)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileResult:
+    """What ``servescope profile`` found: the capture and the analysis of exactly its trace files."""
+
+    capture: ProfileCapture
+    analysis: AnalysisDoc
 
 
 def is_local_url(url: str) -> bool:
@@ -364,3 +383,19 @@ def capture_profile(request: ProfileRequest, *, say: Callable[[str], None] = _qu
         raise InputError(str(trace_dir), "no new trace files")
     return capture
 
+
+def profile_server(request: ProfileRequest, *, say: Callable[[str], None] = _quiet) -> ProfileResult:
+    """Capture the server's decode steps (:func:`capture_profile`) and analyze exactly the new trace files.
+
+    Raises:
+        InputError: as :func:`capture_profile`, or a trace file the analysis cannot read.
+
+    Example:
+        >>> result = profile_server(ProfileRequest(url="http://127.0.0.1:8000", batch=4,
+        ...                                        output_tokens=32))  # doctest: +SKIP
+        >>> result.analysis.ranks[0].phases["decode"].steps                    # doctest: +SKIP
+    """
+    from servescope.trace.analyze import AnalyzeRequest, analyze
+
+    capture = capture_profile(request, say=say)
+    return ProfileResult(capture=capture, analysis=analyze(AnalyzeRequest(paths=capture.trace_files)))
