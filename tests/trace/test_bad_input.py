@@ -2,7 +2,7 @@
 
 Every broken file is made in tmp_path from the bytes of a real trace (truncated, corrupted, cut), so the
 errors are the ones users meet, not ones a hand-written toy provokes. The fuzz tests then check the
-contract itself: whatever the bytes, ``read_trace`` and ``analyze`` return a result or raise InputError,
+contract itself: whatever the bytes, ``decode_trace`` and ``analyze`` return a result or raise InputError,
 never anything else.
 """
 
@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from servescope.core.errors import InputError
 from servescope.trace.analyze import AnalyzeRequest, analyze
-from servescope.trace.reader import KIND_KERNEL, TraceData, read_trace
+from servescope.trace.decode import decode_trace
+from servescope.trace.table import KIND_KERNEL, TraceData
 from tracefiles import TRACES, load_events
 
 SMALL = TRACES / "tracelens" / "sglang_qwen3-8b_decode_graph_replay.json.gz"  # 36 KB gz, 0.6 MB JSON
@@ -47,7 +48,7 @@ def _kernel_count(data: TraceData) -> int:
 
 def _read_error(path: Path) -> InputError:
     with pytest.raises(InputError) as info:
-        read_trace(path)
+        decode_trace(path)
     err = info.value
     assert err.source == str(path)
     assert str(err) == f"{path}: {err.problem}"
@@ -69,7 +70,7 @@ def test_missing_file(tmp_path: Path) -> None:
     _assert_names(_read_error(path), path, "no such file")
 
 
-def test_directory_given_to_read_trace(tmp_path: Path) -> None:
+def test_directory_given_to_decode_trace(tmp_path: Path) -> None:
     _assert_names(_read_error(tmp_path), tmp_path, "directory")
 
 
@@ -132,7 +133,7 @@ def test_gzip_with_zero_padding_reads(tmp_path: Path) -> None:
     """Zero bytes after the gzip member (tape/block padding) are valid gzip; zlib ignores them."""
     path = tmp_path / "padded.json.gz"
     path.write_bytes(GZ_BYTES + b"\0" * 16)
-    assert _kernel_count(read_trace(path)) == _kernel_count_plain(_SMALL_EVENTS)
+    assert _kernel_count(decode_trace(path)) == _kernel_count_plain(_SMALL_EVENTS)
 
 
 @pytest.mark.needs_shared
@@ -148,7 +149,7 @@ def test_multi_member_gzip_reads(tmp_path: Path) -> None:
     cut = len(JSON_BYTES) // 3
     path = tmp_path / "members.json.gz"
     path.write_bytes(gzip.compress(JSON_BYTES[:cut]) + gzip.compress(JSON_BYTES[cut:]))
-    assert _kernel_count(read_trace(path)) == _kernel_count_plain(_SMALL_EVENTS)
+    assert _kernel_count(decode_trace(path)) == _kernel_count_plain(_SMALL_EVENTS)
 
 
 @pytest.mark.needs_shared
@@ -156,7 +157,7 @@ def test_multi_member_gzip_larger_first_member_reads(tmp_path: Path) -> None:
     cut = 2 * len(JSON_BYTES) // 3
     path = tmp_path / "members.json.gz"
     path.write_bytes(gzip.compress(JSON_BYTES[:cut]) + gzip.compress(JSON_BYTES[cut:]))
-    assert _kernel_count(read_trace(path)) == _kernel_count_plain(_SMALL_EVENTS)
+    assert _kernel_count(decode_trace(path)) == _kernel_count_plain(_SMALL_EVENTS)
 
 
 @pytest.mark.needs_shared
@@ -313,7 +314,7 @@ def test_object_and_bare_list_forms_read_alike(tmp_path: Path, source: Path) -> 
     as_object.write_text(json.dumps({"traceEvents": events}))
     as_list = tmp_path / "list.json"
     as_list.write_text(json.dumps(events))
-    from_object, from_list = read_trace(as_object), read_trace(as_list)
+    from_object, from_list = decode_trace(as_object), decode_trace(as_list)
     assert _kernel_count(from_object) == _kernel_count(from_list) == _kernel_count_plain(events)
     assert from_object.event_count == from_list.event_count == len(events)
     assert len(from_object.cpu_ops) == len(from_list.cpu_ops)
@@ -326,7 +327,7 @@ def test_tiny_valid_trace(tmp_path: Path) -> None:
     small = {k: kernel[k] for k in ("ph", "cat", "ts", "dur")}
     path = tmp_path / "tiny.json"
     path.write_text(json.dumps({"traceEvents": [small]}))
-    assert _kernel_count(read_trace(path)) == 1
+    assert _kernel_count(decode_trace(path)) == 1
 
 
 # --- analyze over directories --------------------------------------------------------------------------
@@ -471,16 +472,16 @@ def _result_or_input_error(run: Callable[[Path], object], path: Path) -> object 
 @pytest.mark.needs_shared
 @_FUZZ
 @given(_mutated())
-def test_fuzz_read_trace_bytes(fuzz_dir: Path, case: tuple[str, bytes]) -> None:
+def test_fuzz_decode_trace_bytes(fuzz_dir: Path, case: tuple[str, bytes]) -> None:
     suffix, data = case
-    result = _result_or_input_error(read_trace, _write(fuzz_dir, "bytes" + suffix, data))
+    result = _result_or_input_error(decode_trace, _write(fuzz_dir, "bytes" + suffix, data))
     assert result is None or isinstance(result, TraceData)
 
 
 @pytest.mark.needs_shared
 @settings(_FUZZ, max_examples=100)
 @given(_mutated(), st.sampled_from([(1 << 10, 1 << 40), (1 << 10, 0)]))
-def test_fuzz_read_trace_bytes_in_small_blocks(fuzz_dir: Path, case: tuple[str, bytes],
+def test_fuzz_decode_trace_bytes_in_small_blocks(fuzz_dir: Path, case: tuple[str, bytes],
                                                sizes: tuple[int, int]) -> None:
     """The same mutations with 1 KB blocks, held whole (cut in place) or streamed: every block boundary,
     in-place decode and fallback is reached."""
@@ -489,15 +490,15 @@ def test_fuzz_read_trace_bytes_in_small_blocks(fuzz_dir: Path, case: tuple[str, 
     chunk, whole_limit = sizes
     suffix, data = case
     with mock.patch.object(decode, "_CHUNK_BYTES", chunk), mock.patch.object(decode, "_WHOLE_LIMIT", whole_limit):
-        result = _result_or_input_error(read_trace, _write(fuzz_dir, "blocks" + suffix, data))
+        result = _result_or_input_error(decode_trace, _write(fuzz_dir, "blocks" + suffix, data))
     assert result is None or isinstance(result, TraceData)
 
 
 @pytest.mark.needs_shared
 @_FUZZ
 @given(_mutated_events())
-def test_fuzz_read_trace_values(fuzz_dir: Path, data: bytes) -> None:
-    result = _result_or_input_error(read_trace, _write(fuzz_dir, "values.json", data))
+def test_fuzz_decode_trace_values(fuzz_dir: Path, data: bytes) -> None:
+    result = _result_or_input_error(decode_trace, _write(fuzz_dir, "values.json", data))
     assert result is None or isinstance(result, TraceData)
 
 
@@ -512,7 +513,7 @@ def test_fuzz_truncation_is_never_a_trace(fuzz_dir: Path, suffix: str, data: st.
     cut = data.draw(st.integers(0, len(whole) - 1))
     path = _write(fuzz_dir, "cut" + suffix, whole[:cut])
     with pytest.raises(InputError) as info:
-        read_trace(path)
+        decode_trace(path)
     assert info.value.source == str(path)
 
 

@@ -33,7 +33,7 @@ from servescope.trace.classify import (
 )
 from servescope.trace.decode import decode_trace
 from servescope.trace.launch import launch_rows
-from servescope.trace.reader import KIND_KERNEL, KIND_NAMES, TraceData, to_trace_data
+from servescope.trace.table import KIND_KERNEL, KIND_NAMES, KIND_USER_ANNOTATION, TraceData
 from servescope.trace.taxonomy import CATEGORY_OTHER, Taxonomy, load_taxonomy
 from servescope.trace.work import Work, select_work
 from tracefiles import ROOT, TRACES
@@ -55,15 +55,13 @@ def _ref_informative(data: TraceData, taxonomy: Taxonomy, rules: list[Any]) -> d
             if rule is not None:
                 t, d = float(table.ts_us[r]), float(table.dur_us[r])
                 rows[int(table.thread[r])].append((t, t + d, rule_index[id(rule)], int(table.name[r])))
-    thread_ids = {pt: i for i, pt in enumerate(data.threads)}
-    for ann in data.annotations:
-        rule = None if ann.on_gpu else taxonomy.launch_rule(ann.name, "annotation")
-        thread = thread_ids.get((ann.pid, ann.tid))
-        if rule is not None and thread is not None:
-            if ann.name not in data.names:
-                data.names.append(ann.name)
-            rows[thread].append((ann.ts_us, ann.ts_us + ann.dur_us, rule_index[id(rule)],
-                                 data.names.index(ann.name)))
+    ann = data.annotations
+    for r in range(len(ann)):
+        name = int(ann.name[r])
+        rule = None if ann.kind[r] != KIND_USER_ANNOTATION else taxonomy.launch_rule(data.names[name], "annotation")
+        if rule is not None:
+            t, d = float(ann.ts_us[r]), float(ann.dur_us[r])
+            rows[int(ann.thread[r])].append((t, t + d, rule_index[id(rule)], name))
     out = {}
     for thread, frames in rows.items():
         frames.sort(key=lambda f: (f[0], -f[1]))
@@ -333,14 +331,14 @@ def _path(name: str | Path) -> Path:
 @pytest.mark.parametrize("name", [p if p.startswith("/") else TRACES / p for p in REAL],
                          ids=lambda n: Path(n).name.split(".")[0])
 def test_same_as_reference_on_real_traces(name: str | Path) -> None:
-    _check(to_trace_data(decode_trace(_path(name))), load_taxonomy(None))
+    _check(decode_trace(_path(name)), load_taxonomy(None))
 
 
 @pytest.mark.parametrize(("replay", "capture"), [(TRACES / r, TRACES / c) for r, c in PAIRS],
                          ids=lambda n: Path(n).name.split(".")[0])
 def test_same_as_reference_on_graph_replays(replay: Path, capture: Path) -> None:
     taxonomy = load_taxonomy(None)
-    captured = to_trace_data(decode_trace(_path(capture)))
+    captured = decode_trace(_path(capture))
     reference = capture_reference(captured, taxonomy)
     rows = np.array(sorted(captured.launches.kernel, key=lambda r: captured.launches.ts_us[r]), dtype=np.int64)
     start = captured.launches.ts_us[rows]
@@ -349,8 +347,8 @@ def test_same_as_reference_on_graph_replays(replay: Path, capture: Path) -> None
                                   start + captured.launches.dur_us[rows], captured.launches.thread[rows])
     assert reference.categories == [categories[c] if c >= 0 else "" for c in found]
     assert reference.frames == [captured.names[f] if f >= 0 else None for f in frame]
-    _check(to_trace_data(decode_trace(_path(replay))), taxonomy, reference)
-    _check(to_trace_data(decode_trace(_path(replay))), taxonomy)  # no capture: lined up with its own launches
+    _check(decode_trace(_path(replay)), taxonomy, reference)
+    _check(decode_trace(_path(replay)), taxonomy)  # no capture: lined up with its own launches
 
 
 # synthetic traces: frames that nest, overlap without nesting, tie, and sit on two threads
@@ -429,7 +427,7 @@ def test_same_as_reference_on_synthetic_frames(tmp_path: Path, seed: int) -> Non
     path = tmp_path / "synthetic.json.gz"
     events = _synthetic(seed, with_python=seed % 2 == 0, with_kernels=seed < 8)
     path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
-    data = to_trace_data(decode_trace(path))
+    data = decode_trace(path)
     assert select_work(data).kind == ("device" if seed < 8 else "cpu_op")
     taxonomy = load_taxonomy(None)
     _check(data, taxonomy)

@@ -259,9 +259,9 @@ def _lowered(rule: str, medium: float) -> dict[str, Any]:
 def _refind(doc: AnalysisDoc, data: dict[str, Any]) -> list[Finding]:
     """Findings of ``doc`` under other thresholds (the same facts; servescope's own call, other data)."""
     comm = [c for c, g in doc.categories.items() if g == "communication"]
+    from servescope.trace.decode import decode_trace
     from servescope.trace.facts import rank_facts
-    from servescope.trace.reader import read_trace
-    facts = {r.rank: rank_facts(read_trace(r.path), r.rank, r.steps) for r in doc.ranks}
+    facts = {r.rank: rank_facts(decode_trace(r.path), r.rank, r.steps) for r in doc.ranks}
     return find_bottlenecks(doc.ranks, doc.across_ranks, doc.kernels, comm, {}, facts, data)
 
 

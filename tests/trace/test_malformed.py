@@ -15,7 +15,7 @@ import pytest
 
 from servescope.core.errors import InputError
 from servescope.trace.analyze import AnalyzeRequest, analyze
-from servescope.trace.reader import read_trace
+from servescope.trace.decode import decode_trace
 from tracefiles import ROOT
 
 CAPTURE = ROOT / "tests" / "data" / "h200-vllm" / "dense-graphs-b16" / "rank0.pt.trace.json.gz"
@@ -50,7 +50,7 @@ def test_one_malformed_kernel_is_left_out_and_named(tmp_path: Path, field: str, 
     at = kernels[len(kernels) // 2]
     doc["traceEvents"][at][field] = value
     path = _write(tmp_path, doc)
-    data = read_trace(path)
+    data = decode_trace(path)
     assert data.malformed == 1
     assert problem in data.malformed_examples[0]
     if problem in ("dur", "ts"):  # a field of the wrong type: the event's position in traceEvents is named
@@ -72,10 +72,10 @@ def test_the_same_events_are_left_out_when_the_trace_is_read_as_a_stream(tmp_pat
     for at in kernels[::400][:3]:
         doc["traceEvents"][at]["dur"] = None
     path = _write(tmp_path, doc)
-    whole = read_trace(path)
+    whole = decode_trace(path)
     monkeypatch.setattr(decode, "_CHUNK_BYTES", 1 << 12)
     monkeypatch.setattr(decode, "_WHOLE_LIMIT", 1 << 14)
-    streamed = read_trace(path)
+    streamed = decode_trace(path)
     assert whole.malformed == streamed.malformed == 3
     assert whole.malformed_examples == streamed.malformed_examples
     assert whole.device.dur_us.tolist() == streamed.device.dur_us.tolist()
@@ -92,7 +92,7 @@ def test_more_than_the_stated_share_fails_the_trace(tmp_path: Path) -> None:
         doc["traceEvents"][at]["dur"] = "x"
     path = _write(tmp_path, doc)
     with pytest.raises(InputError) as err:
-        read_trace(path)
+        decode_trace(path)
     assert str(path) in str(err.value) and f"{bad} of {len(doc['traceEvents'])} events malformed" in str(err.value)
 
 
@@ -100,4 +100,4 @@ def test_broken_json_is_still_one_error_not_a_skip(tmp_path: Path) -> None:
     path = tmp_path / "cut.json"
     path.write_text(json.dumps(_doc())[:-5000], encoding="utf-8")
     with pytest.raises(InputError):
-        read_trace(path)
+        decode_trace(path)

@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 import servescope.trace.readahead as readahead
 from servescope.core.errors import InputError
-from servescope.trace.decode import DecodedTrace, decode_trace
+from servescope.trace.decode import decode_trace
 from servescope.trace.readahead import ReadAhead
+from servescope.trace.table import TraceData
 from tracefiles import TRACES, load_events
 
 FILES = [TRACES / "vllm-cpu/tp2_b4_16tok_rank0.pt.trace.json.gz",
@@ -24,16 +25,17 @@ FILES = [TRACES / "vllm-cpu/tp2_b4_16tok_rank0.pt.trace.json.gz",
          TRACES / "hta/nccl_allreduce_2rank_rank0.json.gz"]
 
 
-def _same(a: DecodedTrace, b: DecodedTrace) -> None:
+def _same(a: TraceData, b: TraceData) -> None:
     """Equal row by row: names and threads compared by what they are (their ids depend on decoding order)."""
     assert (a.path, a.size_bytes, a.event_count) == (b.path, b.size_bytes, b.event_count)
-    for table in ("device", "cpu_ops", "launches"):
+    for table in ("device", "cpu_ops", "launches", "frames", "annotations"):
         x, y = getattr(a, table), getattr(b, table)
-        assert (x.kind, x.ts_us, x.dur_us, x.correlation, x.msg_bytes) == (y.kind, y.ts_us, y.dur_us,
-                                                                           y.correlation, y.msg_bytes), table
+        assert (x.kind.tolist(), x.ts_us.tolist(), x.dur_us.tolist(), x.correlation.tolist(), x.msg_bytes) == (
+            y.kind.tolist(), y.ts_us.tolist(), y.dur_us.tolist(), y.correlation.tolist(), y.msg_bytes), table
         assert [a.names[i] for i in x.name] == [b.names[i] for i in y.name], table
         assert [a.threads[i] for i in x.thread] == [b.threads[i] for i in y.thread], table
-    assert (a.annotations, a.distributed, a.metadata) == (b.annotations, b.distributed, b.metadata)
+        assert {r: a.names[n] for r, n in x.kernel.items()} == {r: b.names[n] for r, n in y.kernel.items()}, table
+    assert (a.distributed, a.metadata) == (b.distributed, b.metadata)
 
 
 @pytest.fixture(autouse=True)

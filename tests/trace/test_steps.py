@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from servescope.trace.analyze import AnalyzeRequest, analyze
-from servescope.trace.reader import read_trace
+from servescope.trace.decode import decode_trace
 from servescope.trace.steps import find_steps
 from servescope.trace.work import select_work
 from tracefiles import ROOT, TRACES, load_events
@@ -70,7 +70,7 @@ def test_sglang_steps_come_from_its_annotations() -> None:
     marked = [e for e in events if e.get("cat") == "user_annotation"
               and (e["name"].startswith("step[") or e["name"].startswith("execute_"))]
     assert marked
-    data = read_trace(SGLANG_REPLAY)
+    data = decode_trace(SGLANG_REPLAY)
     steps = find_steps(data, select_work(data))
     assert steps.source == "annotation"
     assert [s.phase for s in steps.steps] == ["decode"]

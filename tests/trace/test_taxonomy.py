@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servescope.core.errors import InputError
-from servescope.trace.reader import KIND_NAMES, read_trace
+from servescope.trace.decode import decode_trace
+from servescope.trace.table import KIND_NAMES
 from servescope.trace.taxonomy import CATEGORY_OTHER, Taxonomy, load_taxonomy
 from servescope.trace.work import select_work
 from tracefiles import all_shared_traces, load_events
@@ -36,7 +37,7 @@ def _work_time_by_name(path: Path) -> Counter[tuple[str, str]]:
             by_name[(event["cat"], event["name"])] += float(event.get("dur", 0.0))
     if by_name:
         return by_name
-    data = read_trace(path)
+    data = decode_trace(path)
     work = select_work(data)
     assert work.kind == "cpu_op"
     table = work.table
@@ -390,7 +391,7 @@ def _first_matching_rule(taxonomy: Taxonomy, name: str, kind: str) -> str:
 def test_fast_matching_agrees_with_whole_regexes_on_real_names(taxonomy: Taxonomy) -> None:
     names = {(kind, name) for name, kind, _ in KNOWN}
     for path in all_shared_traces():
-        data = read_trace(path)
+        data = decode_trace(path)
         for table in (data.device, data.cpu_ops):
             names.update((KIND_NAMES[k], data.names[n]) for k, n in zip(table.kind, table.name, strict=True))
     assert len(names) > 300

@@ -20,8 +20,8 @@ from servescope.trace.files import EXAMPLE_NAME, EXAMPLES, discover_traces, exam
 from servescope.trace.findings import find_bottlenecks
 from servescope.trace.ranks import assign_ranks, compare_ranks, rank_from_name
 from servescope.trace.readahead import ReadAhead
-from servescope.trace.reader import TraceData, to_trace_data
 from servescope.trace.steps import find_steps
+from servescope.trace.table import TraceData
 from servescope.trace.taxonomy import Taxonomy, load_taxonomy
 from servescope.trace.work import select_work
 
@@ -52,7 +52,7 @@ def _read_all(paths: Sequence[Path], progress: Progress | None, read_ahead: Read
     for path in paths:
         if progress is not None:
             progress.advance(f"reading {path.name}")
-        out.append(to_trace_data(read_ahead.take(path)))
+        out.append(read_ahead.take(path))
     return out
 
 

@@ -25,8 +25,8 @@ import numpy.typing as npt
 
 from servescope.core.analysis import BASES, CategoryStats, DeviceTotal, KernelRow, PhaseStats, StepRow, Summary
 from servescope.trace.classify import CaptureReference, Classified, classify_work, first_most
-from servescope.trace.reader import KIND_NAMES, TraceData, distinct_ids
 from servescope.trace.steps import PHASES, Steps
+from servescope.trace.table import KIND_NAMES, TraceData, distinct_ids
 from servescope.trace.taxonomy import Taxonomy
 from servescope.trace.work import Work
 

@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from servescope.core.analysis import BASES
 from servescope.trace.launch import frame_categories, launch_context, launch_rows
-from servescope.trace.reader import KIND_KERNEL, KIND_NAMES, TraceData
+from servescope.trace.table import KIND_KERNEL, KIND_NAMES, TraceData
 from servescope.trace.taxonomy import CATEGORY_OTHER, Taxonomy
 from servescope.trace.work import Work
 

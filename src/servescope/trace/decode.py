@@ -1,7 +1,7 @@
-"""Trace JSON (``.json``, ``.json.gz``) as torch.profiler, vLLM and SGLang write it → compact columns.
+"""Trace JSON (``.json``, ``.json.gz``) as torch.profiler, vLLM and SGLang write it → :class:`TraceData`.
 
-Only what analysis needs is kept, in plain ``array`` columns with interned names (no numpy here: this module
-is what a read-ahead child process imports, see :mod:`servescope.trace.readahead`):
+Only what analysis needs is kept, in the tables of :mod:`servescope.trace.table` with interned names (no numpy
+here: this module is what a read-ahead child process imports, see :mod:`servescope.trace.readahead`):
 
 * device work: ``kernel``, ``gpu_memcpy``, ``gpu_memset`` events (their correlation ids and the
   collective size args newer Kineto puts on NCCL kernels);
@@ -30,7 +30,6 @@ import queue
 import re
 import threading
 import zlib
-from array import array
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,18 +39,20 @@ import deflate
 import msgspec
 
 from servescope.core.errors import InputError
+from servescope.trace.table import (
+    KIND_CPU_OP,
+    KIND_GPU_ANNOTATION,
+    KIND_KERNEL,
+    KIND_MEMCPY,
+    KIND_MEMSET,
+    KIND_PYTHON,
+    KIND_USER_ANNOTATION,
+    Table,
+    TraceData,
+)
 
 __all__ = [
-    "KIND_CPU_OP",
-    "KIND_KERNEL",
-    "KIND_MEMCPY",
-    "KIND_MEMSET",
-    "KIND_NAMES",
-    "KIND_PYTHON",
     "MALFORMED_SHARE",
-    "Annotation",
-    "Columns",
-    "DecodedTrace",
     "Part",
     "decode_part",
     "decode_trace",
@@ -59,8 +60,6 @@ __all__ = [
     "read_op_inputs",
 ]
 
-KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, KIND_CPU_OP, KIND_PYTHON = 0, 1, 2, 3, 4
-KIND_NAMES = ("kernel", "gpu_memcpy", "gpu_memset", "cpu_op", "python_function")
 _DEVICE_KINDS = {"kernel": KIND_KERNEL, "gpu_memcpy": KIND_MEMCPY, "gpu_memset": KIND_MEMSET}
 _RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver", "runtime"})
 _ANNOTATION_CATS = frozenset({"user_annotation", "gpu_user_annotation"})
@@ -171,92 +170,6 @@ class _WholeTrace(msgspec.Struct, gc=False):
     deviceProperties: list[dict[str, Any]] | None = None  # noqa: N815
 
 
-@dataclass(frozen=True, slots=True)
-class Annotation:
-    """A CPU- or GPU-side range someone named: a vLLM step, ``ProfilerStep#3``, ``nccl:all_reduce``."""
-
-    name: str
-    ts_us: float
-    dur_us: float
-    pid: int | str
-    tid: int | str
-    on_gpu: bool
-
-
-@dataclass(slots=True)
-class Columns:
-    """One table of timed work or launches, a row per event; ``name`` indexes ``DecodedTrace.names``."""
-
-    kind: array[int] = field(default_factory=lambda: array("b"))
-    name: array[int] = field(default_factory=lambda: array("i"))
-    ts_us: array[float] = field(default_factory=lambda: array("d"))
-    dur_us: array[float] = field(default_factory=lambda: array("d"))
-    correlation: array[int] = field(default_factory=lambda: array("q"))  # -1 where absent
-    thread: array[int] = field(default_factory=lambda: array("i"))  # index into DecodedTrace.threads
-    msg_bytes: dict[int, int] = field(default_factory=dict)  # row -> bytes, for collectives that record it
-    kernel: dict[int, int] = field(default_factory=dict)  # launch row -> name id of the kernel it launched
-
-    def __len__(self) -> int:
-        return len(self.ts_us)
-
-    def extend(self, other: Columns, name_ids: list[int], thread_ids: list[int]) -> None:
-        """Append ``other``'s rows, its name and thread ids mapped through ``name_ids`` and ``thread_ids``."""
-        first = len(self.ts_us)
-        self.kind.extend(other.kind)
-        self.name.fromlist([name_ids[i] for i in other.name])
-        self.ts_us.extend(other.ts_us)
-        self.dur_us.extend(other.dur_us)
-        self.correlation.extend(other.correlation)
-        self.thread.fromlist([thread_ids[i] for i in other.thread])
-        self.msg_bytes.update({first + row: size for row, size in other.msg_bytes.items()})
-        self.kernel.update({first + row: name_ids[name] for row, name in other.kernel.items()})
-
-    def drop(self, rows: set[int]) -> None:
-        """Leave out ``rows`` (a rare repair: rows renumbered, the per-row dicts with them)."""
-        if not rows:
-            return
-        keep = [r for r in range(len(self.ts_us)) if r not in rows]
-        new_row = {old: new for new, old in enumerate(keep)}
-        for name in ("kind", "name", "ts_us", "dur_us", "correlation", "thread"):
-            column = getattr(self, name)
-            setattr(self, name, array(column.typecode, [column[r] for r in keep]))
-        self.msg_bytes = {new_row[r]: v for r, v in self.msg_bytes.items() if r in new_row}
-        self.kernel = {new_row[r]: v for r, v in self.kernel.items() if r in new_row}
-
-    def add(self, events: list[_Event], kind: int | list[int], name_ids: list[int], thread_ids: list[int]) -> int:
-        """Append ``events`` (all of one kind, or a kind each) with their interned names and threads; returns
-        the first new row."""
-        first = len(self.ts_us)
-        self.kind.fromlist([kind] * len(events) if isinstance(kind, int) else kind)  # fromlist: 2x extend
-        self.name.fromlist(name_ids)
-        self.ts_us.fromlist([e.ts for e in events])
-        self.dur_us.fromlist([e.dur for e in events])
-        self.correlation.fromlist([a.correlation if (a := e.args) is not None and a.correlation is not None else -1
-                                   for e in events])
-        self.thread.fromlist(thread_ids)
-        return first
-
-
-@dataclass(slots=True)
-class DecodedTrace:
-    """One trace file, reduced to what analysis needs (picklable: a read-ahead child sends it whole)."""
-
-    path: Path
-    size_bytes: int
-    event_count: int
-    names: list[str]
-    threads: list[tuple[int | str, int | str]]  # (pid, tid) of each thread id the columns use
-    device: Columns  # kernels, memcpy, memset
-    cpu_ops: Columns  # every cpu_op (the work in traces without device events)
-    launches: Columns  # runtime calls with a correlation id
-    frames: Columns  # python_function events (with_stack / with_modules captures)
-    annotations: list[Annotation]
-    distributed: dict[str, Any] | None
-    metadata: dict[str, str]
-    malformed: int = 0  # events left out as malformed (see MALFORMED_SHARE)
-    malformed_examples: list[str] = field(default_factory=list)
-
-
 _DTYPE_BYTES = {
     "float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "bf16": 2, "double": 8, "float64": 8,
     "int": 4, "int32": 4, "long": 8, "int64": 8, "byte": 1, "char": 1, "int8": 1, "uint8": 1, "bool": 1,
@@ -281,11 +194,11 @@ class _Collector:
     def __init__(self) -> None:
         self._ids: defaultdict[str, int] = defaultdict(itertools.count().__next__)  # name -> id, in first-seen order
         self._threads: defaultdict[tuple[int | str, int | str], int] = defaultdict(itertools.count().__next__)
-        self.device = Columns()
-        self.cpu_ops = Columns()
-        self.launches = Columns()
-        self.frames = Columns()
-        self.annotations: list[Annotation] = []
+        self.device = Table()
+        self.cpu_ops = Table()
+        self.launches = Table()
+        self.frames = Table()
+        self.annotations = Table()
         self.malformed = 0  # events left out: a field of the wrong type, a negative or out-of-range time
         self.malformed_examples: list[str] = []
         self.count = 0
@@ -298,9 +211,12 @@ class _Collector:
     def threads(self) -> list[tuple[int | str, int | str]]:
         return list(self._threads)
 
-    def _add(self, table: Columns, events: list[_Event], kind: int | list[int]) -> int:
+    def _add(self, table: Table, events: list[_Event], kind: int | list[int]) -> int:
         ids, threads = self._ids, self._threads
-        return table.add(events, kind, [ids[e.name] for e in events], [threads[e.pid, e.tid] for e in events])
+        return table.append(kind, [ids[e.name] for e in events], [e.ts for e in events], [e.dur for e in events],
+                            [a.correlation if (a := e.args) is not None and a.correlation is not None else -1
+                             for e in events],
+                            [threads[e.pid, e.tid] for e in events])
 
     def take(self, events: list[_Event]) -> None:
         skipped: list[tuple[int, str]] = getattr(events, "skipped", [])
@@ -330,8 +246,10 @@ class _Collector:
                                          if (a := e.args) is not None and a.kernel is not None})
         if frames:
             self._add(self.frames, frames, KIND_PYTHON)
-        self.annotations.extend(Annotation(e.name, e.ts, e.dur, e.pid, e.tid, e.cat == "gpu_user_annotation")
-                                for e in annotations)
+        if annotations:
+            self._add(self.annotations, annotations,
+                      [KIND_GPU_ANNOTATION if e.cat == "gpu_user_annotation" else KIND_USER_ANNOTATION
+                       for e in annotations])
 
     def _collectives(self, device: list[_Event], first: int) -> None:
         for offset, ev in enumerate(device):
@@ -485,8 +403,8 @@ def _stream_events(source: _Readable, sink: _Collector) -> bytes:
     return head + _NO_EVENTS + rest
 
 
-def decode_trace(path: str | Path) -> DecodedTrace:
-    """Read one trace file into compact columns.
+def decode_trace(path: str | Path) -> TraceData:
+    """Read one trace file into compact tables.
 
     Raises:
         InputError: the file is missing, unreadable, a truncated or corrupt gzip, not JSON, not a
@@ -661,7 +579,7 @@ class _Prefixed:
         return self._source.read(n)
 
 
-def _read(path: Path) -> DecodedTrace:
+def _read(path: Path) -> TraceData:
     size = path.stat().st_size if path.is_file() else 0
     streamed = _read_streamed(path, size)
     if streamed is not None:
@@ -787,11 +705,11 @@ class Part:
 
     names: list[str]
     threads: list[tuple[int | str, int | str]]
-    device: Columns
-    cpu_ops: Columns
-    launches: Columns
-    frames: Columns
-    annotations: list[Annotation]
+    device: Table
+    cpu_ops: Table
+    launches: Table
+    frames: Table
+    annotations: Table
     count: int
     head: bytes | None
     rest: bytes | None
@@ -818,7 +736,7 @@ def decode_part(path: Path, index: int, parts: int) -> Part:
 
         start_at = cut(index) if index else None
         if index and start_at is None:  # the events ended before this range: an empty part
-            return Part([], [], Columns(), Columns(), Columns(), Columns(), [], 0, None, None)
+            return Part([], [], Table(), Table(), Table(), Table(), Table(), 0, None, None)
         start = start_at.end() - 1 if start_at is not None else key.end()
         end_at = cut(index + 1) if index + 1 < parts else None
         sink = _Collector()
@@ -844,7 +762,7 @@ def _drop(buf: _Buffer, lo: int, hi: int) -> None:
         buf.madvise(mmap.MADV_DONTNEED, first, last - first)
 
 
-def join_parts(path: Path, parts: list[Part]) -> DecodedTrace:
+def join_parts(path: Path, parts: list[Part]) -> TraceData:
     """The whole trace from its parts, in order: names and threads interned anew, rows renumbered.
 
     Raises:
@@ -858,10 +776,10 @@ def join_parts(path: Path, parts: list[Part]) -> DecodedTrace:
     for i, part in enumerate(parts):
         names = [sink._ids[name] for name in part.names]
         threads = [sink._threads[thread] for thread in part.threads]
-        for into, columns in ((sink.device, part.device), (sink.cpu_ops, part.cpu_ops),
-                              (sink.launches, part.launches), (sink.frames, part.frames)):
-            into.extend(columns, names, threads)
-        sink.annotations.extend(part.annotations)
+        for into, table in ((sink.device, part.device), (sink.cpu_ops, part.cpu_ops),
+                            (sink.launches, part.launches), (sink.frames, part.frames),
+                            (sink.annotations, part.annotations)):
+            into.extend(table, names, threads)
         sink.malformed_examples.extend(f"{e} (part {i + 1})" for e in part.malformed_examples)
         sink.malformed += part.malformed
         sink.count += part.count
@@ -876,20 +794,19 @@ def _drop_bad_times(sink: _Collector) -> None:
     """Rows whose duration is negative or whose time is out of range are malformed events: left out, counted."""
     for label, table in (("kernel/copy", sink.device), ("cpu_op", sink.cpu_ops), ("runtime call", sink.launches),
                          ("python frame", sink.frames)):
-        if not len(table) or (min(table.dur_us) >= 0 and min(table.ts_us) >= 0 and max(table.ts_us) < _MAX_TS_US):
-            continue  # the common case: three passes in C, no row looked at
+        bad = table.bad_time_rows(_MAX_TS_US)
+        if not bad:
+            continue
         names = sink.names
-        bad = [row for row, (ts, dur) in enumerate(zip(table.ts_us, table.dur_us, strict=True))
-               if dur < 0 or ts < 0 or ts >= _MAX_TS_US]
         for row in bad[: max(0, MALFORMED_EXAMPLES - len(sink.malformed_examples))]:
-            problem = "negative duration" if table.dur_us[row] < 0 else "time out of range"
-            sink.malformed_examples.append(f"{label} {names[table.name[row]]!r} at ts {table.ts_us[row]}: "
-                                           f"{problem} (dur {table.dur_us[row]})")
+            _, name, ts, dur, _, _ = table.row(row)
+            problem = "negative duration" if dur < 0 else "time out of range"
+            sink.malformed_examples.append(f"{label} {names[name]!r} at ts {ts}: {problem} (dur {dur})")
         sink.malformed += len(bad)
         table.drop(set(bad))
 
 
-def _trace_data(path: Path, size: int, sink: _Collector, header: _Header | _WholeTrace) -> DecodedTrace:
+def _trace_data(path: Path, size: int, sink: _Collector, header: _Header | _WholeTrace) -> TraceData:
     if sink.count == 0:
         raise InputError(str(path), "empty trace (traceEvents holds no events)")
     _drop_bad_times(sink)
@@ -901,7 +818,7 @@ def _trace_data(path: Path, size: int, sink: _Collector, header: _Header | _Whol
         first = header.deviceProperties[0]
         if isinstance(first, dict) and isinstance(first.get("name"), str):
             metadata["device_name"] = first["name"]
-    return DecodedTrace(
+    return TraceData(
         path=path,
         size_bytes=size,
         event_count=sink.count,

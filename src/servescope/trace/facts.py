@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from servescope.core.analysis import StepRow
-from servescope.trace.reader import OpTable, TraceData, distinct_ids
+from servescope.trace.table import Table, TraceData, distinct_ids
 
 __all__ = ["GRAPH_LAUNCH", "RankFacts", "StepGap", "graph_replayed", "rank_facts"]
 
@@ -79,7 +79,7 @@ def _step_gap(start: npt.NDArray[np.float64], end: npt.NDArray[np.float64], row:
                    float(before[k] - lo))
 
 
-def _sorted_intervals(table: OpTable) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64],
+def _sorted_intervals(table: Table) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64],
                                                npt.NDArray[np.float64]]:
     order = np.argsort(table.ts_us, kind="stable").astype(np.int64)
     start = table.ts_us[order]

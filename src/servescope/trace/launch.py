@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from servescope.trace.facts import graph_replayed
-from servescope.trace.reader import KIND_KERNEL, OpTable, TraceData, distinct_ids
+from servescope.trace.table import KIND_KERNEL, KIND_USER_ANNOTATION, Table, TraceData, distinct_ids
 from servescope.trace.taxonomy import Rule, Taxonomy
 from servescope.trace.work import Work
 
@@ -76,7 +76,7 @@ class _Frames:
     threads: dict[int, tuple[int, int]]
 
 
-def _matched(data: TraceData, table: OpTable, kind: str, taxonomy: Taxonomy, rules: list[Rule],
+def _matched(data: TraceData, table: Table, kind: str, taxonomy: Taxonomy, rules: list[Rule],
              rule_index: dict[int, int]) -> npt.NDArray[np.int32]:
     """Per row of ``table``: the index of the launch rule its name matches (-1: none), each name matched once."""
     if len(table) == 0 or not any(kind in rule.kinds for rule in rules):  # no rule reads this kind of frame
@@ -98,21 +98,17 @@ def _informative(data: TraceData, taxonomy: Taxonomy, rules: list[Rule]) -> _Fra
     matched: list[npt.NDArray[np.int32]] = []
     names: list[npt.NDArray[np.int32]] = []
     threads: list[npt.NDArray[np.int32]] = []
-    for table, kind in ((data.cpu_ops, "cpu_op"), (data.frames, "python")):
+    for table, kind in ((data.cpu_ops, "cpu_op"), (data.frames, "python"), (data.annotations, "annotation")):
         per_row = _matched(data, table, kind, taxonomy, rules, rule_index)
-        keep = np.flatnonzero(per_row >= 0)
+        matches = per_row >= 0
+        if kind == "annotation":  # GPU-side annotations launch nothing
+            matches &= table.kind == KIND_USER_ANNOTATION
+        keep = np.flatnonzero(matches)
         starts.append(table.ts_us[keep])
         ends.append(table.ts_us[keep] + table.dur_us[keep])
         matched.append(per_row[keep])
         names.append(table.name[keep])
         threads.append(table.thread[keep])
-    ann = _annotations(data, taxonomy, rule_index)
-    if ann is not None:
-        starts.append(ann[0])
-        ends.append(ann[1])
-        matched.append(ann[2])
-        names.append(ann[3])
-        threads.append(ann[4])
     start, end = np.concatenate(starts), np.concatenate(ends)
     thread = np.concatenate(threads).astype(np.int64)
     order = np.lexsort((-end, start, thread))  # stable: ties keep cpu_op, python, annotation order
@@ -128,37 +124,6 @@ def _informative(data: TraceData, taxonomy: Taxonomy, rules: list[Rule]) -> _Fra
                    _parents(start.tolist(), end.tolist(), bounds), bounds)
 
 
-def _annotations(data: TraceData, taxonomy: Taxonomy, rule_index: dict[int, int]
-                 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.int32],
-                            npt.NDArray[np.int32], npt.NDArray[np.int32]] | None:
-    """The CPU annotations a launch rule matches: start, end, rule, name id, thread id."""
-    thread_ids = {pt: i for i, pt in enumerate(data.threads)}
-    rule_of: dict[str, int] = {}
-    name_of: dict[str, int] = {}
-    rows: list[tuple[float, float, int, int, int]] = []
-    for ann in data.annotations:
-        if ann.on_gpu:
-            continue
-        k = rule_of.get(ann.name)
-        if k is None:
-            rule = taxonomy.launch_rule(ann.name, "annotation")
-            k = rule_of[ann.name] = rule_index[id(rule)] if rule is not None else -1
-        if k < 0:
-            continue
-        thread = thread_ids.get((ann.pid, ann.tid))
-        if thread is None:
-            continue
-        name = name_of.get(ann.name)
-        if name is None:
-            name = name_of[ann.name] = _name_id(data, ann.name)
-        rows.append((ann.ts_us, ann.ts_us + ann.dur_us, k, name, thread))
-    if not rows:
-        return None
-    start, end, rule_at, name_at, thread_at = zip(*rows, strict=True)
-    return (np.array(start, dtype=np.float64), np.array(end, dtype=np.float64), np.array(rule_at, dtype=np.int32),
-            np.array(name_at, dtype=np.int32), np.array(thread_at, dtype=np.int32))
-
-
 def _parents(start: list[float], end: list[float], bounds: dict[int, tuple[int, int]]) -> npt.NDArray[np.int64]:
     """Each frame's enclosing frame on its thread (-1: none), by one pass with a stack per thread."""
     parent = [-1] * len(start)
@@ -172,14 +137,6 @@ def _parents(start: list[float], end: list[float], bounds: dict[int, tuple[int, 
                 parent[i] = stack[-1]
             stack.append(i)
     return np.array(parent, dtype=np.int64)
-
-
-def _name_id(data: TraceData, name: str) -> int:
-    try:
-        return data.names.index(name)
-    except ValueError:
-        data.names.append(name)
-        return len(data.names) - 1
 
 
 def _by_thread(thread: npt.NDArray[np.int64]) -> list[tuple[int, npt.NDArray[np.int64]]]:

@@ -22,7 +22,7 @@ import numpy as np
 from servescope.core.analysis import CrossRankCategory, CrossRankStats, PhaseStats, Summary
 from servescope.core.errors import InputError
 from servescope.trace.breakdown import RankBreakdown
-from servescope.trace.reader import TraceData
+from servescope.trace.table import TraceData
 
 __all__ = [
     "RankedTrace", "assign_ranks", "compare_ranks", "is_frontend", "rank_from_name",

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
-    from servescope.trace.decode import DecodedTrace, Part
+    from servescope.trace.decode import Part
+    from servescope.trace.table import TraceData
 
 __all__ = ["SPLIT_BYTES", "ReadAhead", "usable_cores"]
 
@@ -59,7 +60,7 @@ class _Child:
 
 @dataclass(slots=True)
 class _Outcome:
-    trace: DecodedTrace | None = None
+    trace: TraceData | None = None
     error: tuple[str, str] | None = None  # an InputError's (source, problem)
 
 
@@ -112,7 +113,7 @@ class ReadAhead:
         """How many child processes were started."""
         return len(self._children)
 
-    def take(self, path: Path) -> DecodedTrace:
+    def take(self, path: Path) -> TraceData:
         """The decoded trace at ``path``: from its child when it delivered it, else decoded here.
 
         Raises:
@@ -135,7 +136,7 @@ class ReadAhead:
 
         return decode_trace(path)
 
-    def _take_parts(self, path: Path) -> DecodedTrace:
+    def _take_parts(self, path: Path) -> TraceData:
         """The file joined from every child's part, or decoded here when a part is missing or they do not join."""
         from servescope.trace.decode import decode_trace, join_parts
 

@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from servescope.trace.decode import read_op_inputs
 from servescope.trace.facts import graph_replayed
-from servescope.trace.reader import STEP_MARKER_PREFIX, Annotation, TraceData
+from servescope.trace.table import KIND_USER_ANNOTATION, STEP_MARKER_PREFIX, TraceData
 from servescope.trace.work import Work
 
 __all__ = ["PHASES", "Step", "Steps", "find_steps", "parse_vllm_step"]
@@ -107,32 +107,39 @@ def parse_vllm_step(name: str) -> tuple[str, int, int | None, int, int | None] |
     return phase, prefills, _count(match["y"]), decodes, _count(match["w"])
 
 
-def _annotation_steps(annotations: list[Annotation]) -> tuple[str, list[Step]]:
-    cpu = sorted((a for a in annotations if not a.on_gpu), key=lambda a: a.ts_us)
+def _cpu_annotations(data: TraceData) -> list[tuple[float, float, str]]:
+    """The CPU-side annotations as (start, end, name), in start order (ties: trace order)."""
+    table = data.annotations
+    rows = np.flatnonzero(table.kind == KIND_USER_ANNOTATION)
+    rows = rows[np.argsort(table.ts_us[rows], kind="stable")]
+    names = data.names
+    return [(ts, ts + dur, names[n]) for ts, dur, n in zip(table.ts_us[rows].tolist(), table.dur_us[rows].tolist(),
+                                                          table.name[rows].tolist(), strict=True)]
+
+
+def _annotation_steps(annotations: list[tuple[float, float, str]]) -> tuple[str, list[Step]]:
     steps: list[Step] = []
-    for ann in cpu:
-        parsed = parse_vllm_step(ann.name)
+    for start, end, name in annotations:
+        parsed = parse_vllm_step(name)
         if parsed is not None:
             phase, x, y, z, w = parsed
-            end = ann.ts_us + ann.dur_us
-            steps.append(Step(len(steps), ann.name, phase, ann.ts_us, end, x, y, z, w))
+            steps.append(Step(len(steps), name, phase, start, end, x, y, z, w))
     if steps:
         return "annotation", steps
-    for ann in cpu:
-        sglang = _SGLANG_STEP.match(ann.name)
+    for start, end, name in annotations:
+        sglang = _SGLANG_STEP.match(name)
         if sglang is not None:
             phase = _SGLANG_PHASES.get(sglang["mode"], "unknown")
             batch = int(sglang["bs"]) if sglang["bs"] else None
-            steps.append(Step(len(steps), ann.name, phase, ann.ts_us, ann.ts_us + ann.dur_us,
+            steps.append(Step(len(steps), name, phase, start, end,
                               decode_requests=batch if phase == "decode" else None,
                               prefill_requests=batch if phase == "prefill" else None))
     return ("annotation", _outermost(steps)) if steps else ("", [])
 
 
-def _profiler_steps(data: TraceData) -> list[Step]:
+def _profiler_steps(data: TraceData, annotations: list[tuple[float, float, str]]) -> list[Step]:
     """``ProfilerStep#N`` ranges, written as user annotations or as CPU operators (older torch.profiler)."""
-    marked = [(a.ts_us, a.ts_us + a.dur_us, a.name) for a in data.annotations
-              if not a.on_gpu and a.name.startswith(STEP_MARKER_PREFIX)]
+    marked = [a for a in annotations if a[2].startswith(STEP_MARKER_PREFIX)]
     ops = data.cpu_ops
     marked += [(float(ops.ts_us[r]), float(ops.ts_us[r] + ops.dur_us[r]), data.names[int(ops.name[r])])
                for r in np.flatnonzero(data.step_markers).tolist()]
@@ -152,14 +159,14 @@ def _outermost(steps: list[Step]) -> list[Step]:
 
 def _execute_model_steps(data: TraceData) -> list[Step]:
     """vLLM V1 engine steps from ``execute_model`` frames: the model runner's, else the worker's."""
+    ids = np.array([i for i, name in enumerate(data.names) if _EXECUTE_MODEL.search(name)], dtype=np.int32)
+    if len(ids) == 0:
+        return []
     found: list[tuple[float, float, str]] = []
     for table in (data.frames, data.cpu_ops):
         if len(table) == 0:
             continue
-        ids = [i for i, name in enumerate(data.names) if _EXECUTE_MODEL.search(name)]
-        if not ids:
-            return []
-        rows = np.flatnonzero(np.isin(table.name, np.array(ids, dtype=np.int32)))
+        rows = np.flatnonzero(np.isin(table.name, ids))
         found.extend((float(table.ts_us[r]), float(table.ts_us[r] + table.dur_us[r]), data.names[table.name[r]])
                      for r in rows.tolist())
     runner = [f for f in found if _MODEL_RUNNER.search(f[2])]
@@ -226,11 +233,12 @@ def find_steps(data: TraceData, work: Work, *, gap_us: float | None = None) -> S
         gap_us: idle time that separates steps in the gap fallback; ``None`` picks
             max(100 µs, 20 × the median idle gap) and records the value used.
     """
-    source, steps = _annotation_steps(data.annotations)
+    annotations = _cpu_annotations(data)
+    source, steps = _annotation_steps(annotations)
     if not steps:
         source, steps = "execute_model", _execute_model_steps(data)
     if not steps:
-        source, steps = "profiler_step", _profiler_steps(data)
+        source, steps = "profiler_step", _profiler_steps(data, annotations)
     if steps:
         step_of = _attribute(data, work, steps)
         return Steps(source, _with_phases(data, work, steps, step_of), step_of)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from servescope.trace.reader import OpTable, TraceData
+from servescope.trace.table import Table, TraceData
 
 __all__ = ["Work", "cpu_self_time", "select_work"]
 
@@ -28,12 +28,12 @@ class Work:
     """
 
     kind: str
-    table: OpTable
+    table: Table
     rows: npt.NDArray[np.int64]
     dur_us: npt.NDArray[np.float64]  # per entry of ``rows``
 
 
-def cpu_self_time(table: OpTable) -> npt.NDArray[np.float64]:
+def cpu_self_time(table: Table) -> npt.NDArray[np.float64]:
     """Self time of every ``cpu_op`` row: its duration less its direct children's on the same thread."""
     by_thread: dict[int, list[int]] = defaultdict(list)
     for row, thread in enumerate(table.thread.tolist()):

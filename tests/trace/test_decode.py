@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from servescope.trace.reader import KIND_NAMES, read_trace
+from servescope.trace.decode import decode_trace
+from servescope.trace.table import KIND_NAMES
 from tracefiles import TRACES, all_shared_traces, load_events
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -28,7 +29,7 @@ def _plain_device_totals(path: Path) -> dict[tuple[str, str], tuple[int, float]]
 
 @pytest.mark.parametrize("path", all_shared_traces(), ids=lambda p: p.name)
 def test_device_events_match_plain_json(path: Path) -> None:
-    data = read_trace(path)
+    data = decode_trace(path)
     expected = _plain_device_totals(path)
     got_counts: Counter[tuple[str, str]] = Counter()
     got_totals: defaultdict[tuple[str, str], float] = defaultdict(float)
@@ -46,7 +47,7 @@ def test_device_events_match_plain_json(path: Path) -> None:
 @pytest.mark.parametrize("path", all_shared_traces(), ids=lambda p: p.name)
 def test_event_count_and_cpu_ops_match(path: Path) -> None:
     events = load_events(path)
-    data = read_trace(path)
+    data = decode_trace(path)
     assert data.event_count == len(events)
     plain_cpu = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
     assert len(data.cpu_ops) == len(plain_cpu)
@@ -65,10 +66,10 @@ def test_bare_list_form_reads_like_object_form(tmp_path: Path) -> None:
     events = load_events(source)
     bare = tmp_path / "bare.json"
     bare.write_text(json.dumps(events))
-    a, b = read_trace(source), read_trace(bare)
+    a, b = decode_trace(source), decode_trace(bare)
     assert len(a.device) == len(b.device) > 0
     assert float(a.device.dur_us.sum()) == pytest.approx(float(b.device.dur_us.sum()))
-    assert [x.name for x in a.annotations] == [x.name for x in b.annotations]
+    assert [a.names[n] for n in a.annotations.name] == [b.names[n] for n in b.annotations.name]
 
 
 @pytest.mark.needs_shared
@@ -77,9 +78,9 @@ def test_chunked_decoding_equals_whole(tmp_path: Path, monkeypatch: pytest.Monke
     import servescope.trace.decode as reader
 
     path = all_shared_traces()[0].parent.parent / "hta" / "nccl_allreduce_2rank_rank0.json.gz"
-    whole = read_trace(path)
+    whole = decode_trace(path)
     monkeypatch.setattr(reader, "_CHUNK_BYTES", 64 << 10)
-    chunked = read_trace(path)
+    chunked = decode_trace(path)
     assert chunked.event_count == whole.event_count
     assert (chunked.device.dur_us == whole.device.dur_us).all()
     assert (chunked.launches.correlation == whole.launches.correlation).all()
@@ -95,7 +96,7 @@ def test_minified_trace_with_tricky_strings_falls_back_to_whole_decode(tmp_path:
     path = tmp_path / "tricky.json.gz"
     path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}, separators=(",", ":")).encode()))
     monkeypatch.setattr(reader, "_CHUNK_BYTES", 1 << 10)
-    data = read_trace(path)
+    data = decode_trace(path)
     assert len(data.device) == 4000
     assert sorted(data.names) == sorted(e["name"] for e in events)
 
@@ -106,7 +107,7 @@ def test_collective_message_bytes_from_kineto_args() -> None:
     width = {"Float": 4, "Long": 8}  # the element sizes of the two dtypes this trace records
     expected = [e["args"]["In msg nelems"] * width[e["args"]["dtype"]] for e in load_events(path)
                 if e.get("cat") == "kernel" and "In msg nelems" in e.get("args", {})]
-    data = read_trace(path)
+    data = decode_trace(path)
     assert sorted(data.device.msg_bytes.values()) == sorted(expected)
     assert expected
 
@@ -126,19 +127,18 @@ def test_streamed_reading_equals_whole(name: str, compressed: bool, inflate_as_s
     path = source if compressed else tmp_path / "plain.pt.trace.json"
     if not compressed:
         path.write_bytes(gzip.decompress(source.read_bytes()))
-    whole = read_trace(path)
+    whole = decode_trace(path)
     monkeypatch.setattr(reader, "_CHUNK_BYTES", 32 << 10)
     monkeypatch.setattr(reader, "_WHOLE_LIMIT", 64 << 10)
     monkeypatch.setattr(reader, "_STREAM_GZ_BYTES", 0 if inflate_as_stream else 1 << 40)
     assert reader._read_streamed(path, path.stat().st_size) is not None  # the streaming path was taken
-    streamed = read_trace(path)
+    streamed = decode_trace(path)
     assert streamed.event_count == whole.event_count == len(load_events(source))
-    for table in ("device", "cpu_ops", "launches"):
+    for table in ("device", "cpu_ops", "launches", "annotations"):
         a, b = getattr(whole, table), getattr(streamed, table)
         assert (a.ts_us == b.ts_us).all() and (a.dur_us == b.dur_us).all()
         assert [whole.names[i] for i in a.name] == [streamed.names[i] for i in b.name]
     assert streamed.distributed == whole.distributed
-    assert [x.name for x in streamed.annotations] == [x.name for x in whole.annotations]
 
 
 @pytest.mark.needs_shared
@@ -153,4 +153,4 @@ def test_streaming_a_truncated_gzip_names_it(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(reader, "_WHOLE_LIMIT", 64 << 10)
     monkeypatch.setattr(reader, "_STREAM_GZ_BYTES", 0)
     with pytest.raises(InputError, match="truncated gzip"):
-        read_trace(path)
+        decode_trace(path)
