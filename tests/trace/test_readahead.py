@@ -135,11 +135,35 @@ def test_a_big_plain_file_decoded_in_parts_equals_whole(tmp_path: Path, monkeypa
 
 
 @pytest.mark.needs_shared
-def test_gzip_files_and_files_under_the_limit_are_not_split(tmp_path: Path) -> None:
-    plain = _plain(tmp_path, FILES[2])
-    for path in (FILES[2], plain):  # gzip; plain but far under SPLIT_BYTES
-        assert readahead._parts_for([path], 8) == 1
-    assert readahead._parts_for([plain, FILES[2]], 8) == 1  # several files: one child each instead
+@pytest.mark.parametrize("parts", [2, 3])
+def test_a_gzip_file_decoded_in_parts_equals_whole(monkeypatch: pytest.MonkeyPatch, parts: int) -> None:
+    """Each part inflates the whole gzip file and decodes its share of the JSON."""
+    path = TRACES / "hta/nccl_allreduce_2rank_rank0.json.gz"
+    monkeypatch.setattr(readahead, "SPLIT_BYTES", 1 << 10)
+    monkeypatch.setattr(readahead, "_PART_BYTES", len(gzip.decompress(path.read_bytes())) // parts)
+    with ReadAhead([path], jobs=parts, min_files=1) as ahead:
+        assert ahead.forked == parts
+        got = ahead.take(path)
+        assert len(ahead._parts) == parts
+    _same(got, decode_trace(path))
+
+
+@pytest.mark.needs_shared
+def test_which_files_are_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gz = TRACES / "hta/a100_8rank_rank3_nccl.json.gz"  # 1.8 MB of gzip, 35 MB of JSON
+    json_bytes = len(gzip.decompress(gz.read_bytes()))
+    plain = _plain(tmp_path, gz)
+    for path in (gz, plain):  # by the JSON's size, gzip or not
+        assert readahead._parts_for([path], 2) == 2
+        assert readahead._parts_for([path], 8) == json_bytes // readahead._PART_BYTES
+        assert readahead._parts_for([path], 1) == 1
+    assert readahead._parts_for([plain, gz], 8) == 1  # several files: one child each instead
+    small = FILES[2]  # under SPLIT_BYTES of JSON
+    assert len(gzip.decompress(small.read_bytes())) <= readahead.SPLIT_BYTES
+    assert readahead._parts_for([small], 8) == 1
+    monkeypatch.setattr(readahead, "_WHOLE_GZ_BYTES", json_bytes - 1)  # a gzip the decoder would stream
+    assert readahead._parts_for([gz], 8) == 1
+    assert readahead._parts_for([plain], 8) > 1
 
 
 def test_parts_that_do_not_decode_leave_the_file_to_this_process(tmp_path: Path,

@@ -6,12 +6,13 @@ analysis modules; with two or more cores they can run at once. :class:`ReadAhead
 just the decoder (:mod:`servescope.trace.decode`) and sends what it decodes back through a pipe, one pickle
 at a time, read by a thread per child so that no child waits on a full pipe.
 
-Up to one child per core is started, each decoding its share of the files, biggest first; one file gets
-one child, which decodes it while the caller imports. One plain (not gzip) file over ``SPLIT_BYTES`` is cut
-into byte ranges instead, one per child, each moved to the next event boundary
-(:func:`~servescope.trace.decode.decode_part`), and the caller joins the parts in order. (Sharing one
-gzip file's blocks between a child and the caller was tried: the caller must inflate the file again to
-help, which costs what its help saves.)
+Up to one child per core is started, each decoding its share of the files, biggest first. One file of over
+``SPLIT_BYTES`` of JSON, read alone, is cut into byte ranges instead, one per child, each moved to the next
+event boundary (:func:`~servescope.trace.decode.decode_part`), and the caller joins the parts in order. A gzip
+file is inflated whole by each part's child: on the 35 MB trace inflating is a sixth of decoding, and two
+children each decoding half finish before one decoding all (the caller, importing the analysis meanwhile,
+needs less time than either). (Sharing one gzip file's blocks between a child and the caller was tried: the
+caller must inflate the file again to help, which costs what its help saves.)
 
 It never changes a result, only when it is computed: if ``fork`` is missing, the caller already runs other
 threads (forking those is unsafe), the machine has one core, a child cannot be started or dies, or a file
@@ -36,9 +37,12 @@ if TYPE_CHECKING:
 
 __all__ = ["SPLIT_BYTES", "ReadAhead", "usable_cores"]
 
-SPLIT_BYTES = 256 << 20
-"""A plain JSON trace bigger than this, read alone, is decoded in parts by several children."""
-_PART_BYTES = 128 << 20  # at least this much JSON per part
+SPLIT_BYTES = 16 << 20
+"""A trace of more JSON than this, read alone, is decoded in parts by several children."""
+_PART_BYTES = 16 << 20  # at least this much JSON per part
+# A gzip trace of more JSON than this is inflated as a stream by one process (the decoder's _WHOLE_LIMIT), not
+# inflated whole by each part.
+_WHOLE_GZ_BYTES = 128 << 20
 
 
 def usable_cores() -> int:
@@ -219,16 +223,20 @@ def _shares(paths: Sequence[Path], jobs: int) -> list[list[Path]]:
 
 
 def _parts_for(paths: Sequence[Path], cores: int) -> int:
-    """Into how many parts one file is cut: 1 unless it is a single plain file over SPLIT_BYTES."""
+    """Into how many parts one file is cut: 1 unless it is a single file of over SPLIT_BYTES of JSON (plain, or a
+    gzip one the decoder would inflate whole: each part inflates it again), ``_PART_BYTES`` or more per part."""
     if len(paths) != 1 or cores < 2:
         return 1
     try:
         size = paths[0].stat().st_size
         with paths[0].open("rb") as handle:
             gzipped = handle.read(2) == b"\x1f\x8b"
+            if gzipped:  # the JSON's size, as the gzip trailer gives it (modulo 4 GiB)
+                handle.seek(max(size - 4, 0))
+                size = int.from_bytes(handle.read(4), "little")
     except OSError:
         return 1
-    if gzipped or size <= SPLIT_BYTES:
+    if size <= SPLIT_BYTES or (gzipped and size > _WHOLE_GZ_BYTES):
         return 1
     return max(2, min(cores, size // _PART_BYTES))
 

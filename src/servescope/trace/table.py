@@ -86,11 +86,18 @@ class Table:
         kinds, names, starts, durations, correlations, threads = self._columns
         o_kinds, o_names, o_starts, o_durations, o_correlations, o_threads = other._columns
         kinds.extend(o_kinds)
-        names.fromlist([name_ids[i] for i in o_names])
         starts.extend(o_starts)
         durations.extend(o_durations)
         correlations.extend(o_correlations)
-        threads.fromlist([thread_ids[i] for i in o_threads])
+        # the first part's ids are the joined trace's own (interned first, in the same order): copied as they are
+        if _identity(name_ids):
+            names.extend(o_names)
+        else:
+            names.fromlist([name_ids[i] for i in o_names])
+        if _identity(thread_ids):
+            threads.extend(o_threads)
+        else:
+            threads.fromlist([thread_ids[i] for i in o_threads])
         self.msg_bytes.update({first + row: size for row, size in other.msg_bytes.items()})
         self.kernel.update({first + row: name_ids[name] for row, name in other.kernel.items()})
 
@@ -193,6 +200,10 @@ class TraceData:
             self._markers = (np.isin(ops.name, np.array(ids, dtype=np.int32)) if ids and len(ops)
                              else np.zeros(len(ops), dtype=bool))
         return self._markers  # type: ignore[no-any-return]
+
+
+def _identity(ids: list[int]) -> bool:
+    return ids == list(range(len(ids)))
 
 
 def distinct_ids(values: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.int64]:
