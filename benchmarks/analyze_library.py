@@ -1,0 +1,40 @@
+"""``servescope analyze TRACE --json -o OUT`` without the command line: the feature function alone.
+
+The same work as the command (read-ahead started before the analysis is imported, :func:`servescope.trace.
+analyze.analyze`, the JSON document written atomically and printed), without the CLI layer's imports, so that
+``analyze_vs_hta.py --servescope "PYTHON benchmarks/analyze_library.py"`` measures what trace/ costs and the
+difference to the plain run is what the CLI adds at start-up.
+
+Run:  .venv/bin/python benchmarks/analyze_library.py analyze TRACE --json -o OUT.json
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 5 or argv[0] != "analyze" or argv[2:4] != ["--json", "-o"]:
+        sys.exit("usage: analyze_library.py analyze TRACE --json -o OUT")
+    from servescope.trace.files import discover_traces
+    from servescope.trace.readahead import ReadAhead
+
+    found = discover_traces([Path(argv[1])])
+    with ReadAhead(found, min_files=1) as read_ahead:  # decoding starts now, as the command does it
+        from servescope.trace.analyze import AnalyzeRequest, analyze
+
+        doc = analyze(AnalyzeRequest(paths=found), read_ahead=read_ahead)
+    from servescope.core.atomic import write_bytes_atomic
+    from servescope.report.jsonout import encode_analysis
+
+    encoded = encode_analysis(doc)
+    write_bytes_atomic(Path(argv[4]), encoded)
+    sys.stdout.buffer.write(encoded + b"\n")
+    sys.stdout.flush()
+    os._exit(0)  # as the command: no teardown of the analysis' objects
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
