@@ -94,6 +94,11 @@ class ReadAhead:
         if self.jobs is None and usable_cores() < 2:
             return
         parts = _parts_for(self.paths, self.jobs or usable_cores())
+        shares = _shares(self.paths, jobs) if parts == 1 else []
+        if max(parts, len(shares)) > 1:
+            # the decoder (msgspec: ~20 ms) imported once here, not by every child; one child imports it itself,
+            # while this process imports the analysis
+            import servescope.trace.decode  # noqa: F401
         if parts > 1:
             self._split = self.paths[0]
             for index in range(parts):
@@ -102,7 +107,7 @@ class ReadAhead:
                     break  # take() decodes the file itself
                 self._children.append(child)
         else:
-            for share in _shares(self.paths, jobs):
+            for share in shares:
                 child = _fork(share, partial(_decode_files, share))
                 if child is None:
                     break  # its files and the rest are read in take()

@@ -118,18 +118,19 @@ def _matcher(rule: Rule) -> _Matcher:
 def _first(matchers: tuple[_Matcher, ...], name: str) -> _Matcher | None:
     """The first of ``matchers`` whose rule matches ``name``."""
     folded = name.lower() if name.isascii() else None
+    in_name = name.__contains__  # any(map(...)) tests the plain-text patterns without a Python loop
+    in_folded = folded.__contains__ if folded is not None else None
     for matcher in matchers:
         _, ignore_case, literals, regexes, rule = matcher
-        text = name
         if ignore_case:
-            if folded is None:  # not ASCII: lower() is not IGNORECASE there
+            if in_folded is None:  # not ASCII: lower() is not IGNORECASE there
                 if rule.pattern.search(name) is not None:
                     return matcher
                 continue
-            text = folded
-        for literal in literals:
-            if literal in text:
+            if literals and any(map(in_folded, literals)):
                 return matcher
+        elif literals and any(map(in_name, literals)):
+            return matcher
         for regex in regexes:
             if regex.search(name) is not None:
                 return matcher
