@@ -5,10 +5,11 @@ from __future__ import annotations
 import platform
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
+
+import msgspec
 
 from servescope import __version__
 from servescope.core.analysis import AnalysisDoc, InputFile, KernelRow, RankAnalysis, TraceInfo
@@ -33,8 +34,7 @@ class Progress(Protocol):
     def advance(self, description: str) -> None: ...
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AnalyzeRequest:
+class AnalyzeRequest(msgspec.Struct, frozen=True, kw_only=True):
     """What to analyze and how; every option that changes a number is recorded in the result."""
 
     paths: Sequence[str | Path]

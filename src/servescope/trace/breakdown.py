@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -33,16 +33,14 @@ from servescope.trace.work import Work
 __all__ = ["RankBreakdown", "StepComm", "break_down", "union_us"]
 
 
-@dataclass(frozen=True, slots=True)
-class StepComm:
+class StepComm(msgspec.Struct, frozen=True):
     """The collective operations of one step, in start order (for comparing ranks)."""
 
     start_us: npt.NDArray[np.float64]
     dur_us: npt.NDArray[np.float64]
 
 
-@dataclass(frozen=True, slots=True)
-class RankBreakdown:
+class RankBreakdown(msgspec.Struct, frozen=True):
     phases: dict[str, PhaseStats]
     steps: list[StepRow]
     step_comm: list[StepComm]  # parallel to ``steps``

@@ -16,9 +16,9 @@ Bases, best first (:data:`servescope.core.analysis.BASES`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -38,8 +38,7 @@ _CAPTURE_MIN_LAUNCHES = 20
 _CAPTURE_MAX_RUN_SHARE = 0.1
 
 
-@dataclass(frozen=True, slots=True)
-class Classified:
+class Classified(msgspec.Struct, frozen=True):
     """Per work row (in ``Work.rows`` order): category index, basis index (into ``BASES``), and the frame that
     decided it (``op``, ``graph``, ``peer``; else -1), an index into ``frame_names``."""
 
@@ -54,8 +53,7 @@ class Classified:
         return [names[f] if f >= 0 else None for f in self.frame.tolist()]
 
 
-@dataclass(frozen=True, slots=True)
-class CaptureReference:
+class CaptureReference(msgspec.Struct, frozen=True):
     """The kernels a graph-capture trace launched, in launch order, with the category their frames decide."""
 
     names: list[str]
@@ -141,8 +139,7 @@ def classify_work(data: TraceData, work: Work, taxonomy: Taxonomy,
     return Classified(category.astype(np.int32), basis, frame, frame_names)
 
 
-@dataclass(frozen=True, slots=True)
-class _Names:
+class _Names(msgspec.Struct, frozen=True):
     """What the name rules say of the work rows (``by_name``) and of any other kernel name."""
 
     by_name: npt.NDArray[np.int32]

@@ -16,8 +16,8 @@ Everything here is vectorised over the trace's tables; one Python iteration per 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -29,8 +29,7 @@ __all__ = ["GRAPH_LAUNCH", "RankFacts", "StepGap", "graph_replayed", "rank_facts
 GRAPH_LAUNCH = re.compile(r"GraphLaunch", re.IGNORECASE)  # cudaGraphLaunch, hipGraphLaunch, cuGraphLaunch
 
 
-@dataclass(frozen=True, slots=True)
-class StepGap:
+class StepGap(msgspec.Struct, frozen=True):
     """The idle time of one step and its largest single gap (µs, the gap's start from the step's start)."""
 
     step: int  # StepRow.index
@@ -41,12 +40,11 @@ class StepGap:
     largest_gap_at_us: float
 
 
-@dataclass(frozen=True, slots=True)
-class RankFacts:
+class RankFacts(msgspec.Struct, frozen=True):
     rank: int
     graph_replay_share: float  # share of the rank's device time launched by graph replays
-    phase_graph_share: dict[str, float] = field(default_factory=dict)  # the same, within each phase's steps
-    gaps: dict[str, list[StepGap]] = field(default_factory=dict)  # per phase, one per step
+    phase_graph_share: dict[str, float] = msgspec.field(default_factory=dict)  # the same, within each phase's steps
+    gaps: dict[str, list[StepGap]] = msgspec.field(default_factory=dict)  # per phase, one per step
 
 
 def graph_replayed(data: TraceData) -> npt.NDArray[np.bool_]:

@@ -14,11 +14,11 @@ import statistics
 import string
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from servescope.core.analysis import CrossRankStats, Finding, KernelRow, PhaseStats, RankAnalysis
@@ -65,8 +65,7 @@ def _fields(template: str) -> list[str]:
 # Facts
 # ---------------------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
-class _Family:
+class _Family(msgspec.Struct, frozen=True):
     share: float
     total_us: float
     calls: int
@@ -161,8 +160,7 @@ def _phase_values(ra: RankAnalysis, phase: str, stats: PhaseStats, facts: RankFa
 # Rules
 # ---------------------------------------------------------------------------------------------------------
 
-@dataclass(slots=True)
-class _Instance:
+class _Instance(msgspec.Struct):
     """One rule firing on one rank and phase (or across ranks), before merging."""
 
     rule: str
@@ -314,8 +312,7 @@ def _range_pct(values: Sequence[float]) -> str:
     return f"{hi:.1f}%" if round(lo, 1) == round(hi, 1) else f"{lo:.1f}–{hi:.1f}%"
 
 
-@dataclass(slots=True)
-class _Group:
+class _Group(msgspec.Struct):
     rule: str
     items: list[_Instance]
 

@@ -19,9 +19,9 @@ launches find their frames by binary search, and walk out to the enclosing frame
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from functools import cache
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -36,8 +36,7 @@ _TOLERANCE_US = 1e-3  # float rounding between a frame's end and the end of a ca
 _ATEN = "aten::"
 
 
-@dataclass(frozen=True, slots=True)
-class LaunchContext:
+class LaunchContext(msgspec.Struct, frozen=True):
     """Per work row (in ``Work.rows`` order): the category index its launching frames decide (-1: none),
     that frame's name id (-1: none), whether it was replayed from a graph, whether a launch was found, and
     the launch rule that decided (index into ``rules``, -1: none)."""
@@ -62,8 +61,7 @@ def launch_rows(data: TraceData, correlation: npt.NDArray[np.int64]) -> npt.NDAr
     return np.where(found, order[pos], -1).astype(np.int64)
 
 
-@dataclass(slots=True)
-class _Frames:
+class _Frames(msgspec.Struct):
     """Every frame (cpu_op, CPU annotation, python function) some launch rule matches, sorted by thread, then
     start (parents before children); ``parent`` is the enclosing frame's position (-1: none) and ``threads``
     maps a thread id to its [first, last) positions."""

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import re
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from servescope.core.analysis import CrossRankCategory, CrossRankStats, PhaseStats, Summary
@@ -34,8 +34,7 @@ _RANK_PATTERNS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class RankedTrace:
+class RankedTrace(msgspec.Struct, frozen=True):
     data: TraceData
     rank: int | None
     role: str  # "worker" | "frontend"

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import re
 import statistics
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -52,8 +52,7 @@ _DEFAULT_GAP_FLOOR_US = 100.0
 _GAP_MEDIAN_FACTOR = 20.0
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
+class Step(msgspec.Struct, frozen=True):
     """One step: where it came from, its phase and request mix, and its CPU-side window when known."""
 
     index: int
@@ -70,8 +69,7 @@ class Step:
     whole_window: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Steps:
+class Steps(msgspec.Struct, frozen=True):
     """The steps of one trace and, for each work row (in ``Work.rows`` order), its step or -1."""
 
     source: str  # "annotation" | "execute_model" | "profiler_step" | "gaps" | "whole"

@@ -25,6 +25,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from servescope.core.errors import InputError
 
 __all__ = ["CATEGORY_OTHER", "FRAME_KINDS", "Rule", "Taxonomy", "load_taxonomy"]
@@ -52,8 +54,7 @@ _INLINE_FLAGS = re.IGNORECASE | re.MULTILINE | re.DOTALL | re.VERBOSE | re.ASCII
 _NO_INLINE_FLAGS = "inline flags such as (?i) are not allowed; use ignore_case = true"
 
 
-@dataclass(frozen=True, slots=True)
-class Rule:
+class Rule(msgspec.Struct, frozen=True):
     """One classification rule: a name in which any of ``patterns`` is found is ``category``.
 
     ``pattern`` is the patterns joined into one regex (``re.IGNORECASE`` when ``ignore_case``), searched
@@ -259,8 +260,7 @@ def _loads(text: str, source: str) -> dict[str, Any]:
         raise InputError(source, f"bad TOML: {exc}") from None
 
 
-@dataclass(frozen=True, slots=True)
-class _RawRule:
+class _RawRule(msgspec.Struct, frozen=True):
     index: int
     category: str
     patterns: tuple[str, ...]

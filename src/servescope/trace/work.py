@@ -10,8 +10,8 @@ once, and an op that calls helpers (``_C::onednn_mm`` → ``aten::empty``) keeps
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -20,8 +20,7 @@ from servescope.trace.table import Table, TraceData
 __all__ = ["Work", "cpu_self_time", "select_work"]
 
 
-@dataclass(frozen=True, slots=True)
-class Work:
+class Work(msgspec.Struct, frozen=True):
     """The rows of ``table`` that are work, in start order, with the time each counts for.
 
     ``kind`` is "device" (kernels, memcpy, memset) or "cpu_op" (CPU operators, self time).
