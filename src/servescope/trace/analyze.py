@@ -18,7 +18,7 @@ from servescope.trace.breakdown import RankBreakdown, break_down
 from servescope.trace.classify import CaptureReference, capture_reference, is_capture
 from servescope.trace.facts import rank_facts
 from servescope.trace.files import EXAMPLE_NAME, EXAMPLES, discover_traces, example_trace_dir
-from servescope.trace.findings import find_bottlenecks
+from servescope.trace.findings import find_bottlenecks, load_rules
 from servescope.trace.ranks import assign_ranks, compare_ranks, rank_from_name
 from servescope.trace.readahead import ReadAhead
 from servescope.trace.steps import find_steps
@@ -85,6 +85,7 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
         >>> doc.ranks[0].phases["decode"].categories["comm.all_reduce"].share  # doctest: +SKIP
     """
     taxonomy: Taxonomy = load_taxonomy(request.taxonomy)
+    rules = load_rules()  # like the taxonomy, before the traces are waited for
     files_found = discover_traces(request.paths)
     read = _read_all(files_found, progress, read_ahead)
     captures = [d for d in read if is_capture(d)] if len(read) > 1 else []
@@ -127,7 +128,7 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
     facts = {r.rank: rank_facts(data_of[r.rank], r.rank, r.steps) for r in rank_docs}
     for r in rank_docs:
         r.graph_replay_share = facts[r.rank].graph_replay_share
-    findings = find_bottlenecks(rank_docs, across, kernels, comm, msg_bytes, facts)
+    findings = find_bottlenecks(rank_docs, across, kernels, comm, msg_bytes, facts, rules)
     return AnalysisDoc(
         servescope_version=__version__,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),

@@ -765,6 +765,7 @@ def _part(buf: _Buffer, index: int, parts: int) -> Part:
     except (_NotStreamable, msgspec.DecodeError, OverflowError) as exc:
         raise ValueError(str(exc)) from None
     head = bytes(buf[: key.start()]) if index == 0 else None
+    _drop_bad_times(sink)  # here, in each part's child, rather than over the joined trace in the caller
     return Part(sink.names, sink.threads, sink.device, sink.cpu_ops, sink.launches, sink.frames, sink.annotations,
                 sink.count, head, rest, sink.malformed, sink.malformed_examples)
 
@@ -803,7 +804,8 @@ def join_parts(path: Path, parts: list[Part]) -> TraceData:
         header = msgspec.json.decode(head + _NO_EVENTS + rest, type=_Header)
     except msgspec.DecodeError as exc:
         raise ValueError(str(exc)) from None
-    return _trace_data(path, path.stat().st_size, sink, header)
+    del sink.malformed_examples[MALFORMED_EXAMPLES:]
+    return _trace_data(path, path.stat().st_size, sink, header, times_checked=True)
 
 
 def _drop_bad_times(sink: _Collector) -> None:
@@ -822,10 +824,12 @@ def _drop_bad_times(sink: _Collector) -> None:
         table.drop(set(bad))
 
 
-def _trace_data(path: Path, size: int, sink: _Collector, header: _Header | _WholeTrace) -> TraceData:
+def _trace_data(path: Path, size: int, sink: _Collector, header: _Header | _WholeTrace, *,
+                times_checked: bool = False) -> TraceData:
     if sink.count == 0:
         raise InputError(str(path), "empty trace (traceEvents holds no events)")
-    _drop_bad_times(sink)
+    if not times_checked:
+        _drop_bad_times(sink)
     if sink.malformed > MALFORMED_SHARE * sink.count:
         raise InputError(str(path), f"not a profiler trace ({sink.malformed} of {sink.count} events malformed, "
                                     f"over {MALFORMED_SHARE:.0%}; first: {'; '.join(sink.malformed_examples)})")

@@ -43,7 +43,13 @@ def load_rules() -> dict[str, Any]:
 @cache
 def _load_rules_cached() -> dict[str, Any]:
     text = (files("servescope") / "data" / "findings.toml").read_text(encoding="utf-8")
-    return tomllib.loads(text)
+    data = tomllib.loads(text)
+    for table in ("kernels", "conditions"):  # compiled now: analyze loads the rules while the traces decode
+        for spec in data.get(table, {}).values():
+            for key in ("patterns", "exclude", "kernels"):
+                if isinstance(spec.get(key), list):
+                    _compiled(tuple(spec[key]))
+    return data
 
 
 @cache
