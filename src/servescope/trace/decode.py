@@ -21,6 +21,7 @@ a bigger one is inflated and decoded as a stream.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import gzip
 import itertools
@@ -32,6 +33,7 @@ import re
 import threading
 import zlib
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar, Protocol, Union
@@ -56,6 +58,7 @@ __all__ = [
     "MALFORMED_SHARE",
     "Part",
     "decode_part",
+    "decode_parts",
     "decode_trace",
     "join_parts",
     "read_op_inputs",
@@ -724,21 +727,45 @@ class Part:
 def decode_part(path: Path, index: int, parts: int) -> Part:
     """The events of the ``index``-th of ``parts`` equal byte ranges of an object-form trace's JSON, each range
     moved to the next event boundary, so that the parts meet exactly. A plain file is mapped, not read; a gzip
-    one is inflated whole (by each part: inflating is a fraction of decoding).
+    one is inflated whole.
 
     Raises:
         ValueError: the file is not an object-form trace of the usual layout, or a block of the range does not
             decode alone (:func:`decode_trace` must decide).
     """
+    with _json_of(path) as buf:
+        return _part(buf, index, parts)
+
+
+def decode_parts(path: Path, parts: int, each: Callable[[Callable[[int], Part]], None]) -> None:
+    """Calls ``each`` once with a function that decodes part ``i`` of ``parts`` (as :func:`decode_part`), the file
+    mapped or inflated once for all of them: ``each`` may fork, and the children share the JSON.
+
+    Raises:
+        ValueError: as :func:`decode_part`.
+    """
+    with _json_of(path) as buf:
+        each(lambda index: _part(buf, index, parts))
+
+
+@contextlib.contextmanager
+def _json_of(path: Path) -> Iterator[_Buffer]:
+    """The JSON of a trace file: mapped (plain) or inflated (gzip).
+
+    Raises:
+        ValueError: the file cannot be read or inflated.
+    """
     with path.open("rb") as handle:
         gzipped = handle.read(2) == b"\x1f\x8b"
     if gzipped:
         try:
-            return _part(_load_bytes(path), index, parts)
+            inflated = _load_bytes(path)
         except InputError as exc:
             raise ValueError(str(exc)) from None
+        yield inflated
+        return
     with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY) as buf:
-        return _part(buf, index, parts)
+        yield buf
 
 
 def _part(buf: _Buffer, index: int, parts: int) -> Part:

@@ -7,11 +7,10 @@ just the decoder (:mod:`servescope.trace.decode`) and sends what it decodes back
 at a time, read by a thread per child so that no child waits on a full pipe.
 
 Up to one child per core is started, each decoding its share of the files, biggest first. One file of over
-``SPLIT_BYTES`` of JSON, read alone, is cut into byte ranges instead, one per child, each moved to the next
-event boundary (:func:`~servescope.trace.decode.decode_part`), and the caller joins the parts in order. A gzip
-file is inflated whole by each part's child: on the 35 MB trace inflating is a sixth of decoding, and two
-children each decoding half finish before one decoding all (the caller, importing the analysis meanwhile,
-needs less time than either). (Sharing one gzip file's blocks between a child and the caller was tried: the
+``SPLIT_BYTES`` of JSON, read alone, is cut into byte ranges instead, each moved to the next event boundary
+(:func:`~servescope.trace.decode.decode_parts`): one child maps or inflates the file once and forks a helper per
+range but its own, which decode from that one copy; the child passes their parts on after its own, and the
+caller joins them in order. (Sharing one gzip file's blocks between a child and the caller was tried: the
 caller must inflate the file again to help, which costs what its help saves.)
 
 It never changes a result, only when it is computed: if ``fork`` is missing, the caller already runs other
@@ -85,6 +84,7 @@ class ReadAhead:
     _done: dict[Path, _Outcome] = field(default_factory=dict, init=False)
     _parts: dict[int, Part] = field(default_factory=dict, init=False)
     _split: Path | None = field(default=None, init=False)  # the one file decoded in parts
+    _part_count: int = field(default=0, init=False)
     _ready: threading.Condition = field(default_factory=threading.Condition, init=False)
 
     def __post_init__(self) -> None:
@@ -95,16 +95,14 @@ class ReadAhead:
             return
         parts = _parts_for(self.paths, self.jobs or usable_cores())
         shares = _shares(self.paths, jobs) if parts == 1 else []
-        if max(parts, len(shares)) > 1:
-            # the decoder (msgspec: ~20 ms) imported once here, not by every child; one child imports it itself,
-            # while this process imports the analysis
+        if len(shares) > 1:
+            # the decoder (msgspec: ~20 ms) imported once here, not by every child; one child (a file in parts
+            # too: its helpers are forked from it) imports it itself, while this process imports the analysis
             import servescope.trace.decode  # noqa: F401
         if parts > 1:
-            self._split = self.paths[0]
-            for index in range(parts):
-                child = _fork([self._split], partial(_decode_part, self._split, index, parts))
-                if child is None:
-                    break  # take() decodes the file itself
+            self._split, self._part_count = self.paths[0], parts
+            child = _fork([self._split], partial(_decode_parts, self._split, parts))
+            if child is not None:  # else take() decodes the file itself
                 self._children.append(child)
         else:
             for share in shares:
@@ -149,7 +147,7 @@ class ReadAhead:
         """The file joined from every child's part, or decoded here when a part is missing or they do not join."""
         from servescope.trace.decode import decode_trace, join_parts
 
-        count = len(self._children)
+        count = self._part_count if self._children else 0
         with self._ready:
             self._ready.wait_for(lambda: all(c.ended for c in self._children) or len(self._parts) == count)
             parts = [self._parts.get(i) for i in range(count)]
@@ -281,12 +279,47 @@ def _send(pipe: BinaryIO, index: int, outcome: object) -> None:
     pipe.flush()
 
 
-def _decode_part(path: Path, index: int, parts: int, pipe: BinaryIO) -> None:
-    """A child's work on one range of a big file: its part; any problem ends it quietly (the caller decodes
-    the whole file itself, and names the problem)."""
-    from servescope.trace.decode import decode_part
+def _decode_parts(path: Path, parts: int, pipe: BinaryIO) -> None:
+    """A child's work on a file decoded in parts: the JSON mapped or inflated once, then a helper forked for each
+    part but the first, which all decode at once from that one copy (a gzip file is not inflated again per
+    part); the helpers' parts are passed on as they come, after this child's own. Any problem ends a part
+    quietly: the caller decodes the whole file itself, and names the problem."""
+    from servescope.trace.decode import decode_parts
 
-    _send(pipe, index, decode_part(path, index, parts))
+    def each(part_of: Callable[[int], Part]) -> None:
+        helpers: list[tuple[int, int]] = []  # (read end of its pipe, pid)
+        for index in range(1, parts):
+            read_end, write_end = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # a helper: its part into its own pipe, then gone
+                status = 1
+                try:
+                    for fd in (read_end, pipe.fileno(), *(r for r, _ in helpers)):
+                        os.close(fd)
+                    with os.fdopen(write_end, "wb") as out:
+                        _send(out, index, part_of(index))
+                    status = 0
+                except BaseException:  # noqa: BLE001, S110 - its part goes missing: the caller decodes the file
+                    pass
+                finally:
+                    os._exit(status)
+            os.close(write_end)
+            helpers.append((read_end, pid))
+        try:
+            _send(pipe, 0, part_of(0))
+            while helpers:  # each helper's pickled part, passed on as it is when the helper ended well
+                read_end, pid = helpers.pop(0)
+                with os.fdopen(read_end, "rb") as source:
+                    sent = source.read()
+                if os.waitpid(pid, 0)[1] == 0:
+                    pipe.write(sent)
+                    pipe.flush()
+        finally:  # a failure here: the helpers' pipes closed (a helper's write fails and it ends), then reaped
+            for read_end, pid in helpers:
+                os.close(read_end)
+                os.waitpid(pid, 0)
+
+    decode_parts(path, parts, each)
 
 
 def _decode_files(paths: list[Path], pipe: BinaryIO) -> None:
