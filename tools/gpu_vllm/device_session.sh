@@ -345,10 +345,11 @@ run_load() {   # run_load API_SERVERS: the dense server alone (CUDA graphs) with
       echo "### exit code $?" >> "$W/logs/bench-$name.txt"
       say "bench serve in $(( $(date +%s) - t ))s"; grep -E "^concurrency|lag p99|bound|front end|TPOT" "$W/logs/bench-$name.txt" | cut -c1-200 | head -40 | tee -a "$LOG"
     else
-      # prompts per point: ~20 s at the rates one front end reached on 2026-12-03 (3, 21, 66, 129, 127 req/s)
-      local c
+      # prompts per point: ~VBENCH_S (20) s at the rates one front end reached on 2026-12-03 (3, 21, 66, 129,
+      # 127 req/s); each point also costs ~25 s of vLLM's imports, dataset and ready check
+      local c vs=${VBENCH_S:-20}
       for c in ${conc//,/ }; do
-        case $c in 1) n=60 ;; 8) n=420 ;; 32) n=1300 ;; 128) n=2600 ;; *) n=3000 ;; esac
+        case $c in 1) n=$(( 3 * vs )) ;; 8) n=$(( 21 * vs )) ;; 32) n=$(( 65 * vs )) ;; 128) n=$(( 130 * vs )) ;; *) n=$(( 150 * vs )) ;; esac
         if [ "$(left)" -lt 60 ]; then say "skip vllm bench serve c=$c: $(left)s left"; continue; fi
         vllm_bench_point $url "$c" "$n"
       done
