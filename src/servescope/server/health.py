@@ -93,13 +93,13 @@ class _Watch:
         return len(self.memory) >= 2 and self.memory[-1][1] - self.memory[0][1] >= _MEMORY_RISE_MIB
 
     def memory_note(self) -> str | None:
-        """``GPU memory 45312 MiB, +1280 MiB in 10 s`` or None without readings."""
+        """``GPU memory 45312 MiB, +1280 MiB in the last 10 s`` (the window: up to a minute) or None."""
         if not self.memory:
             return None
         (t0, first), (t1, used) = self.memory[0], self.memory[-1]
         if len(self.memory) < 2:
             return f"GPU memory {used} MiB"
-        return f"GPU memory {used} MiB, {used - first:+d} MiB in {t1 - t0:.0f} s"
+        return f"GPU memory {used} MiB, {used - first:+d} MiB in the last {t1 - t0:.0f} s"
 
     @property
     def knows_process(self) -> bool:
