@@ -60,8 +60,12 @@ def _exit_now() -> None:
 
 def main() -> None:
     """Console-script entry point."""
+    from servescope.cli import head_start
+
     first = sys.argv[1:2]
     command = first[0] if first and first[0] in COMMAND_MODULES else None
+    if command == "analyze":  # its traces start decoding now, while typer is imported and parses
+        head_start.start(sys.argv[2:])
     root = _load(COMMAND_MODULES[command]) if command is not None else __getattr__("app")
     try:
         root()
@@ -74,3 +78,5 @@ def main() -> None:
 
         err.print("servescope: interrupted", markup=False)
         sys.exit(130)
+    finally:
+        head_start.release()

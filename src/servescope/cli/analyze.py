@@ -66,6 +66,7 @@ def analyze(
     Reads torch.profiler traces as vLLM, SGLang and plain PyTorch write them (one file per rank; vLLM's
     front-end trace is recognised), finds the steps, and breaks their device time down by category.
     """
+    from servescope.cli import head_start
     from servescope.trace.files import discover_traces, example_trace_dir
     from servescope.trace.readahead import ReadAhead
 
@@ -77,7 +78,7 @@ def analyze(
             fail("give trace files or directories, or --example")
         # The traces start decoding in child processes now, while this one imports the analysis.
         found = discover_traces(chosen)
-        with ReadAhead(found, min_files=1) as read_ahead:
+        with head_start.claim(found) or ReadAhead(found, min_files=1) as read_ahead:
             from servescope.trace.analyze import AnalyzeRequest
             from servescope.trace.analyze import analyze as run_analysis
 
