@@ -80,6 +80,9 @@ def bench_comm(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the curve file here.")] = None,
     env_out: Annotated[Path | None, typer.Option("--env-out", help="Write the unit's Environment= lines here.")]
         = None,
+    json_out: Annotated[Path | None, typer.Option("--json-out", help="Write the --json result here (what `servescope "
+                                                  "report` reads; -o is the curve file `plan --comm` reads).")]
+        = None,
     keep_going: Annotated[bool, typer.Option("--keep-going", help="Go on after a failed variant.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds per variant launch.")] = 900.0,
     nnodes: Annotated[str | None, typer.Option("--nnodes", help="torchrun: nodes.")] = None,
@@ -93,7 +96,8 @@ def bench_comm(
 ) -> None:
     """Collective latency curves (nccl-tests algbw/busbw), one fresh process group per NCCL env variant."""
     from servescope.bench.comm import bench_comm as measure
-    from servescope.core.atomic import write_text_atomic
+    from servescope.core.atomic import write_bytes_atomic, write_text_atomic
+    from servescope.core.document import encode
     from servescope.report.comm import render_comm
 
     with user_errors():
@@ -114,8 +118,12 @@ def bench_comm(
             signal.signal(signal.SIGTERM, previous)
         if env_out is not None:
             write_text_atomic(env_out, "\n".join(doc.environment) + "\n")
+        if json_out is not None:
+            try:
+                write_bytes_atomic(json_out, encode(doc))
+            except OSError as exc:
+                raise InputError(str(json_out), f"cannot write: {exc.strerror or exc}") from None
     if as_json:
-        from servescope.core.document import encode
         sys.stdout.buffer.write(encode(doc))
     else:
         render_comm(doc.curves, doc.best_at_decode, doc.environment, doc.failures, Console(highlight=False))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -14,8 +15,11 @@ from servescope.cli.common import fail, gpu_app
 T = TypeVar("T")
 
 
-def _show(query: Callable[..., T], render: Callable[[T, Console], None], *, prefer: str, as_json: bool) -> None:
-    """Run one GPU query (a failure is one line, exit 2), then print its record as JSON or a table."""
+def _show(query: Callable[..., T], render: Callable[[T, Console], None], *, prefer: str, as_json: bool,
+          output: Path | None = None) -> None:
+    """Run one GPU query (a failure is one line, exit 2), write its JSON to ``output`` when given, then print
+    it as JSON or a table."""
+    from servescope.core.atomic import write_bytes_atomic
     from servescope.gpu.errors import GpuQueryError, GpuUnavailable
     from servescope.report.gpu import encode_dataclass
 
@@ -23,6 +27,11 @@ def _show(query: Callable[..., T], render: Callable[[T, Console], None], *, pref
         record: Any = query(prefer=prefer)
     except (GpuUnavailable, GpuQueryError, ValueError) as exc:
         fail(str(exc))
+    if output is not None:
+        try:
+            write_bytes_atomic(output, encode_dataclass(record))
+        except OSError as exc:
+            fail(f"{output}: cannot write: {exc.strerror or exc}")
     if as_json:
         sys.stdout.buffer.write(encode_dataclass(record))
     else:
@@ -33,12 +42,13 @@ def _show(query: Callable[..., T], render: Callable[[T, Console], None], *, pref
 def gpu_list(
     prefer: Annotated[str, typer.Option("--prefer", help="nvml or nvidia-smi (the other is the fallback).")] = "nvml",
     as_json: Annotated[bool, typer.Option("--json", help="Print the snapshot as JSON.")] = False,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the snapshot (JSON) here.")] = None,
 ) -> None:
     """GPUs, their memory, PCIe link and the processes holding memory (NVML, else nvidia-smi)."""
     from servescope.gpu.inventory import take_snapshot
     from servescope.report.gpu import render_snapshot
 
-    _show(take_snapshot, render_snapshot, prefer=prefer, as_json=as_json)
+    _show(take_snapshot, render_snapshot, prefer=prefer, as_json=as_json, output=output)
 
 
 @gpu_app.command("topo")

@@ -50,6 +50,8 @@ def health(
                                                 help="Bearer key; else $SERVESCOPE_API_KEY, else "
                                                 "$OPENAI_API_KEY. Never printed.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the health result as JSON.")] = False,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the health result (JSON) here, "
+                                                "ready or not.")] = None,
 ) -> None:
     """Is the server ready? /health 200, /v1/models lists a model, and a 1-token completion works.
 
@@ -86,6 +88,8 @@ def health(
         else:
             result = check_health(url, api_key=key, timeout_s=CHECK_TIMEOUT_S if timeout is None else timeout,
                                   pid=pid, unit=unit, log_path=log)
+        if output is not None:
+            _write_document(output, encode_health(result))  # type: ignore[arg-type]
     if as_json:
         sys.stdout.buffer.write(encode_health(result))  # type: ignore[arg-type]
     else:
@@ -192,6 +196,16 @@ def bench_serve(
             render_compare(compare_points(result, old), console)  # type: ignore[arg-type]
     if result.aborted or any(p.errors for p in result.points):  # type: ignore[attr-defined]
         raise typer.Exit(1)
+
+
+def _write_document(path: Path, data: bytes) -> None:
+    """``data`` written to ``path`` atomically; a failure is one line naming the file."""
+    from servescope.core.atomic import write_bytes_atomic
+
+    try:
+        write_bytes_atomic(path, data)
+    except OSError as exc:
+        raise InputError(str(path), f"cannot write: {exc.strerror or exc}") from None
 
 
 def _read(path: Path | None) -> bytes:
