@@ -13,31 +13,23 @@ from typing import Annotated
 
 import typer
 
-from servescope.cli.common import app, fail, user_errors, with_progress
-from servescope.core.errors import InputError
+from servescope.cli.common import app, fail, save, user_errors, with_progress
 
 __all__ = ["analyze", "diff", "report", "write_outputs"]
 
 
 def write_outputs(doc: object, *, json_out: Path | None, html_out: Path | None, encoded: bytes | None = None) -> None:
     """Write the analysis as JSON (``encoded`` when already made) and as HTML, each atomically."""
-    from servescope.core.atomic import write_bytes_atomic, write_text_atomic
+    if json_out is not None:
+        if encoded is None:
+            from servescope.report.jsonout import encode_analysis
 
-    target = json_out
-    try:
-        if json_out is not None:
-            if encoded is None:
-                from servescope.report.jsonout import encode_analysis
+            encoded = encode_analysis(doc)
+        save(json_out, encoded)
+    if html_out is not None:
+        from servescope.report.html import render_analysis_html
 
-                encoded = encode_analysis(doc)
-            write_bytes_atomic(json_out, encoded)
-        target = html_out
-        if html_out is not None:
-            from servescope.report.html import render_analysis_html
-
-            write_text_atomic(html_out, render_analysis_html(doc))  # type: ignore[arg-type]
-    except OSError as exc:
-        raise InputError(str(target), f"cannot write: {exc.strerror or exc}") from None
+        save(html_out, render_analysis_html(doc))  # type: ignore[arg-type]
 
 
 @app.command()
@@ -114,17 +106,13 @@ def report(
 
     The document's ``schema`` field says which kind it is.
     """
-    from servescope.core.atomic import write_text_atomic
     from servescope.core.document import read_document
     from servescope.report.rerender import render_document, render_html, render_text, text_console
 
     with user_errors():
         doc = read_document(document)
         if html is not None:
-            try:
-                write_text_atomic(html, render_html(doc, top=top))
-            except OSError as exc:
-                raise InputError(str(html), f"cannot write: {exc.strerror or exc}") from None
+            save(html, render_html(doc, top=top))
     if as_json:
         sys.stdout.write(render_document(doc, "json"))
         return

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from servescope.cli.common import bench_app, err, fail, user_errors
+from servescope.cli.common import bench_app, err, fail, save, user_errors
 from servescope.core.errors import InputError
 
 
@@ -96,7 +96,7 @@ def bench_comm(
 ) -> None:
     """Collective latency curves (nccl-tests algbw/busbw), one fresh process group per NCCL env variant."""
     from servescope.bench.comm import bench_comm as measure
-    from servescope.core.atomic import write_bytes_atomic, write_text_atomic
+    from servescope.core.atomic import write_text_atomic
     from servescope.core.document import encode
     from servescope.report.comm import render_comm
 
@@ -119,10 +119,7 @@ def bench_comm(
         if env_out is not None:
             write_text_atomic(env_out, "\n".join(doc.environment) + "\n")
         if json_out is not None:
-            try:
-                write_bytes_atomic(json_out, encode(doc))
-            except OSError as exc:
-                raise InputError(str(json_out), f"cannot write: {exc.strerror or exc}") from None
+            save(json_out, encode(doc))
     if as_json:
         sys.stdout.buffer.write(encode(doc))
     else:

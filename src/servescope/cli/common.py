@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
@@ -84,6 +85,23 @@ def fail(message: str, code: int = 2) -> NoReturn:
     """
     _stderr().print(f"servescope: error: {message}", markup=False)
     raise SystemExit(code)
+
+
+def save(path: Path, data: bytes | str) -> None:
+    """Write an output file of a command atomically.
+
+    Raises:
+        InputError: it cannot be written (one line naming the file, exit 2 under :func:`user_errors`).
+    """
+    from servescope.core.atomic import write_bytes_atomic, write_text_atomic
+
+    try:
+        if isinstance(data, bytes):
+            write_bytes_atomic(path, data)
+        else:
+            write_text_atomic(path, data)
+    except OSError as exc:
+        raise InputError(str(path), f"cannot write: {exc.strerror or exc}") from None
 
 
 @contextmanager

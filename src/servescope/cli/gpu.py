@@ -10,7 +10,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from servescope.cli.common import fail, gpu_app
+from servescope.cli.common import fail, gpu_app, save, user_errors
 
 T = TypeVar("T")
 
@@ -19,7 +19,6 @@ def _show(query: Callable[..., T], render: Callable[[T, Console], None], *, pref
           output: Path | None = None) -> None:
     """Run one GPU query (a failure is one line, exit 2), write its JSON to ``output`` when given, then print
     it as JSON or a table."""
-    from servescope.core.atomic import write_bytes_atomic
     from servescope.gpu.errors import GpuQueryError, GpuUnavailable
     from servescope.report.gpu import encode_dataclass
 
@@ -28,10 +27,8 @@ def _show(query: Callable[..., T], render: Callable[[T, Console], None], *, pref
     except (GpuUnavailable, GpuQueryError, ValueError) as exc:
         fail(str(exc))
     if output is not None:
-        try:
-            write_bytes_atomic(output, encode_dataclass(record))
-        except OSError as exc:
-            fail(f"{output}: cannot write: {exc.strerror or exc}")
+        with user_errors():
+            save(output, encode_dataclass(record))
     if as_json:
         sys.stdout.buffer.write(encode_dataclass(record))
     else:

@@ -9,8 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from servescope.cli.common import app, user_errors
-from servescope.core.errors import InputError
+from servescope.cli.common import app, save, user_errors
 
 
 @app.command()
@@ -39,7 +38,6 @@ def profile(
     POST /start_profile, the requests, POST /stop_profile, waits for the new trace files (one per rank
     plus the front end) to be complete, then analyzes exactly those files.
     """
-    from servescope.core.atomic import write_bytes_atomic, write_text_atomic
     from servescope.report.html import render_analysis_html
     from servescope.report.profile import encode_profile, render_capture
     from servescope.report.tables import render_analysis
@@ -53,15 +51,10 @@ def profile(
         result = profile_server(request, say=lambda line: print(line, file=sys.stderr, flush=True))
         capture, doc = result.capture, result.analysis
         data = encode_profile(doc, capture.trace_files, capture=capture.record())
-        target = output
-        try:
-            if output is not None:
-                write_bytes_atomic(output, data)
-            target = html
-            if html is not None:
-                write_text_atomic(html, render_analysis_html(doc))
-        except OSError as exc:
-            raise InputError(str(target), f"cannot write: {exc.strerror or exc}") from None
+        if output is not None:
+            save(output, data)
+        if html is not None:
+            save(html, render_analysis_html(doc))
     if as_json:
         sys.stdout.buffer.write(data + b"\n")
         return

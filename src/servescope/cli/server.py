@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from servescope.cli.common import BarProgress, app, bench_app, user_errors, with_progress
+from servescope.cli.common import BarProgress, app, bench_app, save, user_errors, with_progress
 from servescope.core.errors import InputError
 
 
@@ -89,7 +89,7 @@ def health(
             result = check_health(url, api_key=key, timeout_s=CHECK_TIMEOUT_S if timeout is None else timeout,
                                   pid=pid, unit=unit, log_path=log)
         if output is not None:
-            _write_document(output, encode_health(result))  # type: ignore[arg-type]
+            save(output, encode_health(result))  # type: ignore[arg-type]
     if as_json:
         sys.stdout.buffer.write(encode_health(result))  # type: ignore[arg-type]
     else:
@@ -196,16 +196,6 @@ def bench_serve(
             render_compare(compare_points(result, old), console)  # type: ignore[arg-type]
     if result.aborted or any(p.errors for p in result.points):  # type: ignore[attr-defined]
         raise typer.Exit(1)
-
-
-def _write_document(path: Path, data: bytes) -> None:
-    """``data`` written to ``path`` atomically; a failure is one line naming the file."""
-    from servescope.core.atomic import write_bytes_atomic
-
-    try:
-        write_bytes_atomic(path, data)
-    except OSError as exc:
-        raise InputError(str(path), f"cannot write: {exc.strerror or exc}") from None
 
 
 def _read(path: Path | None) -> bytes:
