@@ -3,11 +3,7 @@ them only when it reads exactly those files."""
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -72,32 +68,3 @@ def test_a_right_guess_is_handed_out_once() -> None:
         kernels = [read_ahead.take(path) for path in found]
     assert len(kernels) == len(found)
     assert head_start.claim(found) is None
-
-
-# main() as the console script runs it; os._exit (how a successful analyze ends, and how read-ahead children end)
-# first names whether typer was imported in that process.
-_MAIN = """import os, sys
-real_exit = os._exit
-def named_exit(code):
-    sys.stderr.write(f"process {os.getpid()} typer={'typer' in sys.modules}\\n")
-    sys.stderr.flush()
-    real_exit(code)
-os._exit = named_exit
-sys.argv = ["servescope", *sys.argv[1:]]
-from servescope.cli import main
-main()
-"""
-
-
-def test_main_decodes_before_typer_is_imported_and_the_result_is_the_traces(tmp_path: Path) -> None:
-    target = tmp_path / "out.json"
-    proc = subprocess.run([sys.executable, "-c", _MAIN, "analyze", "--json", str(EXAMPLE), "-o", str(target)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    ends = [line for line in proc.stderr.splitlines() if line.startswith("process ")]
-    assert any(line.endswith("typer=False") for line in ends), ends  # a child forked before typer's import
-    assert any(line.endswith("typer=True") for line in ends), ends  # the command itself
-    # every file read whole: its event count as json.load counts it
-    doc = json.loads(target.read_text())
-    read = {Path(trace["path"]).resolve(): trace["events"] for trace in doc["traces"]}
-    assert read == {path: len(json.load(gzip.open(path))["traceEvents"]) for path in discover_traces([EXAMPLE])}

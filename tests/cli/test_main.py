@@ -6,6 +6,8 @@ typer); their flags are listed here as they were, so that the typer declarations
 
 from __future__ import annotations
 
+import gzip
+import json
 import re
 import subprocess
 import sys
@@ -16,7 +18,7 @@ import typer
 from typer.testing import CliRunner
 
 from servescope.cli import COMMAND_MODULES, app
-from servescope.trace.files import example_trace_dir
+from servescope.trace.files import discover_traces, example_trace_dir
 
 # the project's own capture (a real vLLM TP=2 run on the CPU, 90 KB): these run on any clone
 SMALL = example_trace_dir("vllm-cpu-tp2") / "rank0.pt.trace.json.gz"
@@ -92,3 +94,20 @@ def test_bad_input_through_main_is_exit_2_without_a_traceback(argv: list[str], s
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == "" and "Traceback" not in proc.stderr
     assert says in proc.stderr
+
+
+def test_the_traces_decode_before_typer_is_imported_and_are_read_whole(tmp_path: Path) -> None:
+    """analyze's head start: a read-ahead child forked before typer's import decodes the traces the command then
+    reads; every file arrives whole."""
+    example = example_trace_dir("vllm-cpu-tp2")
+    target = tmp_path / "out.json"
+    proc = subprocess.run([sys.executable, "-c", _MAIN_NAMING_MODULES, "analyze", "--json", str(example), "-o",
+                           str(target)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    imported = [set(line.split()[1:]) for line in proc.stderr.splitlines() if line.startswith("modules: ")]
+    assert any("typer" not in modules for modules in imported), len(imported)  # a child forked before typer
+    assert any("typer" in modules for modules in imported)  # the command itself
+    # every file read whole: its event count as json.load counts it
+    doc = json.loads(target.read_text())
+    read = {Path(trace["path"]).resolve(): trace["events"] for trace in doc["traces"]}
+    assert read == {path: len(json.load(gzip.open(path))["traceEvents"]) for path in discover_traces([example])}

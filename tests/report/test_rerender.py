@@ -7,20 +7,19 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from server.sse import running_sse_server
 from servescope.cli import app
 from servescope.core.document import KINDS, decode, read_header
 from servescope.core.errors import InputError
 
 runner = CliRunner()
 TESTS = Path(__file__).parent.parent
-SSE_SERVER = TESTS / "server" / "sse_server.py"
 H200 = TESTS / "data" / "h200"
 
 
@@ -37,16 +36,8 @@ def _report(path: Path, *extra: str) -> str:
 @pytest.fixture(scope="module")
 def front_end_bound_server() -> Iterator[str]:
     """The test SSE server whose /metrics say the engine was 4x faster than its socket: front_end_bound."""
-    proc = subprocess.Popen([sys.executable, str(SSE_SERVER), "--ttft-ms", "150", "--interval-ms", "30",
-                             "--engine-scale", "0.25"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("PORT "), line
-        yield f"http://127.0.0.1:{line.split()[1]}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with running_sse_server("--ttft-ms", "150", "--interval-ms", "30", "--engine-scale", "0.25") as url:
+        yield url
 
 
 def test_analysis_plan_and_diff_round_trip(tmp_path: Path) -> None:

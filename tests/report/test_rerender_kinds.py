@@ -26,15 +26,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from deploy.conftest import FAKE_SYSTEMCTL, FakeSystemctl
+from deploy.conftest import FakeSystemctl, systemctl  # noqa: F401 (systemctl: the deploy tests' fixture)
 from gpu.fake_pynvml import load_recording, make_fake_pynvml
 from gpu.gpu_inputs import RECORDING, fake_nvidia_smi
+from server.sse import running_sse_server
 from servescope.cli import app
 from servescope.core.document import read_header
 from servescope.gpu import nvml
 
 runner = CliRunner(env={"COLUMNS": "120"})  # the command and report print on the same fixed width
-SSE_SERVER = Path(__file__).parent.parent / "server" / "sse_server.py"
 
 
 def _run(args: list[object], *, code: int = 0) -> str:
@@ -151,15 +151,8 @@ def test_an_output_that_cannot_be_written_is_one_line(openai_server: str, tmp_pa
 
 @pytest.fixture(scope="module")
 def sse_server() -> Iterator[str]:
-    proc = subprocess.Popen([sys.executable, str(SSE_SERVER)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("PORT "), line
-        yield f"http://127.0.0.1:{line.split()[1]}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with running_sse_server() as url:
+        yield url
 
 
 def test_settings_round_trip(sse_server: str, tmp_path: Path) -> None:
@@ -210,21 +203,7 @@ def test_gpu_snapshot_round_trip(source: str, tmp_path: Path, monkeypatch: pytes
 # ---------------------------------------------------------------------------------------------- service status
 
 
-@pytest.fixture
-def systemctl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSystemctl:
-    """The deploy tests' fake ``systemctl`` first on PATH (systemd is not PID 1 here)."""
-    folder = tmp_path / "fake-systemctl"
-    folder.mkdir()
-    exe = folder / "systemctl"
-    exe.write_text(FAKE_SYSTEMCTL.format(python=sys.executable))
-    exe.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_SYSTEMCTL_LOG", str(folder / "systemctl.log"))
-    monkeypatch.setenv("FAKE_SYSTEMCTL_STATE", str(folder / "state.json"))
-    return FakeSystemctl(folder)
-
-
-def test_service_status_round_trip(systemctl: FakeSystemctl, tmp_path: Path) -> None:
+def test_service_status_round_trip(systemctl: FakeSystemctl, tmp_path: Path) -> None:  # noqa: F811 (the fixture)
     systemctl.add_unit("vllm-kimi-k25-int4.service", MainPID="4242", NRestarts="3",
                        ExecMainStartTimestamp="Thu 2026-12-03 09:14:02 UTC")
     systemctl.add_unit("vllm-failed.service", ActiveState="failed", SubState="failed", Result="exit-code",

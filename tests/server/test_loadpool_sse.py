@@ -9,9 +9,8 @@ No vLLM here: this module overrides the folder's autouse ``vllm_server`` fixture
 
 from __future__ import annotations
 
+import contextlib
 import json
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -24,6 +23,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from server.sse import running_sse_server
 from servescope.cli import app
 from servescope.core.serve import ClientLag, Dist, ServePoint, ServerSide, TokenCounts, judge_point, load_serve_rules
 from servescope.report.serve import render_serve
@@ -31,8 +31,6 @@ from servescope.server import loadgen
 from servescope.server.loadgen import LoadSpec, run_bench_serve, summarize, workers_for
 from servescope.server.loadpool import run_point_in_workers, split_job
 from servescope.server.streams import PointJob
-
-_SERVER = Path(__file__).with_name("sse_server.py")
 
 
 @pytest.fixture(autouse=True)
@@ -44,20 +42,8 @@ def vllm_server() -> None:
 @pytest.fixture
 def sse_server() -> Iterator[Callable[..., str]]:
     """Starts ``sse_server.py`` with the given options; returns its URL. Every one started is stopped."""
-    procs: list[subprocess.Popen[str]] = []
-
-    def start(*args: str) -> str:
-        proc = subprocess.Popen([sys.executable, str(_SERVER), *args], stdout=subprocess.PIPE, text=True)
-        procs.append(proc)
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("PORT "), line
-        return f"http://127.0.0.1:{int(line.split()[1])}"
-
-    yield start
-    for proc in procs:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with contextlib.ExitStack() as stack:
+        yield lambda *args: stack.enter_context(running_sse_server(*args))
 
 
 def _get(url: str) -> Any:
