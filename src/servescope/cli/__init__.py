@@ -66,10 +66,14 @@ def main() -> None:
     command = first[0] if first and first[0] in COMMAND_MODULES else None
     if command == "analyze":
         # One pass that makes little cyclic garbage and ends in os._exit: the collector's passes over every
-        # object the imports made (typer, pydantic, numpy) cost ~25 ms of ~0.4 s on the 35 MB trace.
+        # object the imports made (typer, numpy) cost ~25 ms of ~0.4 s on the 35 MB trace.
         import gc
+        import os
 
         gc.disable()
+        # analyze does no linear algebra; numpy's OpenBLAS would start a thread per core on import (~100 ms of
+        # CPU on two cores, taken from the decoding children). A user's own setting wins.
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
         head_start.start(sys.argv[2:])  # its traces start decoding now, while typer is imported and parses
     root = _load(COMMAND_MODULES[command]) if command is not None else __getattr__("app")
     try:

@@ -95,10 +95,9 @@ class ReadAhead:
             return
         parts = _parts_for(self.paths, self.jobs or usable_cores())
         shares = _shares(self.paths, jobs) if parts == 1 else []
-        if len(shares) > 1:
-            # the decoder (msgspec: ~20 ms) imported once here, not by every child; one child (a file in parts
-            # too: its helpers are forked from it) imports it itself, while this process imports the analysis
-            import servescope.trace.decode  # noqa: F401
+        # the decoder (msgspec and what it imports: ~40 ms) imported once here, before the children are forked:
+        # they inherit it, and this process needs it anyway to take their results
+        import servescope.trace.decode  # noqa: F401
         if parts > 1:
             self._split, self._part_count = self.paths[0], parts
             child = _fork([self._split], partial(_decode_parts, self._split, parts))
