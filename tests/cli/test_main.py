@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import subprocess
 import sys
@@ -60,6 +61,7 @@ _MAIN_NAMING_MODULES = """import os, sys
 real_exit = os._exit
 def named_exit(code):
     sys.stderr.write("modules: " + " ".join(sys.modules) + "\\n")
+    sys.stderr.write("blas threads: " + os.environ.get("OPENBLAS_NUM_THREADS", "unset") + "\\n")
     sys.stderr.flush()
     real_exit(code)
 os._exit = named_exit
@@ -71,15 +73,27 @@ main()
 
 def test_analyze_imports_no_other_command_module_and_no_rich(tmp_path: Path) -> None:
     target = tmp_path / "out.json"
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
     proc = subprocess.run([sys.executable, "-c", _MAIN_NAMING_MODULES, "analyze", str(SMALL), "--json", "-o",
-                           str(target)], capture_output=True, text=True, timeout=120)
+                           str(target)], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     imported = {m for line in proc.stderr.splitlines() if line.startswith("modules: ") for m in line.split()[1:]}
-    assert {"servescope.cli.analyze", "servescope.trace.analyze", "typer"} <= imported  # the route did run
+    assert {"servescope.cli.analyze", "servescope.trace.analyze", "typer", "numpy"} <= imported  # the route ran
     others = {f"servescope.cli.{m}" for modules in COMMAND_MODULES.values() for m in modules} - {
         "servescope.cli.analyze"}
-    assert not (others | {"rich", "plotly", "torch"}) & imported
+    # pydantic: typer 0.29+ converts every parameter through it (~1/5 of the command); pyproject pins typer below
+    assert not (others | {"rich", "plotly", "torch", "pydantic"}) & imported
     assert target.read_bytes().startswith(b"{") and proc.stdout.startswith("{")
+    # numpy's BLAS starts no thread pool for a command that does no linear algebra
+    assert "blas threads: 1" in proc.stderr.splitlines()
+
+
+def test_analyze_keeps_the_users_blas_threads(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", _MAIN_NAMING_MODULES, "analyze", str(SMALL), "--json", "-o",
+                           str(tmp_path / "out.json")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OPENBLAS_NUM_THREADS": "3"})
+    assert proc.returncode == 0, proc.stderr
+    assert "blas threads: 3" in proc.stderr.splitlines()
 
 
 @pytest.mark.parametrize(("argv", "says"), [
