@@ -10,7 +10,9 @@ Both tools run from byte-compiled modules, as ``pip install`` leaves them (an ed
 environment with ``PYTHONDONTWRITEBYTECODE`` set would otherwise compile servescope on every run): the script
 runs ``compileall`` on each tool's package first. Wall is ``time.perf_counter()`` around the whole process,
 start-up included; peak RSS is ``ru_maxrss`` from
-``os.wait4`` (the largest single process of the child's tree). ``--repeat`` runs each: median wall, max RSS.
+``os.wait4`` (the largest single process of the child's tree). ``--repeat`` runs each, the tools in turn
+(HTA, servescope, plain, HTA, ...): median wall, max RSS, and HTA's wall over servescope's run by run (its
+median and range: a drift in a shared machine's speed moves both sides of a pair alike).
 A run that exits non-zero, leaves no output, times out, or hits the per-child address-space cap
 (``--mem-limit-gb``, so a runaway parse gets MemoryError rather than the OOM killer) is reported as such,
 never timed. Traces: ``--trace`` (the 35 MB A100 rank trace) and a ~1 GB plain-JSON trace built from it and
@@ -130,19 +132,34 @@ def check_json_file(_out: Path, result: Path) -> str | None:
         return f"failed (no usable -o output: {e})"
 
 
-def measure(name: str, argv: list[str], repeat: int, timeout: float, mem_limit: int, check: Check
-            ) -> dict[str, Any]:
-    runs: list[dict[str, Any]] = []
-    for i in range(repeat):
-        runs.append(measure_once(argv, timeout, mem_limit, check))
-        print(f"  {name:<10} run {i + 1}/{repeat}: {runs[-1]['status']:<12} "
-              f"{runs[-1]['wall_s']:8.2f} s {runs[-1]['rss_mb']:9.0f} MB", flush=True)
-        if runs[-1]["status"] != "ok":
-            break  # a failure is reported, not averaged; don't burn another timeout on it
+def summarize(argv: list[str], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One tool's runs: median wall and max RSS when every run was ok, else the failure."""
     ok = all(r["status"] == "ok" for r in runs)
     return {"status": "ok" if ok else runs[-1]["status"], "argv": argv, "runs": runs,
             "wall_s": statistics.median(r["wall_s"] for r in runs) if ok else None,
             "rss_mb": max(r["rss_mb"] for r in runs) if ok else None}
+
+
+def measure_in_turn(tools: dict[str, tuple[list[str], float, Check]], repeat: int, mem_limit: int
+                    ) -> dict[str, dict[str, Any]]:
+    """Each tool ``repeat`` times, in turn (A B C A B C ...), so that a drift in the machine's speed touches them
+    alike; a tool that fails is reported, not averaged, and not run again (no second timeout burnt on it)."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in tools}
+    for i in range(repeat):
+        for name, (argv, timeout, check) in tools.items():
+            if runs[name] and runs[name][-1]["status"] != "ok":
+                continue
+            runs[name].append(measure_once(argv, timeout, mem_limit, check))
+            print(f"  {name:<10} run {i + 1}/{repeat}: {runs[name][-1]['status']:<12} "
+                  f"{runs[name][-1]['wall_s']:8.2f} s {runs[name][-1]['rss_mb']:9.0f} MB", flush=True)
+    return {name: summarize(tools[name][0], runs[name]) for name in tools}
+
+
+def pair_ratios(slow: dict[str, Any], fast: dict[str, Any]) -> list[float]:
+    """``slow``'s wall over ``fast``'s, run by run (runs made in turn)."""
+    if slow["status"] != "ok" or fast["status"] != "ok":
+        return []
+    return [a["wall_s"] / b["wall_s"] for a, b in zip(slow["runs"], fast["runs"], strict=True)]
 
 
 def build_large(src: Path, work_dir: Path, target_bytes: int) -> Path:
@@ -286,16 +303,21 @@ def bench_trace(kind: str, trace: Path, a: argparse.Namespace, mem_limit: int) -
     if trace.is_file() and not (hta_dir / trace.name).is_symlink():
         (hta_dir / trace.name).symlink_to(trace.resolve())
     row: dict[str, Any] = {"trace": str(trace), "kind": kind, "json_mb": size_mb}
-    if kind == "large" and a.skip_hta_large:
-        row["hta"] = {"status": "skipped", "wall_s": None, "rss_mb": None}
-    else:
-        row["hta"] = measure("HTA", [a.hta_python, "-c", HTA_CHILD, str(hta_dir)],
-                             a.repeat, a.hta_timeout, mem_limit, check_stdout)
-    ss_argv = [*shlex.split(a.servescope), "analyze", str(trace), "--json", "-o", "{OUT}"]
-    row["servescope"] = measure("servescope", ss_argv, a.repeat, a.timeout, mem_limit, check_json_file)
-    row["plain"] = (measure("plain json", [sys.executable, "-c", PLAIN_CHILD, str(trace)],
-                            a.repeat, a.timeout, mem_limit, check_stdout) if trace.is_file()
-                    else {"status": "skipped", "wall_s": None, "rss_mb": None})
+    skipped = {"status": "skipped", "wall_s": None, "rss_mb": None}
+    tools: dict[str, tuple[list[str], float, Check]] = {}
+    if not (kind == "large" and a.skip_hta_large):
+        tools["HTA"] = ([a.hta_python, "-c", HTA_CHILD, str(hta_dir)], a.hta_timeout, check_stdout)
+    tools["servescope"] = ([*shlex.split(a.servescope), "analyze", str(trace), "--json", "-o", "{OUT}"], a.timeout,
+                           check_json_file)
+    if trace.is_file():
+        tools["plain json"] = ([sys.executable, "-c", PLAIN_CHILD, str(trace)], a.timeout, check_stdout)
+    measured = measure_in_turn(tools, a.repeat, mem_limit)
+    row["hta"] = measured.get("HTA", skipped)
+    row["servescope"] = measured["servescope"]
+    row["plain"] = measured.get("plain json", skipped)
+    pairs = pair_ratios(row["hta"], row["servescope"])
+    row["pair_speed_ratios"] = pairs
+    row["pair_speed_ratio_median"] = statistics.median(pairs) if pairs else None
     h, s = row["hta"], row["servescope"]
     row["speed_ratio"] = h["wall_s"] / s["wall_s"] if h["wall_s"] and s["wall_s"] else None
     row["rss_ratio"] = s["rss_mb"] / h["rss_mb"] if h["rss_mb"] and s["rss_mb"] else None
@@ -318,21 +340,24 @@ def print_table(results: list[dict[str, Any]], repeat: int) -> None:
     def cell(m: dict[str, Any], key: str, spec: str) -> str:
         return fmt(m[key], spec) if m["status"] == "ok" else m["status"]
 
-    head = ["trace", "MB", "HTA s", "servescope s", "plain s", "HTA/ss", "HTA MB", "ss MB", "plain MB",
+    head = ["trace", "MB", "HTA s", "servescope s", "plain s", "HTA/ss", "pairs", "HTA MB", "ss MB", "plain MB",
             "ss/HTA RSS", "goal met"]
     lines = [head]
     for r in results:
         h, s, p = r["hta"], r["servescope"], r["plain"]
         speed = fmt(r["speed_ratio"], ".1f") + ("x" if r["speed_ratio"] else "")
+        pairs = r.get("pair_speed_ratios") or []
+        spread = (f"{statistics.median(pairs):.1f}x ({min(pairs):.1f}-{max(pairs):.1f})" if pairs else "-")
         lines.append([Path(r["trace"]).name, f"{r['json_mb']:.0f}", cell(h, "wall_s", ".2f"),
-                      cell(s, "wall_s", ".2f"), cell(p, "wall_s", ".2f"), speed, cell(h, "rss_mb", ".0f"),
+                      cell(s, "wall_s", ".2f"), cell(p, "wall_s", ".2f"), speed, spread, cell(h, "rss_mb", ".0f"),
                       cell(s, "rss_mb", ".0f"), cell(p, "rss_mb", ".0f"), fmt(r["rss_ratio"], ".2f"), r["goal"]])
     widths = [max(len(x[i]) for x in lines) for i in range(len(head))]
     print()
     for line in lines:
         print("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                         for i, (c, w) in enumerate(zip(line, widths, strict=True))))
-    print(f"\nmedian wall of {repeat} runs, max peak RSS; ss = servescope; MB = 10^6 bytes")
+    print(f"\nmedian wall of {repeat} runs made in turn, max peak RSS; HTA/ss: ratio of the medians; pairs: the"
+          " ratio run by run, median (range); ss = servescope; MB = 10^6 bytes")
 
 
 def machine_info(hta_python: str) -> dict[str, Any]:
