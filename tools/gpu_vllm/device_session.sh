@@ -99,6 +99,7 @@ export VLLM_VERSION=$(python3 -c 'import vllm; print(vllm.__version__)' 2>/dev/n
 export TORCH_VERSION=$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)
 export GPU_DESC=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
 say "vllm $VLLM_VERSION, torch $TORCH_VERSION, $GPU_DESC, servescope $($SS --version 2>/dev/null | head -1) (commit $(cat $PAY/SERVESCOPE_COMMIT 2>/dev/null || echo unknown))"
+export CAP_VLLM_VERSION=$VLLM_VERSION CAP_TORCH_VERSION=$TORCH_VERSION   # for provenance.py
 unset VLLM_VERSION TORCH_VERSION   # not the server's: vLLM warns about unknown VLLM_* variables and settings lists them
 
 if [ $# -eq 0 ]; then say "no plan words: install only"; pack; exit 0; fi
@@ -106,7 +107,7 @@ PLAN_NAME=$(echo "$@" | tr ' ' '+')
 
 need_models=""
 WANT_MODELS="llama8b-16l qwen3moe-30b-12l"
-case "$*" in *graphs*|*eager*) ;; *) WANT_MODELS=llama8b-16l ;; esac
+case "$*" in *graphs*|*eager*|*admit*) ;; *) WANT_MODELS=llama8b-16l ;; esac
 for m in $WANT_MODELS; do [ -f $MODELS/$m/config.json ] || need_models="$need_models $m"; done
 if [ -n "$need_models" ]; then
   say "making models:$need_models"
@@ -123,7 +124,7 @@ start_server() {   # start_server KEY FLAVOUR EXTRA...   (KEY = dense|moe)
   local key=$1 flav=$2; shift 2
   local name=$key-$flav prof=$W/prof/$key-$flav
   rm -rf "$prof"; mkdir -p "$prof" "$W/logs"
-  FLAGS[$key]="--max-model-len 4096 --gpu-memory-utilization 0.4 --port ${PORT[$key]} --profiler-config.profiler=torch --profiler-config.torch_profiler_dir=$prof --profiler-config.torch_profiler_with_stack=false --profiler-config.delay_iterations=$DELAY --profiler-config.max_iterations=$STEPS $*"
+  FLAGS[$key]="--max-model-len 4096 --gpu-memory-utilization 0.4 --port ${PORT[$key]} --profiler-config.profiler=torch --profiler-config.torch_profiler_dir=$prof --profiler-config.torch_profiler_with_stack=${WITH_STACK:-false} --profiler-config.delay_iterations=$DELAY --profiler-config.max_iterations=$STEPS $*"
   # shellcheck disable=SC2086
   setsid python3 -m vllm.entrypoints.openai.api_server --model $MODELS/${MODEL[$key]} \
     --served-model-name ${MODEL[$key]} ${FLAGS[$key]} > "$W/logs/server-$name.log" 2>&1 &
@@ -363,6 +364,10 @@ run_load() {   # run_load API_SERVERS: the dense server alone (CUDA graphs) with
 for word in "$@"; do
   case $word in
     graphs) run_pair graphs "$TOKENS" ;;
+    admit) # the window from the first engine step, python stacks on: prefill, mixed and decode steps with the
+           # model runner's frames (steps found without vLLM's annotation, checked against it)
+      DELAY=0 STEPS=${ADMIT_STEPS:-12} WITH_STACK=true INPUT_TOKENS=${ADMIT_INPUT_TOKENS:-512} \
+        BATCHES=${ADMIT_BATCHES:-16} run_pair admit "$TOKENS" ;;
     eager) run_pair eager "$TOKENS" --enforce-eager ;;
     bench) run_bench ;;
     scaled) run_load "${API_SERVERS:-4}" ;;

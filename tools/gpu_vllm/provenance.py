@@ -31,19 +31,21 @@ def provenance(dest: str, profile_json: str, flavour: str, delay: int, steps: in
     phases = None
     if prof.get("ranks"):
         phases = {ph: s["steps"] for ph, s in prof["ranks"][0]["phases"].items()}
+    vllm = os.environ.get("VLLM_VERSION") or os.environ.get("CAP_VLLM_VERSION", "")
     files = {f: os.path.getsize(os.path.join(dest, f)) for f in sorted(os.listdir(dest)) if f != "provenance.json"}
     return {
-        "what": f"real vLLM {os.environ.get('VLLM_VERSION', '?')} decode capture on the lent H200 "
-                f"(servescope profile), batch {cap.get('batch')}",
+        "what": f"real vLLM {vllm} {'admission window' if flavour == 'admit' else 'decode'} capture on the lent "
+                f"H200 (servescope profile), batch {cap.get('batch')}",
         "date": os.environ.get("CAPTURE_DATE") or datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
         "device": os.environ.get("GPU_DESC", ""),
-        "torch": os.environ.get("TORCH_VERSION", ""),
-        "vllm_version": os.environ.get("VLLM_VERSION", ""),
+        "torch": os.environ.get("TORCH_VERSION") or os.environ.get("CAP_TORCH_VERSION", ""),
+        "vllm_version": vllm,
         "model": cap.get("model"),
         "model_shape": {k: cfg[k] for k in SHAPE_KEYS if cfg.get(k) is not None},
         "random_weights": "../shared/gpu-vllm/make_models.py (bf16, normal(0, 0.02), seed 0)",
-        "mode": "torch.compile + CUDA graphs (vLLM's default, FULL_AND_PIECEWISE)" if flavour == "graphs"
+        "mode": "torch.compile + CUDA graphs (vLLM's default, FULL_AND_PIECEWISE)" if flavour in ("graphs", "admit")
                 else "--enforce-eager",
+        "python_stacks": "--profiler-config.torch_profiler_with_stack=true" in flags,
         "server_flags": flags.split(),
         "batch": cap.get("batch"),
         "output_tokens": cap.get("output_tokens"),
