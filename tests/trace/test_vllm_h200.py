@@ -24,6 +24,9 @@ from servescope.trace.analyze import AnalyzeRequest, analyze
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h200-vllm"
 CAPTURES = sorted(p for p in DATA.iterdir() if (p / "profiler_out_0.txt").is_file()) if DATA.is_dir() else []
+# windows from the first engine step with python stacks on (plan word `admit`): prefill, mixed and decode steps
+ADMISSION = [p for p in CAPTURES if "-admit-" in p.name]
+DECODE = [p for p in CAPTURES if p not in ADMISSION]
 NAME_WIDTH = 55  # torch's key_averages table: longer names are cut to 52 characters + "..."
 REL = 0.005
 _UNITS = {"s": 1e6, "ms": 1e3, "us": 1.0, "ns": 1e-3}
@@ -91,7 +94,8 @@ def _ids(p: Path) -> str:
 
 def test_the_captures_are_here() -> None:
     names = {p.name for p in CAPTURES}
-    for must in ("dense-graphs-b1", "dense-graphs-b16", "dense-graphs-b64", "moe-graphs-b16"):
+    for must in ("dense-graphs-b1", "dense-graphs-b16", "dense-graphs-b64", "moe-graphs-b16", "dense-admit-b16",
+                 "moe-admit-b64"):
         assert must in names, f"{must} missing from {DATA}"
     total = sum(f.stat().st_size for f in DATA.rglob("*") if f.is_file())
     assert total < 12e6, f"{total / 1e6:.1f} MB of captures: keep the test data small (it travels to the device)"
@@ -148,7 +152,7 @@ def test_each_step_equals_vllms_step_annotation(capture: Path) -> None:
         assert step.span_us == pytest.approx(dur, rel=REL, abs=1.0), name
 
 
-@pytest.mark.parametrize("capture", CAPTURES, ids=_ids)
+@pytest.mark.parametrize("capture", DECODE, ids=_ids)
 def test_the_window_is_decode_at_the_batch(capture: Path) -> None:
     """8 engine steps from the 20th after /start_profile: decode steps of all B requests (a late admission at
     most once)."""
@@ -158,3 +162,63 @@ def test_the_window_is_decode_at_the_batch(capture: Path) -> None:
     assert decode.steps >= 7 and len(rank.steps) == 8
     assert decode.tokens_per_step == prov["batch"]
     assert all(s.decode_requests == prov["batch"] for s in rank.steps if s.phase == "decode")
+
+
+_RUNNER_CALL = re.compile(r"model_runner\.py\(\d+\): execute_model$")
+_STEP = re.compile(r"^execute_context_(\d+)\(\d+\)_generation_(\d+)\(\d+\)$")
+
+
+@pytest.mark.parametrize("capture", ADMISSION, ids=_ids)
+def test_steps_without_vllms_annotation_are_the_model_runners_calls(capture: Path, tmp_path: Path) -> None:
+    """The same window with vLLM's execute_context annotations removed, as builds without them write it: the
+    steps are the model runner's execute_model calls, and the decode steps are the ones vLLM marked decode.
+
+    Truth, by plain json on the original trace: each annotation's prefill and decode request counts; each runner
+    call's range, stretched to the end of the device work its runtime or driver calls launched (correlation ids)."""
+    with gzip.open(capture / "rank0.pt.trace.json.gz", "rt") as f:
+        trace = json.load(f)
+    events = trace["traceEvents"]
+    marked = sorted((e["ts"], _STEP.match(e["name"])) for e in events
+                    if e.get("cat") == "user_annotation" and _STEP.match(e.get("name", "")))
+    decode_truth = [int(m.group(1)) == 0 for _ts, m in marked]  # no prefill request: a decode step
+    calls = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                   if e.get("cat") == "python_function" and _RUNNER_CALL.search(e.get("name", "")))
+    assert len(calls) == len(marked) >= 12 and any(decode_truth) and not all(decode_truth)
+    launched_at = {e["args"]["correlation"]: e["ts"] for e in events
+                   if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    ends = [end for _start, end in calls]
+    for e in events:
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("ph") == "X":
+            at = launched_at.get(e["args"].get("correlation"))
+            for i, (start, end) in enumerate(calls):
+                if at is not None and start <= at <= end:
+                    ends[i] = max(ends[i], e["ts"] + e["dur"])
+    spans = [end - start for (start, _), end in zip(calls, ends, strict=True)]
+
+    trace["traceEvents"] = [e for e in events if not _STEP.match(str(e.get("name", "")))]
+    stripped = tmp_path / "rank0.pt.trace.json"
+    stripped.write_text(json.dumps(trace))
+    rank = analyze(AnalyzeRequest(paths=[stripped])).ranks[0]
+    assert rank.step_source == "execute_model"
+    assert len(rank.steps) == len(calls)
+    assert [s.phase == "decode" for s in rank.steps] == decode_truth
+    assert {s.phase for s in rank.steps if s.phase != "decode"} == {"prefill"}  # prompt work: prefill or mixed
+    for step, (start, _end), span in zip(rank.steps, calls, spans, strict=True):
+        assert step.start_us == pytest.approx(start, abs=1.0)
+        assert step.span_us == pytest.approx(span, rel=REL, abs=1.0)
+    decode_spans = [span for span, is_decode in zip(spans, decode_truth, strict=True) if is_decode]
+    assert rank.phases["decode"].step_us.mean == pytest.approx(sum(decode_spans) / len(decode_spans), rel=0.03)
+
+
+@pytest.mark.parametrize("capture", ADMISSION, ids=_ids)
+def test_the_admission_window_phases_are_vllms(capture: Path) -> None:
+    """With the annotation: prefill, mixed and decode steps as vLLM counted their requests."""
+    rank = _doc(capture).ranks[0]
+    truth = []
+    for name, _ts, _dur in _annotations(capture):
+        m = _STEP.match(name)
+        assert m, name
+        prefills, decodes = int(m.group(1)), int(m.group(2))
+        truth.append((prefills, decodes, "mixed" if prefills and decodes else "prefill" if prefills else "decode"))
+    assert [(s.prefill_requests, s.decode_requests, s.phase) for s in rank.steps] == truth
+    assert {"prefill", "decode"} <= {phase for _p, _d, phase in truth}

@@ -14,7 +14,9 @@ Step sources, tried in order (the engine's own markers first, gaps last):
 A step without a phase marker gets one from what it shows: the shape of the token ids its embedding lookup
 read (``[batch, sequence]``: a sequence of one token is a decode step), else graph replays (engines replay
 their captured graphs for decode batches; a step that runs outside them, where others replay, is a prefill
-too large for the captured sizes); else ``unknown``.
+too large for the captured sizes; where some steps replay the whole forward as one graph, as vLLM does for
+uniform decode batches, a step that replays it in pieces has prompt work: prefill, or prefill and decode
+mixed, which only the engine's annotation tells apart); else ``unknown``.
 
 Device work is attributed through correlation ids: a kernel carries the id of the runtime call that
 launched it (``cudaLaunchKernel``; one ``cudaGraphLaunch`` for every kernel of a graph replay), and that
@@ -276,6 +278,11 @@ def _with_phases(data: TraceData, work: Work, steps: list[Step], step_of: npt.ND
     has_work = np.bincount(step_of[step_of >= 0], minlength=len(steps)) > 0 if len(step_of) else (
         np.zeros(len(steps), dtype=bool))
     any_graph = bool((replay_share >= _GRAPH_DECODE_SHARE).any())
+    # vLLM's FULL_AND_PIECEWISE graphs: a uniform decode batch replays the whole forward as one graph; a step
+    # with prompt work replays the per-layer pieces (many launches) with eager attention between them
+    launches = _graph_launches(data, work, step_of, len(steps))
+    whole = (replay_share >= _GRAPH_DECODE_SHARE) & (launches == 1)
+    pieces = launches > 1 if whole.any() else np.zeros(len(steps), dtype=bool)
     out: list[Step] = []
     for step in steps:
         phase, prefills, prefill_tokens, decodes, decode_tokens = (
@@ -287,6 +294,8 @@ def _with_phases(data: TraceData, work: Work, steps: list[Step], step_of: npt.ND
                     phase, decodes, decode_tokens = "decode", sequences, sequences
                 else:
                     phase, prefills, prefill_tokens = "prefill", sequences, sequences * length
+            elif pieces[step.index]:
+                phase = "prefill"
             elif replay_share[step.index] >= _GRAPH_DECODE_SHARE:
                 phase = "decode"
             elif any_graph and has_work[step.index] and replay_share[step.index] == 0:
@@ -294,6 +303,19 @@ def _with_phases(data: TraceData, work: Work, steps: list[Step], step_of: npt.ND
         out.append(Step(step.index, step.name, phase, step.start_us, step.end_us, prefills, prefill_tokens,
                         decodes, decode_tokens, step.whole_window))
     return out
+
+
+def _graph_launches(data: TraceData, work: Work, step_of: npt.NDArray[np.int64],
+                    count: int) -> npt.NDArray[np.int64]:
+    """Per step, how many graph replays (distinct ``cudaGraphLaunch`` calls) launched its device work."""
+    launches = np.zeros(count, dtype=np.int64)
+    if work.kind != "device" or len(work.rows) == 0:
+        return launches
+    replayed = graph_replayed(data)[work.rows] & (step_of >= 0)
+    if not replayed.any():
+        return launches
+    pairs = np.unique(np.stack([step_of[replayed], data.device.correlation[work.rows][replayed]]), axis=1)
+    return np.bincount(pairs[0], minlength=count)
 
 
 def _graph_replay_share(data: TraceData, work: Work, step_of: npt.NDArray[np.int64],
