@@ -25,10 +25,11 @@ def _steps_by_hand(path: Path) -> list[tuple[int, int, int, int]]:
 
 
 def test_tp2_profile_gives_two_ranks_with_decode_communication(profiling_server: ProfilingServer) -> None:
-    batch, tokens = 4, 16
+    # prompts longer than a KV block (vLLM's CPU backend: 128 tokens), so that a prefix cache could serve them
+    batch, tokens, prompt = 4, 16, 200
     before = set(profiling_server.trace_dir.rglob("*.pt.trace.json.gz"))
     result = run_cli("profile", profiling_server.url, "--batch", str(batch), "--output-tokens", str(tokens),
-                     "--input-tokens", "24", "--trace-dir", str(profiling_server.trace_dir), "--json")
+                     "--input-tokens", str(prompt), "--trace-dir", str(profiling_server.trace_dir), "--json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     after = set(profiling_server.trace_dir.rglob("*.pt.trace.json.gz"))
@@ -45,7 +46,9 @@ def test_tp2_profile_gives_two_ranks_with_decode_communication(profiling_server:
         by_hand = _steps_by_hand(Path(rank["path"]))
         decode_only = [s for s in by_hand if s[0] == 0 and s[2] > 0]
         assert decode["steps"] == len(decode_only)
-        # every request gets its first token from its prefill step and the other N-1 from decode work
+        # every prompt token computed (distinct prompts: none served from the prefix cache), every request's
+        # first token from its prefill step and the other N-1 from decode work
+        assert sum(s[1] for s in by_hand) == batch * prompt
         assert sum(s[3] for s in by_hand) == batch * (tokens - 1)
         # The B requests were in flight together: some step decoded several of them. How many steps it took
         # depends on when each reached the engine (both cores run the TP workers here, so the front end can
@@ -54,7 +57,7 @@ def test_tp2_profile_gives_two_ranks_with_decode_communication(profiling_server:
         assert tokens - 1 - batch <= len(decode_only) < batch * (tokens - 1)
     usage = doc["profile"]["usage"]
     assert [u["completion_tokens"] for u in usage] == [tokens] * batch
-    assert [u["prompt_tokens"] for u in usage] == [24] * batch
+    assert [u["prompt_tokens"] for u in usage] == [prompt] * batch
 
 
 def test_profile_server_as_a_plain_function(profiling_server: ProfilingServer) -> None:

@@ -1,8 +1,9 @@
 """``profile``: a live vLLM server's torch-profiler capture of B concurrent requests, as complete trace files.
 
 ``POST /start_profile``, exactly ``batch`` concurrent streamed completions of ``output_tokens`` tokens
-(``ignore_eos``, a prompt of ``input_tokens`` token ids made with the server's ``/tokenize``), ``POST
-/stop_profile``, then wait until the trace files that appeared or changed since the start are complete.
+(``ignore_eos``, each with its own prompt of ``input_tokens`` token ids made with the server's ``/tokenize``, so
+that no prefill is served from a prefix cache), ``POST /stop_profile``, then wait until the trace files that
+appeared or changed since the start are complete.
 vLLM 0.32 answers ``/stop_profile`` (an empty 200) before the files are written, so completeness is judged
 here: every file's size unchanged over a short window and its gzip stream valid to the end, one file per
 rank (``world_size`` from the rank traces' ``distributedInfo``) plus the front end (``*.async_llm.*``).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import random
 import re
 import socket
 import time
@@ -83,7 +85,7 @@ class ProfileCapture:
     batch: int
     output_tokens: int
     input_tokens: int
-    prompt_source: str  # "tokenize" (exact ids from /tokenize) | "text" (approximate)
+    prompt_source: str  # "tokenize" (exact ids from /tokenize, one sequence per request) | "text" (approximate)
     usage: list[dict[str, int]] = field(default_factory=list)  # per request, as the server reported it
     requests_s: float = 0.0
     traces_wait_s: float = 0.0
@@ -226,19 +228,22 @@ def _ordered(files: list[Path]) -> list[Path]:
     return [p for p in files if FRONTEND_MARK not in p.name] + [p for p in files if FRONTEND_MARK in p.name]
 
 
-async def _prompt(client: ServerClient, model: str, tokens: int) -> tuple[list[int] | str, str]:
-    """A prompt of exactly ``tokens`` token ids via ``/tokenize``; a text prompt when it is not served."""
+async def _prompts(client: ServerClient, model: str, tokens: int, count: int,
+                   seed: int) -> tuple[list[list[int]] | list[str], str]:
+    """``count`` prompts of exactly ``tokens`` token ids (via ``/tokenize``), each a different random sequence of
+    the ids a sample text gives, so that a prefix cache serves none from another and every request's prefill is
+    computed; text prompts of one word per token when ``/tokenize`` is not served."""
+    rng = random.Random(seed)
     try:
-        answer = await client.post_json("/tokenize", {"model": model, "prompt": _SEED_TEXT * 8,
+        answer = await client.post_json("/tokenize", {"model": model, "prompt": _SEED_TEXT,
                                                       "add_special_tokens": False})
-        ids = [int(t) for t in answer.get("tokens", [])] if isinstance(answer, dict) else []
+        ids = sorted({int(t) for t in answer.get("tokens", [])}) if isinstance(answer, dict) else []
     except (EndpointNotFound, NotOpenAICompatible):
         ids = []
-    if not ids:
-        return " ".join(["hello"] * max(tokens - 1, 1)), "text"
-    while len(ids) < tokens:
-        ids = ids + ids
-    return ids[:tokens], "tokenize"
+    if len(ids) < 2:
+        words = _SEED_TEXT.lower().replace(".", "").split()
+        return [" ".join(rng.choice(words) for _ in range(max(tokens - 1, 1))) for _ in range(count)], "text"
+    return [[rng.choice(ids) for _ in range(tokens)] for _ in range(count)], "tokenize"
 
 
 async def _post_empty(client: ServerClient, path: str) -> None:
@@ -287,13 +292,13 @@ async def _run(request: ProfileRequest, trace_dir: Path,
             if not data or not isinstance(data[0], dict) or "id" not in data[0]:
                 raise InputError(client.url_of("/v1/models"), "lists no model; pass --model")
             model = str(data[0]["id"])
-        prompt, source = await _prompt(client, model, request.input_tokens)
-        body = {"model": model, "prompt": prompt, "max_tokens": request.output_tokens,
-                "min_tokens": request.output_tokens, "ignore_eos": True, "temperature": 0.0,
-                "stream_options": {"include_usage": True}}
+        # the warm-up's prompts differ from the profiled ones: a prefix cache must not hold those before the window
+        prompts, source = await _prompts(client, model, request.input_tokens, 2 * request.batch, seed=0)
+        body = {"model": model, "max_tokens": request.output_tokens, "min_tokens": request.output_tokens,
+                "ignore_eos": True, "temperature": 0.0, "stream_options": {"include_usage": True}}
         if request.warmup:
             short = {**body, "max_tokens": 2, "min_tokens": 2}
-            await asyncio.gather(*(_one(client, short) for _ in range(request.batch)))
+            await asyncio.gather(*(_one(client, {**short, "prompt": p}) for p in prompts[request.batch:]))
         before = _snapshot(trace_dir)
         if not trace_dir.is_dir():
             say(f"{trace_dir} is not there yet: waiting up to {request.dir_timeout_s:g} s after /start_profile "
@@ -310,7 +315,7 @@ async def _run(request: ProfileRequest, trace_dir: Path,
             raise
         started = time.monotonic()
         try:
-            usage = await asyncio.gather(*(_one(client, body) for _ in range(request.batch)))
+            usage = await asyncio.gather(*(_one(client, {**body, "prompt": p}) for p in prompts[:request.batch]))
         finally:
             requests_s = time.monotonic() - started
             await _post_empty(client, "/stop_profile")
