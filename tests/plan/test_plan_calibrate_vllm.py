@@ -14,9 +14,9 @@ The mechanisms (benchmarks/results/plan-calibrate-h200-2026-12-04.md):
   The idle time is a fixed cost added to the device's work, for the MoE (device busy 1.0-1.7 ms, shorter than the
   idle) as for the dense model (2.2-2.6 ms, longer); until 2026-12-04 calibrate held MoE graph steps at the
   capture's step as if launch-bound (idle > busy), max(host, device), and missed 1→16 by −11% and 1→64 by +26%.
-- `servescope profile` sends one prompt at temperature 0 to all B requests: they are one sequence repeated, so a
-  MoE layer runs the same 8 experts at every batch (fused_moe_kernel 12.2 / 17.6 / 38.7 µs a call at 1 / 16 /
-  64, where reading the 82 experts independent tokens touch at 16 takes 81 µs a call at 4.8 TB/s). The
+- `servescope profile` sent one prompt at temperature 0 to all B requests (until 2026-12-04): one sequence
+  repeated, so a MoE layer runs the same 8 experts at every batch (fused_moe_kernel 12.2 / 17.6 / 38.7 µs a call at
+  1 / 16 / 64, where reading the 82 experts independent tokens touch at 16 takes 81 µs a call at 4.8 TB/s). The
   planner assumed independent routing (E(1-(1-k/E)^B) experts): calibrate now reads the capture's routing
   (``Factors.routing``, ``test_moe_capture_routes_alike``).
 - Eager steps are the host's time to launch ~350 kernels one by one (device busy 1.0-2.6 of 12-32 ms), which moves
@@ -215,6 +215,24 @@ def test_moe_capture_routes_alike(captures: dict[str, Any]) -> None:
         assert any("routing alike: the capture's expert GEMMs took" in n for n in doc["notes"])
     doc, error = _plan(captures, "moe", "graphs", 1, 64, document=1)
     assert doc["factors"]["routing"]["value"] == "independent" and error > 0.5
+
+
+def test_only_a_profile_of_one_shared_prompt_is_read_as_routing_alike(captures: dict[str, Any],
+                                                                     tmp_path: Path) -> None:
+    """At batch 1 the kernel times cannot tell; the profile section can: these captures' profile (written as
+    `profile` did then, with no ``prompts`` key) sent one prompt to all, a profile of distinct prompts did not."""
+    config, context = captures["moe"]
+    shared = captures["moe-graphs-b1"][0]
+    raw = json.loads(shared.read_bytes())
+    assert "prompts" not in raw["profile"]
+    distinct = tmp_path / "distinct.profile.json"
+    distinct.write_text(json.dumps({**raw, "profile": {**raw["profile"], "prompts": "distinct"}}), encoding="utf-8")
+    routing = {}
+    for name, path in (("shared", shared), ("distinct", distinct)):
+        doc = run_plan(PlanRequest(model=str(config), hardware="h200", gpus=1, batches=(64,), context=context,
+                                   calibrate=str(path)))
+        routing[name] = doc["factors"]["routing"]["value"]
+    assert routing == {"shared": "alike", "distinct": "independent"}
 
 
 def test_eager_steps_are_the_hosts_and_cannot_be_predicted(captures: dict[str, Any]) -> None:

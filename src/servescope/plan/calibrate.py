@@ -82,13 +82,13 @@ mechanism, and a threshold on idle > busy had put them under two.
 stays in *other* like any other time.)
 
 A MoE capture's weights are fitted with the experts its workload touched (``Calibration.routing``, rules in
-``_capture_routing``): "alike" when its requests are one sequence repeated (a ``servescope profile`` document:
-one prompt at temperature 0 to all; or expert GEMMs at a batch above 1 faster than the independent tokens'
-experts could be read at the datasheet HBM rate), so every token picks the same ``top_k`` experts; else
-"independent" (E·(1−(1−k/E)^B) experts). The predictions keep the capture's routing, and a note says so. (The
-real vLLM MoE captures of ``tests/data/h200-vllm`` ran 8 experts at 1, 16 and 64 requests; read as 82 and 126
-experts, calibrated at 16 the planner fitted an HBM efficiency of 2.9, and from batch 1 it predicted 16 and 64
-at +52% and +90% once the host time was no longer a floor.)
+``_capture_routing``): "alike" when its requests are one sequence repeated (a ``servescope profile`` document from
+before each request got its own prompt: one prompt at temperature 0 to all; or expert GEMMs at a batch above 1
+faster than the independent tokens' experts could be read at the datasheet HBM rate), so every token picks the same
+``top_k`` experts; else "independent" (E·(1−(1−k/E)^B) experts). The predictions keep the capture's routing, and a
+note says so. (The real vLLM MoE captures of ``tests/data/h200-vllm`` ran 8 experts at 1, 16 and 64 requests; read
+as 82 and 126 experts, calibrated at 16 the planner fitted an HBM efficiency of 2.9, and from batch 1 it predicted
+16 and 64 at +52% and +90% once the host time was no longer a floor.)
 
 No number from a capture at another batch enters the fit; the hardware profile's floors come from
 ``tools/bench_kernel_floor.py``, a separate benchmark on the same kind of GPU.
@@ -286,8 +286,9 @@ def _capture_routing(raw: Any, arch: ModelArch, batch: int, measured_us: float,
                      independent_us: float) -> tuple[str, str | None]:
     """The routing of the capture's workload (``Factors.routing``) and a note saying why, for a MoE model.
 
-    "alike" when the document is a ``servescope profile`` run (its ``profile`` section: that command sends
-    one prompt at temperature 0 to all its requests, so they are one sequence repeated), or when the capture's
+    "alike" when the document is a ``servescope profile`` run that sent one prompt at temperature 0 to all its
+    requests (its ``profile`` section without ``"prompts": "distinct"``, as that command wrote it before each
+    request got its own prompt: they are one sequence repeated), or when the capture's
     expert GEMMs at a batch above 1 took less time than reading the weights of the experts independent tokens
     would touch takes at the datasheet HBM rate (``independent_us``, efficiency 1): those bytes were not read,
     so the batch's tokens picked the same experts. Else "independent".
@@ -296,8 +297,9 @@ def _capture_routing(raw: Any, arch: ModelArch, batch: int, measured_us: float,
         return "independent", None
     tail = ("; the predictions are for that workload (B copies of one sequence: a MoE layer runs top_k experts "
             "at any batch), where requests of distinct prompts would touch E·(1−(1−k/E)^B) experts")
-    if isinstance(raw, dict) and isinstance(raw.get("profile"), dict):
-        return "alike", "routing alike: a servescope profile capture sends one prompt at temperature 0" + tail
+    profile = raw.get("profile") if isinstance(raw, dict) else None
+    if isinstance(profile, dict) and profile.get("prompts", "shared") == "shared":
+        return "alike", "routing alike: this servescope profile capture sent one prompt at temperature 0" + tail
     if batch > 1 and 0 < measured_us < independent_us:
         return "alike", (f"routing alike: the capture's expert GEMMs took {measured_us:.0f} µs a step, less than "
                          f"the {independent_us:.0f} µs the experts of {batch} independent tokens take to read at "

@@ -20,7 +20,8 @@ FACTOR_NAMES = ("hbm_efficiency", "attention_efficiency", "collective_scale", "o
                 "attention_fixed_us", "us_per_request", "host_step_us", "other_calls", "routing")
 # How a step's tokens pick their experts (``routing``): "independent" (requests of distinct prompts: B tokens pick
 # experts independently, uniform routing) or "alike" (the B requests are one sequence repeated, as
-# `servescope profile` sends them: one prompt, temperature 0, so every token picks the same top_k experts).
+# `servescope profile` sent them until 2026-12-04: one prompt, temperature 0, so every token picks the same top_k
+# experts).
 ROUTINGS = ("independent", "alike")
 
 

@@ -91,9 +91,13 @@ class ProfileCapture:
     traces_wait_s: float = 0.0
 
     def record(self) -> dict[str, Any]:
-        """The run's settings and what the server reported: the ``profile`` object of the JSON document."""
+        """The run's settings and what the server reported: the ``profile`` object of the JSON document.
+
+        ``prompts``: "distinct", one prompt per request (documents written before it was recorded sent one
+        prompt to every request)."""
         return {"url": self.url, "model": self.model, "batch": self.batch, "output_tokens": self.output_tokens,
-                "input_tokens": self.input_tokens, "prompt_source": self.prompt_source, "usage": self.usage,
+                "input_tokens": self.input_tokens, "prompt_source": self.prompt_source,
+                "prompts": "distinct", "usage": self.usage,
                 "requests_s": round(self.requests_s, 3), "traces_wait_s": round(self.traces_wait_s, 3)}
 
 
