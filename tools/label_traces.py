@@ -656,8 +656,9 @@ def targets() -> list[tuple[Path, Path | None]]:
     vllm = ROOT / "tests" / "data" / "h200-vllm"
     for p in sorted(vllm.glob("*/rank*.pt.trace.json.gz")):
         ref = None
-        if "-graphs-" in p.parent.name:
-            ref = vllm / p.parent.name.replace("-graphs-", "-eager-") / p.name
+        for mode in ("-graphs-", "-admit-"):  # admit: CUDA graphs too, the window from the first step
+            if mode in p.parent.name:
+                ref = vllm / p.parent.name.replace(mode, "-eager-") / p.name
         out.append((p, ref))
     for p in sorted((ROOT / "src" / "servescope" / "data" / "examples").glob("*/*.pt.trace.json.gz")):
         if ".async_llm." in p.name:

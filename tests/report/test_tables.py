@@ -377,3 +377,15 @@ def test_bad_options_raise_value_error() -> None:
         _render(make_doc(), phases=["decoding"])
     with pytest.raises(ValueError, match="top must be 0 or more, not -1"):
         _render(make_doc(), top=-1)
+
+
+def test_a_phase_with_prompt_work_shows_its_tokens_in_and_out() -> None:
+    doc = make_doc()
+    rank0 = next(r for r in doc.ranks if r.rank == 0)
+    prefill = rank0.phases["prefill"]
+    rank0.phases["prefill"] = msgspec.structs.replace(prefill, prompt_tokens_per_step=512.0,
+                                                             tokens_per_step=4.0, us_per_output_token=2500.0)
+    text = _render(doc)
+    assert "prefill: 1 step · 10.00 ms/step · 512 in + 4 out tokens/step · 2.50 ms/token" in text
+    assert "device 10.000 ms, prompt tokens 512.0, tokens 4.0; µs per output token 2500.0" in text
+    assert "decode: 3 steps · 4.20 ms/step · 8 tokens/step · 525 µs/token" in text  # no prompt work: as before

@@ -165,7 +165,7 @@ def test_the_window_is_decode_at_the_batch(capture: Path) -> None:
 
 
 _RUNNER_CALL = re.compile(r"model_runner\.py\(\d+\): execute_model$")
-_STEP = re.compile(r"^execute_context_(\d+)\(\d+\)_generation_(\d+)\(\d+\)$")
+_STEP = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\(\d+\)$")
 
 
 @pytest.mark.parametrize("capture", ADMISSION, ids=_ids)
@@ -215,10 +215,16 @@ def test_the_admission_window_phases_are_vllms(capture: Path) -> None:
     """With the annotation: prefill, mixed and decode steps as vLLM counted their requests."""
     rank = _doc(capture).ranks[0]
     truth = []
+    prompt_tokens: dict[str, list[int]] = defaultdict(list)
     for name, _ts, _dur in _annotations(capture):
         m = _STEP.match(name)
         assert m, name
-        prefills, decodes = int(m.group(1)), int(m.group(2))
-        truth.append((prefills, decodes, "mixed" if prefills and decodes else "prefill" if prefills else "decode"))
+        prefills, decodes = int(m.group(1)), int(m.group(3))
+        phase = "mixed" if prefills and decodes else "prefill" if prefills else "decode"
+        truth.append((prefills, decodes, phase))
+        prompt_tokens[phase].append(int(m.group(2)))
     assert [(s.prefill_requests, s.decode_requests, s.phase) for s in rank.steps] == truth
     assert {"prefill", "decode"} <= {phase for _p, _d, phase in truth}
+    for phase, tokens in prompt_tokens.items():  # the prompt tokens a step computed: none in a decode step
+        expected = sum(tokens) / len(tokens) if phase != "decode" else None
+        assert rank.phases[phase].prompt_tokens_per_step == expected, phase

@@ -61,6 +61,7 @@ class PhaseStats(msgspec.Struct, kw_only=True):
     tokens_per_step: float | None
     us_per_output_token: float | None
     categories: dict[str, CategoryStats]
+    prompt_tokens_per_step: float | None = None  # prompt tokens computed a step, where the engine's marker counts them
 
 
 class StepRow(msgspec.Struct, kw_only=True):

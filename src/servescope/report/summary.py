@@ -93,7 +93,10 @@ def bottleneck(doc: AnalysisDoc, phase: str) -> Bottleneck | None:
 def _phase_line(phase: str, rank: RankAnalysis, stats: PhaseStats, many_ranks: bool) -> str:
     parts = [f"{phase}: {stats.steps} step{'s' if stats.steps != 1 else ''}", f"{_ms(stats.step_us.mean)}/step"]
     if stats.tokens_per_step is not None:
-        parts.append(f"{stats.tokens_per_step:.1f} tokens/step".replace(".0 ", " "))
+        tokens = f"{stats.tokens_per_step:.1f}".removesuffix(".0")
+        if stats.prompt_tokens_per_step is not None:  # a step with prompt work: the tokens in, and out
+            tokens = f"{stats.prompt_tokens_per_step:.1f}".removesuffix(".0") + f" in + {tokens} out"
+        parts.append(f"{tokens} tokens/step")
     if stats.us_per_output_token is not None:
         parts.append(f"{_ms(stats.us_per_output_token)}/token")
     if many_ranks:

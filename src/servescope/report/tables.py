@@ -273,8 +273,10 @@ def phase_summary(stats: PhaseStats) -> tuple[str, str]:
     per_step = (f"per step: busy {format_ms(stats.busy_us_per_step)} ms, "
                 f"idle {format_ms(stats.idle_us_per_step)} ms, "
                 f"device {format_ms(stats.device_us_per_step)} ms, "
-                f"tokens {format_count(stats.tokens_per_step)}; "
-                f"µs per output token {format_us(stats.us_per_output_token)}")
+                + (f"prompt tokens {format_count(stats.prompt_tokens_per_step)}, "
+                   if stats.prompt_tokens_per_step is not None else "")
+                + f"tokens {format_count(stats.tokens_per_step)}; "
+                + f"µs per output token {format_us(stats.us_per_output_token)}")
     return steps, per_step
 
 

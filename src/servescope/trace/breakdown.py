@@ -88,6 +88,8 @@ def _phase_stats(rows: list[StepRow], counts: list[dict[str, int]], device_us: l
     known = [r for r in rows if r.decode_requests is not None]
     produced = sum((r.decode_requests or 0) + (r.prefill_requests or 0) for r in known)
     has_tokens = len(known) == n and produced > 0
+    prompt = [r.prefill_tokens for r in rows if r.prefill_tokens is not None]
+    prompt_per_step = sum(prompt) / n if len(prompt) == n and sum(prompt) > 0 else None
     return PhaseStats(
         steps=n,
         step_us=Summary(mean=sum(spans) / n, median=_median(spans)),
@@ -97,6 +99,7 @@ def _phase_stats(rows: list[StepRow], counts: list[dict[str, int]], device_us: l
         tokens_per_step=produced / n if has_tokens else None,
         us_per_output_token=sum(spans) / produced if has_tokens else None,
         categories=cats,
+        prompt_tokens_per_step=prompt_per_step,
     )
 
 
