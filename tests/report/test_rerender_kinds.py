@@ -172,12 +172,18 @@ def test_settings_round_trip(sse_server: str, tmp_path: Path) -> None:
         text = _run(args)
         saved = tmp_path / "settings.json"
         saved.write_bytes(_run([*args, "--json"]).encode())
+        every = tmp_path / "settings-all-env.json"  # the view recorded: report shows every variable again
+        text_every = _run([*args, "--all-env"])
+        every.write_bytes(_run([*args, "--all-env", "--json"]).encode())
     finally:
         proc.kill()
         proc.wait(timeout=10)
     doc = json.loads(saved.read_bytes())
     assert doc["drift"] and "never_shown" not in text and "never-shown" not in text
     _assert_round_trip(saved, text, "servescope.settings")
+    assert json.loads(every.read_bytes())["all_env"] is True and doc["all_env"] is False
+    assert "UNRELATED" in text_every and "UNRELATED" not in text  # a variable only --all-env shows
+    _assert_round_trip(every, text_every, "servescope.settings")
 
 
 # --------------------------------------------------------------------------------------------------------- gpu

@@ -42,6 +42,8 @@ def settings(
     Secrets (--api-key, *_TOKEN, *_KEY, *_SECRET, passwords) are shown as ***. Flags are never cut; of the
     environment the terminal shows what matters to serving (the rest counted, --all-env shows it).
     """
+    import msgspec
+
     from servescope.deploy.settings import (
         choose_pid,
         choose_url,
@@ -73,8 +75,9 @@ def settings(
             gpus = take_snapshot().gpus
         except (GpuUnavailable, GpuQueryError) as exc:
             gpus, notes["gpus"] = None, str(exc)
-        doc = effective_settings(unit=record, process=process, server=server, gpus=gpus, notes=notes)
+        doc = msgspec.structs.replace(
+            effective_settings(unit=record, process=process, server=server, gpus=gpus, notes=notes), all_env=all_env)
     if as_json:
         sys.stdout.buffer.write(encode_settings(doc))
     else:
-        render_settings(doc, settings_console(), all_env=all_env, serving=is_serving_env)
+        render_settings(doc, settings_console(), all_env=doc.all_env, serving=is_serving_env)

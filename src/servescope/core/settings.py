@@ -180,6 +180,7 @@ class SettingsDoc(Document, kw_only=True, frozen=True):
     sources: list[SourceNote]
     groups: list[Group]
     drift: list[Drift]
+    all_env: bool = False  # the text shows every environment variable (--all-env); else those that matter to serving
 
 
 #: Environment variables that matter to serving, by prefix: the engines', the collectives', CUDA's and ROCm's,

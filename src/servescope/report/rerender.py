@@ -69,7 +69,7 @@ def render_text(doc: Any, console: Console, *, top: int = 15) -> None:
         from servescope.core.settings import is_serving_env
         from servescope.report.settings import render_settings
 
-        render_settings(doc, console, all_env=False, serving=is_serving_env)
+        render_settings(doc, console, all_env=doc.all_env, serving=is_serving_env)
     elif schema == "servescope.gpu":
         from servescope.report.gpu import render_snapshot
 
