@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from server.sse import running_sse_server
 from servescope.cli import app
+from servescope.core.document import read_document
 from servescope.core.serve import ClientLag, Dist, ServePoint, ServerSide, TokenCounts, judge_point, load_serve_rules
 from servescope.report.serve import render_serve
 from servescope.server import loadgen
@@ -199,6 +200,33 @@ def test_the_rules_on_the_h200_numbers_come_from_the_data_file() -> None:
     strict = {**rules, "front_end_bound": {**rules["front_end_bound"], "figure": [
         {**f, "ratio_above": 10.0} for f in rules["front_end_bound"]["figure"]]}}
     assert judge_point(on_time, strict) == []
+
+
+def test_the_real_h200_points_rank_a_per_token_excess_above_a_first_token_one() -> None:
+    """The H200 anchor run (one API front end; benchmarks/results/h200-vllm-load-2026-12-04), each point judged
+    again from its own recorded figures: at 32 streams only TTFT exceeded the engine's (97 vs 63 ms: paid once a
+    request), at 128 and 256 ITL did too (paid by every token): medium, then high. Which figures exceeded is read
+    here from the recorded means with the data file's margins."""
+    recorded = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200-vllm-load-2026-12-04" / \
+        "anchor" / "bench-dense-api1.json"
+    result = read_document(recorded)
+    rules = load_serve_rules()
+    severity = {f["name"]: f["severity"] for f in rules["front_end_bound"]["figure"]}
+    judged = {}
+    for point in result.points:
+        lag = point.client_lag.p99_ms
+        over = [f["name"] for f in rules["front_end_bound"]["figure"]
+                if (c := getattr(point, f"{f['name']}_ms").mean) is not None
+                and (e := getattr(point.server, f"{f['name']}_ms_mean")) and c / e > f["ratio_above"]
+                and c - e > max(f["excess_ms_above"], f["lag_factor"] * lag)]
+        findings = judge_point(point)
+        judged[point.concurrency] = [(f.id, f.severity) for f in findings]
+        if over:
+            expected = "high" if any(severity[name] == "high" for name in over) else "medium"
+            assert judged[point.concurrency] == [("front_end_bound", expected)], (point.concurrency, over)
+    assert judged == {1: [], 8: [], 32: [("front_end_bound", "medium")], 128: [("front_end_bound", "high")],
+                      256: [("front_end_bound", "high")]}
+    assert severity == {"ttft": "medium", "tpot": "high", "itl": "high"}
 
 
 def test_default_workers_follow_streams_and_cpus() -> None:

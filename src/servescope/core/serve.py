@@ -126,6 +126,7 @@ class ServeFinding(msgspec.Struct, kw_only=True, frozen=True):
     message: str
     advice: str
     evidence: dict[str, float]
+    severity: str | None = None  # "high" | "medium" | "info" (None: a document written before findings had one)
 
 
 class ServePoint(msgspec.Struct, kw_only=True, frozen=True):
@@ -195,6 +196,10 @@ class ServeResult(Document, kw_only=True, frozen=True):
 
 # ------------------------------------------------------------------------------------------------ findings
 
+SEVERITIES = ("high", "medium", "info")
+"""A finding's severities, gravest first."""
+
+
 def load_serve_rules() -> dict[str, Any]:
     """The bundled ``data/findings-serve.toml``: ``client_bound`` and ``front_end_bound`` thresholds and messages."""
     return _serve_rules()
@@ -203,7 +208,6 @@ def load_serve_rules() -> dict[str, Any]:
 @cache
 def _serve_rules() -> dict[str, Any]:
     return tomllib.loads((files("servescope") / "data" / "findings-serve.toml").read_text(encoding="utf-8"))
-
 
 
 def is_client_bound(lag_p99_ms: float | None, tpot_median_ms: float | None,
@@ -232,13 +236,14 @@ def judge_point(point: ServePoint, rules: Mapping[str, Any] | None = None) -> li
     if lag.client_bound or is_client_bound(lag.p99_ms, point.tpot_ms.median, rules):
         rule = rules["client_bound"]
         return [ServeFinding(id="client_bound", message=format_message(rule["message"], values), advice=rule["advice"],
-                             evidence=evidence)]
+                             evidence=evidence, severity=rule["severity"])]
     rule = rules["front_end_bound"]
     if lag.p99_ms is None or lag.p99_ms > rule["lag_p99_ms_at_most"]:
         return []
     if point.requests - point.errors < rule["min_requests"]:
         return []
     exceeded: list[str] = []
+    severities: list[str] = []
     for figure in rule["figure"]:
         name = figure["name"]
         client: float | None = getattr(point, f"{name}_ms").mean
@@ -251,8 +256,9 @@ def judge_point(point: ServePoint, rules: Mapping[str, Any] | None = None) -> li
         margin = max(figure["excess_ms_above"], figure["lag_factor"] * lag.p99_ms)
         if ratio > figure["ratio_above"] and client - server > margin:
             exceeded.append(f"{figure['label']} {client:.1f} ms vs the engine's {server:.1f} ms ({ratio:.2f}x)")
+            severities.append(figure["severity"])
     if not exceeded:
         return []
     values["figures"] = "; ".join(exceeded)
     return [ServeFinding(id="front_end_bound", message=format_message(rule["message"], values), advice=rule["advice"],
-                         evidence=evidence)]
+                         evidence=evidence, severity=min(severities, key=SEVERITIES.index))]

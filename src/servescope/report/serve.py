@@ -248,7 +248,7 @@ def render_serve_html(result: ServeResult) -> str:
 
 def point_warnings(point: ServePoint) -> list[str]:
     """The warnings the terminal prints under a point (findings such as client_bound and front_end_bound)."""
-    lines = [f"{f.message}; try: {f.advice}" for f in point.findings]
+    lines = [(f"{f.severity}: " if f.severity else "") + f"{f.message}; try: {f.advice}" for f in point.findings]
     if point.client_lag.client_bound and not any(f.id == "client_bound" for f in point.findings):
         lines.append(f"client-bound: the client's event loop ran up to {_ms(point.client_lag.p99_ms)} ms late (p99)")
     return lines
