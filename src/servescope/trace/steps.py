@@ -274,13 +274,12 @@ def _with_phases(data: TraceData, work: Work, steps: list[Step], step_of: npt.ND
     if all(s.phase != "unknown" for s in steps):
         return steps
     batches = _embedding_batches(data, steps)
-    replay_share = _graph_replay_share(data, work, step_of, len(steps))
+    replay_share, launches = _graph_replays(data, work, step_of, len(steps))
     has_work = np.bincount(step_of[step_of >= 0], minlength=len(steps)) > 0 if len(step_of) else (
         np.zeros(len(steps), dtype=bool))
     any_graph = bool((replay_share >= _GRAPH_DECODE_SHARE).any())
     # vLLM's FULL_AND_PIECEWISE graphs: a uniform decode batch replays the whole forward as one graph; a step
     # with prompt work replays the per-layer pieces (many launches) with eager attention between them
-    launches = _graph_launches(data, work, step_of, len(steps))
     whole = (replay_share >= _GRAPH_DECODE_SHARE) & (launches == 1)
     pieces = launches > 1 if whole.any() else np.zeros(len(steps), dtype=bool)
     out: list[Step] = []
@@ -305,29 +304,19 @@ def _with_phases(data: TraceData, work: Work, steps: list[Step], step_of: npt.ND
     return out
 
 
-def _graph_launches(data: TraceData, work: Work, step_of: npt.NDArray[np.int64],
-                    count: int) -> npt.NDArray[np.int64]:
-    """Per step, how many graph replays (distinct ``cudaGraphLaunch`` calls) launched its device work."""
-    launches = np.zeros(count, dtype=np.int64)
+def _graph_replays(data: TraceData, work: Work, step_of: npt.NDArray[np.int64],
+                   count: int) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+    """Per step, the share of its device work time replayed from CUDA/HIP graphs, and how many graph replays
+    (distinct ``cudaGraphLaunch`` calls) launched it."""
+    share, launches = np.zeros(count), np.zeros(count, dtype=np.int64)
     if work.kind != "device" or len(work.rows) == 0:
-        return launches
-    replayed = graph_replayed(data)[work.rows] & (step_of >= 0)
-    if not replayed.any():
-        return launches
-    pairs = np.unique(np.stack([step_of[replayed], data.device.correlation[work.rows][replayed]]), axis=1)
-    return np.bincount(pairs[0], minlength=count)
-
-
-def _graph_replay_share(data: TraceData, work: Work, step_of: npt.NDArray[np.int64],
-                        count: int) -> npt.NDArray[np.float64]:
-    """Per step, the share of its device work time replayed from CUDA/HIP graphs."""
-    share = np.zeros(count)
-    if work.kind != "device" or len(work.rows) == 0:
-        return share
+        return share, launches
     replayed = graph_replayed(data)[work.rows]
     if not replayed.any():
-        return share
+        return share, launches
     ok = step_of >= 0
     total = np.bincount(step_of[ok], weights=work.dur_us[ok], minlength=count)
     graph = np.bincount(step_of[ok & replayed], weights=work.dur_us[ok & replayed], minlength=count)
-    return np.divide(graph, total, out=np.zeros(count), where=total > 0)
+    share = np.divide(graph, total, out=share, where=total > 0)
+    pairs = np.unique(np.stack([step_of[ok & replayed], data.device.correlation[work.rows][ok & replayed]]), axis=1)
+    return share, np.bincount(pairs[0], minlength=count)
