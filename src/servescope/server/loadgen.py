@@ -45,7 +45,7 @@ from servescope.core.serve import (
     judge_point,
 )
 from servescope.server.client import ApiKey, ServerClient
-from servescope.server.errors import EndpointNotFound
+from servescope.server.errors import EndpointNotFound, NotOpenAICompatible
 from servescope.server.loadpool import auto_workers, available_cpus, run_point_in_workers
 from servescope.server.metrics import Snapshot, scrape_metrics, server_side
 from servescope.server.streams import Point, PointJob, Sample, run_point_here
@@ -135,7 +135,7 @@ def _words(rng: random.Random, count: int) -> str:
 
 async def _count_tokens(client: ServerClient, model: str, text: str) -> int:
     answer = await client.post_json("/tokenize", {"model": model, "prompt": text, "add_special_tokens": True})
-    return int(answer["count"])
+    return int(answer["count"]) if "count" in answer else len(answer["tokens"])
 
 
 async def _exact_prompt(client: ServerClient, model: str, ids: list[int], target: int, special: int) -> str:
@@ -160,13 +160,16 @@ async def make_prompts(client: ServerClient, model: str, *, tokens: int, count: 
     rng = random.Random(seed)
     try:
         special = await _count_tokens(client, model, "")
-    except EndpointNotFound:
+        prompts: list[str] = []
+        for _ in range(count):
+            text = _words(rng, tokens * 2 + 8)
+            answer = await client.post_json("/tokenize", {"model": model, "prompt": text,
+                                                          "add_special_tokens": False})
+            prompts.append(await _exact_prompt(client, model, [int(t) for t in answer["tokens"]], tokens, special))
+    except (EndpointNotFound, NotOpenAICompatible, KeyError, TypeError, ValueError):
+        # no /tokenize + /detokenize of vLLM's shape: words, one per token roughly
+        rng = random.Random(seed)
         return [_words(rng, tokens) for _ in range(count)], _FALLBACK_SOURCE
-    prompts: list[str] = []
-    for _ in range(count):
-        text = _words(rng, tokens * 2 + 8)
-        answer = await client.post_json("/tokenize", {"model": model, "prompt": text, "add_special_tokens": False})
-        prompts.append(await _exact_prompt(client, model, [int(t) for t in answer["tokens"]], tokens, special))
     return prompts, _SERVER_SOURCE
 
 

@@ -1,9 +1,9 @@
 """``profile``: a live vLLM server's torch-profiler capture of B concurrent requests, as complete trace files.
 
 ``POST /start_profile``, exactly ``batch`` concurrent streamed completions of ``output_tokens`` tokens
-(``ignore_eos``, each with its own prompt of ``input_tokens`` token ids made with the server's ``/tokenize``, so
-that no prefill is served from a prefix cache), ``POST /stop_profile``, then wait until the trace files that
-appeared or changed since the start are complete.
+(``ignore_eos``, each with its own prompt of ``input_tokens`` tokens by the server's tokenizer, as ``bench
+serve`` makes them, so that no prefill is served from a prefix cache), ``POST /stop_profile``, then wait until
+the trace files that appeared or changed since the start are complete.
 vLLM 0.32 answers ``/stop_profile`` (an empty 200) before the files are written, so completeness is judged
 here: every file's size unchanged over a short window and its gzip stream valid to the end, one file per
 rank (``world_size`` from the rank traces' ``distributedInfo``) plus the front end (``*.async_llm.*``).
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import random
 import re
 import socket
 import time
@@ -31,6 +30,7 @@ from urllib.parse import urlsplit
 from servescope.core.errors import InputError
 from servescope.server.client import ApiKey, ServerClient
 from servescope.server.errors import EndpointNotFound, NotOpenAICompatible
+from servescope.server.loadgen import make_prompts
 
 if TYPE_CHECKING:
     from servescope.core.analysis import AnalysisDoc
@@ -51,7 +51,6 @@ FRONTEND_MARK = ".async_llm."
 PROFILER_FLAGS = ("--profiler-config.profiler=torch --profiler-config.torch_profiler_dir=DIR "
                   "(older vLLM: env VLLM_TORCH_PROFILER_DIR=DIR)")
 _WORLD_RE = re.compile(rb'"world_size"\s*:\s*(\d+)')
-_SEED_TEXT = "The scheduler packs prefill and decode requests into one forward pass. "
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,7 +84,7 @@ class ProfileCapture:
     batch: int
     output_tokens: int
     input_tokens: int
-    prompt_source: str  # "tokenize" (exact ids from /tokenize, one sequence per request) | "text" (approximate)
+    prompt_source: str  # how the prompts were made (one per request): loadgen.make_prompts' source
     usage: list[dict[str, int]] = field(default_factory=list)  # per request, as the server reported it
     requests_s: float = 0.0
     traces_wait_s: float = 0.0
@@ -232,24 +231,6 @@ def _ordered(files: list[Path]) -> list[Path]:
     return [p for p in files if FRONTEND_MARK not in p.name] + [p for p in files if FRONTEND_MARK in p.name]
 
 
-async def _prompts(client: ServerClient, model: str, tokens: int, count: int,
-                   seed: int) -> tuple[list[list[int]] | list[str], str]:
-    """``count`` prompts of exactly ``tokens`` token ids (via ``/tokenize``), each a different random sequence of
-    the ids a sample text gives, so that a prefix cache serves none from another and every request's prefill is
-    computed; text prompts of one word per token when ``/tokenize`` is not served."""
-    rng = random.Random(seed)
-    try:
-        answer = await client.post_json("/tokenize", {"model": model, "prompt": _SEED_TEXT,
-                                                      "add_special_tokens": False})
-        ids = sorted({int(t) for t in answer.get("tokens", [])}) if isinstance(answer, dict) else []
-    except (EndpointNotFound, NotOpenAICompatible):
-        ids = []
-    if len(ids) < 2:
-        words = _SEED_TEXT.lower().replace(".", "").split()
-        return [" ".join(rng.choice(words) for _ in range(max(tokens - 1, 1))) for _ in range(count)], "text"
-    return [[rng.choice(ids) for _ in range(tokens)] for _ in range(count)], "tokenize"
-
-
 async def _post_empty(client: ServerClient, path: str) -> None:
     """POST ``path``; vLLM answers an empty 200, which the JSON client reports as not-JSON (fine here)."""
     try:
@@ -297,7 +278,8 @@ async def _run(request: ProfileRequest, trace_dir: Path,
                 raise InputError(client.url_of("/v1/models"), "lists no model; pass --model")
             model = str(data[0]["id"])
         # the warm-up's prompts differ from the profiled ones: a prefix cache must not hold those before the window
-        prompts, source = await _prompts(client, model, request.input_tokens, 2 * request.batch, seed=0)
+        prompts, source = await make_prompts(client, model, tokens=request.input_tokens, count=2 * request.batch,
+                                             seed=0)
         body = {"model": model, "max_tokens": request.output_tokens, "min_tokens": request.output_tokens,
                 "ignore_eos": True, "temperature": 0.0, "stream_options": {"include_usage": True}}
         if request.warmup:
