@@ -168,3 +168,32 @@ def test_missing_trace_dir_and_bad_batch_are_one_line_exit_2(tmp_path: Path) -> 
     # or times out first depends on the network the test runs in: either way one line, exit 2
     assert remote.returncode == 2 and len(remote.stderr.strip().splitlines()) == 1
     assert any(word in remote.stderr for word in ("not on this machine", "refused", "unreachable", "timed out"))
+
+
+def _itl_sum_count(url: str) -> tuple[float, float]:
+    """vLLM's inter-token latency histogram (_sum, _count) from /metrics, read with a plain regex."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    sums = [float(m.group(1)) for m in re.finditer(r"^vllm:inter_token_latency_seconds_sum\{.*\} (\S+)$", text, re.M)]
+    counts = [float(m.group(1)) for m in re.finditer(r"^vllm:inter_token_latency_seconds_count\{.*\} (\S+)$", text,
+                                                     re.M)]
+    return sum(sums), sum(counts)
+
+
+def test_profile_measures_the_same_batch_without_the_profiler(profiling_server: ProfilingServer) -> None:
+    """The unprofiled batch and the profiled one, each timed by the server's own histogram: with no warm-up, they
+    are the only requests, of equal size, so their two means average to the mean over both, read by hand."""
+    batch, tokens = 2, 12
+    s0, c0 = _itl_sum_count(profiling_server.url)
+    result = run_cli("profile", profiling_server.url, "--batch", str(batch), "--output-tokens", str(tokens),
+                     "--trace-dir", str(profiling_server.trace_dir), "--no-warmup", "--json")
+    assert result.returncode == 0, result.stderr
+    s1, c1 = _itl_sum_count(profiling_server.url)
+    record = json.loads(result.stdout)["profile"]
+    unprofiled, profiled = record["unprofiled_server"], record["profiled_server"]
+    assert unprofiled["itl_metric"] == profiled["itl_metric"] == "vllm:inter_token_latency_seconds"
+    assert c1 - c0 == 2 * batch * (tokens - 1)  # each batch: B requests × (N - 1) gaps
+    by_hand_ms = (s1 - s0) / (c1 - c0) * 1000
+    assert (unprofiled["itl_ms"] + profiled["itl_ms"]) / 2 == pytest.approx(by_hand_ms, rel=1e-3)
+    assert unprofiled["itl_ms"] > 0 and profiled["itl_ms"] > 0

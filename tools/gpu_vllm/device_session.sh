@@ -90,6 +90,7 @@ if ls $PAY/*.whl >/dev/null 2>&1; then
 fi
 [ -d $SS_SITE/servescope ] || { say "no servescope under $SS_SITE: carry the last part (it holds the wheel)"; pack; exit 1; }
 
+export VLLM_USE_DEEP_GEMM=0   # DeepGEMM is not carried; fp8 uses CUTLASS scaled_mm
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 PYTHONUNBUFFERED=1
 export VLLM_USE_FLASHINFER_SAMPLER=0
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # must stay set
@@ -107,7 +108,7 @@ PLAN_NAME=$(echo "$@" | tr ' ' '+')
 
 need_models=""
 WANT_MODELS="llama8b-16l qwen3moe-30b-12l"
-case "$*" in *graphs*|*eager*|*admit*) ;; *) WANT_MODELS=llama8b-16l ;; esac
+case "$*" in *graphs*|*eager*|*admit*|*ab-*) ;; *) WANT_MODELS=llama8b-16l ;; esac
 for m in $WANT_MODELS; do [ -f $MODELS/$m/config.json ] || need_models="$need_models $m"; done
 if [ -n "$need_models" ]; then
   say "making models:$need_models"
@@ -116,20 +117,21 @@ if [ -n "$need_models" ]; then
 fi
 
 # ---------- 2. servers ----------
-declare -A PID PORT MODEL FLAGS READY
+declare -A PID PORT MODEL FLAGS READY FLAV
 PORT[dense]=8001; MODEL[dense]=llama8b-16l
 PORT[moe]=8002;  MODEL[moe]=qwen3moe-30b-12l
 
 start_server() {   # start_server KEY FLAVOUR EXTRA...   (KEY = dense|moe)
   local key=$1 flav=$2; shift 2
   local name=$key-$flav prof=$W/prof/$key-$flav
+  FLAV[$key]=$flav
   rm -rf "$prof"; mkdir -p "$prof" "$W/logs"
   FLAGS[$key]="--max-model-len 4096 --gpu-memory-utilization 0.4 --port ${PORT[$key]} --profiler-config.profiler=torch --profiler-config.torch_profiler_dir=$prof --profiler-config.torch_profiler_with_stack=${WITH_STACK:-false} --profiler-config.delay_iterations=$DELAY --profiler-config.max_iterations=$STEPS $*"
   # shellcheck disable=SC2086
   setsid python3 -m vllm.entrypoints.openai.api_server --model $MODELS/${MODEL[$key]} \
     --served-model-name ${MODEL[$key]} ${FLAGS[$key]} > "$W/logs/server-$name.log" 2>&1 &
   PID[$key]=$!
-  say "started $name: pid ${PID[$key]} port ${PORT[$key]}"
+  say "started $name: pid ${PID[$key]} port ${PORT[$key]}: ${MODEL[$key]} $*"
 }
 
 wait_ready() {   # wait_ready FLAVOUR KEY...   (health --wait of each, side by side)
@@ -170,6 +172,9 @@ capture() {   # capture KEY FLAVOUR BATCH TOKENS
   ( cd "$dest" && for f in *.pt.trace.json.gz; do
       case $f in *async_llm*) mv "$f" frontend.async_llm.pt.trace.json.gz ;; *) mv "$f" rank0.pt.trace.json.gz ;; esac
     done ) 2>/dev/null
+  cp "$W/logs/settings-$k-$flav.json" "$dest/settings.json" 2>/dev/null
+  grep -m 20 -E "Asynchronous scheduling|async|cudagraph|CUDA graph|quantiz|Chunked|max_num" "$W/logs/server-$k-$flav.log" \
+    | cut -c1-400 > "$dest/server-log-lines.txt" 2>/dev/null
   python3 "$REPO/tools/gpu_vllm/provenance.py" "$dest" "$W/logs/profile-$name.json" "$flav" "$DELAY" "$STEPS" \
     "$MODELS/${MODEL[$k]}/config.json" "${FLAGS[$k]}" >> "$LOG" 2>&1
   say "capture $name rc=$rc in $(( $(date +%s) - t ))s"
@@ -225,6 +230,74 @@ run_pair() {   # run_pair FLAVOUR TOKENS EXTRA_FLAGS...
   if [ "$flav" = graphs ]; then for k in dense moe; do [ "${READY[$k]}" = 0 ] && bench $k "$flav"; done; fi
   stop_server dense; stop_server moe
   ls "$W"/prof/*/ 2>/dev/null | head -5
+}
+
+run_ab() {   # run_ab KEY_A MODEL_A FLAV_A "FLAGS_A" KEY_B MODEL_B FLAV_B "FLAGS_B": two servers side by side, each
+  # captured at AB_BATCHES (profile also runs each batch once without the profiler: the server's own /metrics)
+  if [ "$(left)" -lt 200 ]; then say "skip ab $3/$7: $(left)s left"; return; fi
+  local ka=$1 kb=$5
+  MODEL[$ka]=$2; MODEL[$kb]=$6; PORT[$ka]=8001; PORT[$kb]=8002
+  local fa=$3 fb=$7 ga=$4 gb=$8
+  # shellcheck disable=SC2086
+  WITH_STACK=${STACK_A:-false} start_server $ka "$fa" --kv-cache-memory-bytes $KV_BYTES $ga
+  sleep 3
+  # shellcheck disable=SC2086
+  WITH_STACK=${STACK_B:-false} start_server $kb "$fb" --kv-cache-memory-bytes $KV_BYTES $gb
+  READY[$ka]=1; READY[$kb]=1
+  local to=$(( $(left) - 120 )); [ $to -lt 60 ] && to=60
+  $SS health http://127.0.0.1:${PORT[$ka]} --wait --timeout $to --poll 2 --pid ${PID[$ka]} --log "$W/logs/server-$ka-$fa.log" > "$W/logs/health-$ka-$fa.txt" 2>&1 &
+  local pa=$!
+  $SS health http://127.0.0.1:${PORT[$kb]} --wait --timeout $to --poll 2 --pid ${PID[$kb]} --log "$W/logs/server-$kb-$fb.log" > "$W/logs/health-$kb-$fb.txt" 2>&1
+  READY[$kb]=$?; wait $pa; READY[$ka]=$?
+  say "ready: $ka-$fa rc=${READY[$ka]}, $kb-$fb rc=${READY[$kb]}"
+  local k f
+  for k in $ka $kb; do
+    f=${FLAV[$k]}
+    if [ "${READY[$k]}" != 0 ]; then tail -15 "$W/logs/server-$k-$f.log" | cut -c1-200 | tee -a "$LOG"; continue; fi
+    $SS settings --pid ${PID[$k]} --url http://127.0.0.1:${PORT[$k]} --json > "$W/logs/settings-$k-$f.json" 2>&1
+    $SS settings --pid ${PID[$k]} --url http://127.0.0.1:${PORT[$k]} > "$W/logs/settings-$k-$f.txt" 2>&1
+  done
+  local b
+  for b in ${AB_BATCHES:-16 1}; do
+    for k in $ka $kb; do
+      [ "${READY[$k]}" = 0 ] || continue
+      if [ "$(left)" -lt 40 ]; then say "skip capture $k-${FLAV[$k]}-b$b: $(left)s left"; continue; fi
+      capture_ab $k "${FLAV[$k]}" "$b"
+    done
+  done
+  stop_server $ka; stop_server $kb
+}
+
+capture_ab() {   # capture_ab KEY FLAVOUR BATCH: the capture folder is named MODELKIND-FLAVOUR-bB
+  local k=$1 flav=$2 b=$3
+  local mk=dense; case ${MODEL[$k]} in qwen3moe*) mk=moe ;; esac
+  local name=$mk-$flav-b$b prof=$W/prof/$k-$flav dest=$CAP/$mk-$flav-b$b
+  rm -rf "$dest"; mkdir -p "$dest"
+  local t=$(date +%s)
+  timeout 150 $SS profile http://127.0.0.1:${PORT[$k]} --batch "$b" --output-tokens "$TOKENS" --input-tokens $INPUT_TOKENS \
+    --trace-dir "$prof" --trace-timeout 90 --json -o "$W/logs/profile-$name.json" > "$W/logs/profile-$name.out" 2>&1
+  local rc=$?
+  for _ in $(seq 1 20); do [ -s "$prof/profiler_out_0.txt" ] && break; sleep 0.5; done
+  sleep 1
+  for f in "$prof"/*; do [ -f "$f" ] && mv "$f" "$dest/"; done
+  ( cd "$dest" && for f in *.pt.trace.json.gz; do
+      case $f in *async_llm*) rm -f "$f" ;; *) mv "$f" rank0.pt.trace.json.gz ;; esac
+    done ) 2>/dev/null
+  cp "$W/logs/settings-$k-$flav.json" "$dest/settings.json" 2>/dev/null
+  grep -E "Asynchronous scheduling|async_scheduling|cudagraph_capture_sizes|max_cudagraph|quantization|chunked|enforce_eager" \
+    "$W/logs/server-$k-$flav.log" | head -8 | cut -c1-600 > "$dest/server-log-lines.txt" 2>/dev/null
+  python3 "$REPO/tools/gpu_vllm/provenance.py" "$dest" "$W/logs/profile-$name.json" "$flav" "$DELAY" "$STEPS" \
+    "$MODELS/${MODEL[$k]}/config.json" "${FLAGS[$k]}" >> "$LOG" 2>&1
+  python3 - "$W/logs/profile-$name.json" <<'PY' >> "$LOG" 2>&1
+import json, sys
+d = json.load(open(sys.argv[1])); p = d.get("profile", {})
+u, q = p.get("unprofiled_server") or {}, p.get("profiled_server") or {}
+dec = [r["phases"].get("decode") for r in d["ranks"]]
+print(f"    unprofiled itl {u.get('itl_ms')} ms tpot {u.get('tpot_ms')}; profiled itl {q.get('itl_ms')} tpot {q.get('tpot_ms')};"
+      f" trace decode {[round(x['step_us']['mean']) for x in dec if x]} us")
+PY
+  say "capture $name rc=$rc in $(( $(date +%s) - t ))s"
+  [ $rc -eq 0 ] || tail -5 "$W/logs/profile-$name.out" | sed 's/^/    /' | tee -a "$LOG"
 }
 
 run_bench() {   # the dense server alone, CUDA graphs: load study + restart check (plan word `bench`)
@@ -369,6 +442,12 @@ for word in "$@"; do
       DELAY=0 STEPS=${ADMIT_STEPS:-12} WITH_STACK=true INPUT_TOKENS=${ADMIT_INPUT_TOKENS:-512} \
         BATCHES=${ADMIT_BATCHES:-16} run_pair admit "$TOKENS" ;;
     eager) run_pair eager "$TOKENS" --enforce-eager ;;
+    # A/B pairs (issue 22): one model, two servers that differ in one setting; python stacks as vLLM defaults
+    ab-async-dense) STACK_A=true STACK_B=true run_ab a llama8b-16l async "" b llama8b-16l noasync "--no-async-scheduling" ;;
+    ab-async-moe) STACK_A=true STACK_B=true run_ab a qwen3moe-30b-12l async "" b qwen3moe-30b-12l noasync "--no-async-scheduling" ;;
+    ab-fp8) run_ab a llama8b-16l fp8 "--quantization fp8" b qwen3moe-30b-12l fp8 "--quantization fp8" ;;
+    ab-graphs) AB_BATCHES=${AB_BATCHES:-16 64} run_ab a llama8b-16l eager "--enforce-eager" b llama8b-16l cap32 "--max-cudagraph-capture-size 32" ;;
+    ab-bf16) AB_BATCHES=${AB_BATCHES:-16 64} run_ab a llama8b-16l bf16 "" b qwen3moe-30b-12l bf16 "" ;;
     bench) run_bench ;;
     scaled) run_load "${API_SERVERS:-4}" ;;
     anchor) run_load 1 ;;

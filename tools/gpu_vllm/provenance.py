@@ -43,8 +43,9 @@ def provenance(dest: str, profile_json: str, flavour: str, delay: int, steps: in
         "model": cap.get("model"),
         "model_shape": {k: cfg[k] for k in SHAPE_KEYS if cfg.get(k) is not None},
         "random_weights": "../shared/gpu-vllm/make_models.py (bf16, normal(0, 0.02), seed 0)",
-        "mode": "torch.compile + CUDA graphs (vLLM's default, FULL_AND_PIECEWISE)" if flavour in ("graphs", "admit")
-                else "--enforce-eager",
+        "mode": "--enforce-eager" if "--enforce-eager" in flags.split()
+                else "torch.compile + CUDA graphs (vLLM's default, FULL_AND_PIECEWISE)",
+        "flavour": flavour,
         "python_stacks": "--profiler-config.torch_profiler_with_stack=true" in flags,
         "server_flags": flags.split(),
         "batch": cap.get("batch"),
@@ -55,6 +56,9 @@ def provenance(dest: str, profile_json: str, flavour: str, delay: int, steps: in
         "steps_by_phase": phases,
         "completion_tokens": sorted({u.get("completion_tokens") for u in cap.get("usage", [])}),
         "files": files,
+        # the server's own /metrics means over the profiled batch and over the same batch without the profiler
+        "profiled_server": cap.get("profiled_server"),
+        "unprofiled_server": cap.get("unprofiled_server"),
         "truth": "profiler_out_0.txt: vLLM's worker printed it from the live torch profiler at the window's end "
                  "(key_averages().table(sort_by='self_cuda_time_total'): 100 rows, names cut at 55 characters)",
     }

@@ -31,6 +31,7 @@ from servescope.core.errors import InputError
 from servescope.server.client import ApiKey, ServerClient
 from servescope.server.errors import EndpointNotFound, NotOpenAICompatible
 from servescope.server.loadgen import make_prompts
+from servescope.server.metrics import Snapshot, scrape_metrics, server_side
 
 if TYPE_CHECKING:
     from servescope.core.analysis import AnalysisDoc
@@ -39,6 +40,7 @@ __all__ = [
     "ProfileCapture",
     "ProfileRequest",
     "ProfileResult",
+    "ServerTiming",
     "capture_profile",
     "discover_trace_dir",
     "is_local_url",
@@ -68,6 +70,9 @@ class ProfileRequest:
     stable_s: float = 2.0
     request_timeout_s: float = 300.0
     warmup: bool = True  # one unprofiled batch first, so the profiled one runs in lockstep on a warm server
+    # The same batch once more without the profiler, the server's own /metrics around it: how much the
+    # profiler stretches the steps it records (vLLM's records python stacks by default).
+    unprofiled: bool = True
     # A local --trace-dir not there yet: vLLM creates its torch_profiler_dir on the first /start_profile, so
     # wait this long after it for the directory to appear.
     dir_timeout_s: float = 30.0
@@ -88,16 +93,42 @@ class ProfileCapture:
     usage: list[dict[str, int]] = field(default_factory=list)  # per request, as the server reported it
     requests_s: float = 0.0
     traces_wait_s: float = 0.0
+    # The server's own token latencies (/metrics histograms) over the profiled batch and over the same batch
+    # run without the profiler (None: not run, or the server exposes no such histogram).
+    profiled_server: ServerTiming | None = None
+    unprofiled_server: ServerTiming | None = None
 
     def record(self) -> dict[str, Any]:
         """The run's settings and what the server reported: the ``profile`` object of the JSON document.
 
         ``prompts``: "distinct", one prompt per request (documents written before it was recorded sent one
-        prompt to every request)."""
-        return {"url": self.url, "model": self.model, "batch": self.batch, "output_tokens": self.output_tokens,
-                "input_tokens": self.input_tokens, "prompt_source": self.prompt_source,
-                "prompts": "distinct", "usage": self.usage,
-                "requests_s": round(self.requests_s, 3), "traces_wait_s": round(self.traces_wait_s, 3)}
+        prompt to every request). ``profiled_server`` / ``unprofiled_server``: the server's inter-token
+        latency and TPOT means over the profiled batch and over the same batch without the profiler."""
+        out: dict[str, Any] = {
+            "url": self.url, "model": self.model, "batch": self.batch, "output_tokens": self.output_tokens,
+            "input_tokens": self.input_tokens, "prompt_source": self.prompt_source, "prompts": "distinct",
+            "usage": self.usage, "requests_s": round(self.requests_s, 3),
+            "traces_wait_s": round(self.traces_wait_s, 3)}
+        for key in ("profiled_server", "unprofiled_server"):
+            timing = getattr(self, key)
+            out[key] = None if timing is None else timing.record()
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerTiming:
+    """The server's own per-token latency over one batch: ``/metrics`` histogram means between two scrapes."""
+
+    itl_ms: float | None  # inter-token latency: at a steady decode batch, one engine step
+    tpot_ms: float | None  # per request (e2e - ttft) / (tokens - 1)
+    itl_metric: str | None
+    tpot_metric: str | None
+    seconds: float  # the batch's wall time, client side
+
+    def record(self) -> dict[str, Any]:
+        return {"itl_ms": None if self.itl_ms is None else round(self.itl_ms, 4),
+                "tpot_ms": None if self.tpot_ms is None else round(self.tpot_ms, 4),
+                "itl_metric": self.itl_metric, "tpot_metric": self.tpot_metric, "seconds": round(self.seconds, 3)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -266,6 +297,24 @@ def _quiet(_: str) -> None:
     return None
 
 
+def _timing(before: Snapshot | None, after: Snapshot | None, seconds: float) -> ServerTiming | None:
+    side = server_side(before, after, [])
+    if side.itl_ms_mean is None and side.tpot_ms_mean is None:
+        return None
+    return ServerTiming(itl_ms=side.itl_ms_mean, tpot_ms=side.tpot_ms_mean, itl_metric=side.itl_metric,
+                        tpot_metric=side.tpot_metric, seconds=seconds)
+
+
+async def _timed_batch(client: ServerClient, body: dict[str, Any],
+                       prompts: list[str]) -> tuple[list[dict[str, int]], ServerTiming | None, float]:
+    """Run one batch (one request per prompt, all at once) with ``/metrics`` scraped before and after."""
+    before = await scrape_metrics(client)
+    started = time.monotonic()
+    usage = await asyncio.gather(*(_one(client, {**body, "prompt": p}) for p in prompts))
+    seconds = time.monotonic() - started
+    return list(usage), _timing(before, await scrape_metrics(client), seconds), seconds
+
+
 async def _run(request: ProfileRequest, trace_dir: Path,
                say: Callable[[str], None] = _quiet) -> ProfileCapture:
     async with ServerClient(request.url, api_key=request.api_key, read_timeout_s=request.request_timeout_s,
@@ -278,13 +327,19 @@ async def _run(request: ProfileRequest, trace_dir: Path,
                 raise InputError(client.url_of("/v1/models"), "lists no model; pass --model")
             model = str(data[0]["id"])
         # the warm-up's prompts differ from the profiled ones: a prefix cache must not hold those before the window
-        prompts, source = await make_prompts(client, model, tokens=request.input_tokens, count=2 * request.batch,
-                                             seed=0)
+        # three sets: profiled, warm-up, unprofiled (no set is served from a prefix cache another filled)
+        b = request.batch
+        prompts, source = await make_prompts(client, model, tokens=request.input_tokens, count=3 * b, seed=0)
         body = {"model": model, "max_tokens": request.output_tokens, "min_tokens": request.output_tokens,
                 "ignore_eos": True, "temperature": 0.0, "stream_options": {"include_usage": True}}
         if request.warmup:
             short = {**body, "max_tokens": 2, "min_tokens": 2}
-            await asyncio.gather(*(_one(client, {**short, "prompt": p}) for p in prompts[request.batch:]))
+            await asyncio.gather(*(_one(client, {**short, "prompt": p}) for p in prompts[b:2 * b]))
+        unprofiled = None
+        if request.unprofiled:
+            say(f"the same batch without the profiler first ({b} × {request.output_tokens} tokens), "
+                "the server's /metrics around it")
+            _, unprofiled, _ = await _timed_batch(client, body, prompts[2 * b:3 * b])
         before = _snapshot(trace_dir)
         if not trace_dir.is_dir():
             say(f"{trace_dir} is not there yet: waiting up to {request.dir_timeout_s:g} s after /start_profile "
@@ -301,7 +356,7 @@ async def _run(request: ProfileRequest, trace_dir: Path,
             raise
         started = time.monotonic()
         try:
-            usage = await asyncio.gather(*(_one(client, {**body, "prompt": p}) for p in prompts[:request.batch]))
+            usage, profiled, _ = await _timed_batch(client, body, prompts[:b])
         finally:
             requests_s = time.monotonic() - started
             await _post_empty(client, "/stop_profile")
@@ -311,7 +366,8 @@ async def _run(request: ProfileRequest, trace_dir: Path,
     return ProfileCapture(url=client.base_url, model=model, trace_dir=trace_dir, trace_files=files,
                           batch=request.batch, output_tokens=request.output_tokens,
                           input_tokens=request.input_tokens, prompt_source=source, usage=list(usage),
-                          requests_s=requests_s, traces_wait_s=time.monotonic() - waited)
+                          requests_s=requests_s, traces_wait_s=time.monotonic() - waited,
+                          profiled_server=profiled, unprofiled_server=unprofiled)
 
 
 def _refused_first(url: str) -> None:
