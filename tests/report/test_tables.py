@@ -316,7 +316,7 @@ def test_long_kernel_names_are_shortened_in_the_table() -> None:
     ("void at::native::(anonymous namespace)::softmax<float>(float const*)", "softmax<float>"),
     ("void k<(cutlass::Arch)80, 4>(Params)", "k<(Arch)80, 4>"),
     ("_ZN7cutlass13device_kernelIN2at4cuda6detail25enable_3x_kernel_for_sm9xINS_4gemm6kernel13GemmUniversalEEEEEvNT_6ParamsE",
-     "device_kernel<enable_3x_kernel_for_sm9x<…> >"),  # demangled; namespaces gone; inner templates folded
+     "device_kernel<enable_3x_kernel_for_sm9x<…>>"),  # demangled (LLVM's >>); namespaces gone; inner folded
     (MEMCPY, MEMCPY),
     ("aten::mm", "aten::mm"),
     ("(weird)", "(weird)"),

@@ -17,6 +17,7 @@ from servescope.report.page import CSS as _CSS
 from servescope.report.tables import (
     COMMUNICATION,
     decided_by,
+    demangle_all,
     format_count,
     format_evidence,
     format_ms,
@@ -233,6 +234,7 @@ def render_analysis_html(doc: AnalysisDoc, *, top: int = 15) -> str:
         for p in ordered_phases(c.phase for c in doc.across_ranks):
             parts.extend(_across_section(doc, c) for c in doc.across_ranks if c.phase == p)
     picked = top_kernels(doc.kernels, top)
+    demangle_all(k.name for k in picked)  # one c++filt call for the names LLVM's demangler cannot read
     parts.append(f"<h2>Top {len(picked)} of {len(doc.kernels)} kernels</h2>")
     parts.append(_table(
         ["rank", "category", "count", "total ms", "mean µs", "name"],

@@ -27,6 +27,8 @@ from servescope.core.analysis import (
 __all__ = [
     "COMMUNICATION",
     "KNOWN_PHASES",
+    "demangle",
+    "demangle_all",
     "format_count",
     "format_evidence",
     "format_ms",
@@ -151,12 +153,13 @@ def shorten_kernel_name(name: str, *, max_chars: int = 60) -> str:
 def distinct_kernel_names(names: Sequence[str], *, max_chars: int = 60) -> list[str]:
     """:func:`shorten_kernel_name` of each name, where two would read the same, each shows its own
     first stretch that differs from the others (CK / Tensile names differ in the middle: tile sizes)."""
+    demangle_all(names)  # one c++filt call for all the names LLVM's demangler cannot read
     short = [shorten_kernel_name(n, max_chars=max_chars) for n in names]
     seen: dict[str, list[int]] = {}
     for i, text in enumerate(short):
         seen.setdefault(text, []).append(i)
     for group in (g for g in seen.values() if len({names[i] for i in g}) > 1):
-        full = [" ".join(names[i].split()) for i in group]
+        full = [shorten_kernel_name(names[i], max_chars=len(names[i]) * 2) for i in group]  # whole, demangled
         for i, mine in zip(group, full, strict=True):
             others = [f for f in full if f != mine]
             at = min((next((k for k, (a, b) in enumerate(zip(mine, o, strict=False)) if a != b), len(mine))
@@ -200,15 +203,75 @@ def _collapse_templates(text: str) -> tuple[str, str]:
 
 
 def demangle(name: str) -> str:
-    """An Itanium-mangled kernel name (``_ZN7cutlass…``) as C++, else ``name`` unchanged."""
+    """An Itanium-mangled kernel name (``_ZN7cutlass…``, ``_ZN5aiter…``, ``_ZN7ck_tile…``) as C++, else ``name``.
+
+    LLVM's demangler (the ``pycxxfilt`` package, which carries its own copy): it reads what the system's
+    ``__cxa_demangle`` (the ``cxxfilt`` package) could not on real ROCm traces: ``DF16b`` (``std::bfloat16_t``)
+    in aiter / CK-tile names, ``Tn`` template parameters (sgl_hip), templates nested deeper than binutils'
+    recursion limit (CUTLASS, CK convolutions). Where it fails too, binutils' ``c++filt --no-recurse-limit``
+    is asked when it is installed; a name no demangler reads is shown as recorded.
+    """
     if not name.startswith("_Z"):
         return name
-    try:
-        import cxxfilt  # noqa: PLC0415 - only a few names are mangled
+    known = _DEMANGLED.get(name)
+    if known is None:
+        known = demangle_all([name])[name]
+    return known
 
-        return str(cxxfilt.demangle(name))
-    except Exception:  # noqa: BLE001 - a name the demangler cannot read is shown as recorded
-        return name
+
+_DEMANGLED: dict[str, str] = {}  # every name demangled so far (a trace repeats few kernel names)
+_MANGLED = re.compile(r"_Z[\w$.]+")  # one token: what c++filt reads one to a line
+
+
+def demangle_all(names: Iterable[str]) -> dict[str, str]:
+    """:func:`demangle` of each name; the names LLVM's demangler cannot read go to ``c++filt`` in one call."""
+    out: dict[str, str] = {}
+    left: list[str] = []
+    for name in dict.fromkeys(names):
+        if not name.startswith("_Z"):
+            out[name] = name
+        elif name in _DEMANGLED:
+            out[name] = _DEMANGLED[name]
+        else:
+            text = _llvm_demangle(name)
+            if text is None:
+                left.append(name)
+            else:
+                out[name] = _DEMANGLED[name] = text
+    for name, text in zip(left, _binutils_demangle(left), strict=True):
+        out[name] = _DEMANGLED[name] = text
+    return out
+
+
+def _llvm_demangle(name: str) -> str | None:
+    try:
+        import pycxxfilt  # noqa: PLC0415 - only a few names are mangled
+
+        text = pycxxfilt.itanium_demangle(name)
+    except (ImportError, ValueError):
+        return None
+    return text if text and text != name else None
+
+
+def _binutils_demangle(names: Sequence[str]) -> list[str]:
+    """``names`` through one ``c++filt`` process (each unchanged where it fails or c++filt is not installed)."""
+    import shutil  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    asked = [n for n in names if _MANGLED.fullmatch(n)]
+    tool = shutil.which("c++filt")
+    if not asked or tool is None:
+        return list(names)
+    try:
+        done = subprocess.run([tool, "--no-recurse-limit"], input="\n".join(asked) + "\n", capture_output=True,
+                              text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return list(names)
+    lines = done.stdout.splitlines()
+    if done.returncode != 0 or len(lines) != len(asked):
+        return list(names)
+    read = dict(zip(asked, lines, strict=True))
+    return [read.get(n, n) for n in names]
 
 
 def ordered_phases(names: Iterable[str], only: Sequence[str] | None = None) -> list[str]:
