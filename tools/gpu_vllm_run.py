@@ -184,12 +184,19 @@ def cmd_calls(args: argparse.Namespace) -> None:
 
 def cmd_collect(args: argparse.Namespace) -> None:
     src = Path(args.files_at)
-    tar = src / "captures.tar"
-    if not tar.is_file():
+    tars = sorted(src.glob("captures*.tar"))  # captures.tar, or one captures-<folder>.tar each when large
+    if not tars:
         raise SystemExit(f"no captures.tar in {src}")
     dest = Path(args.dest)
     dest.mkdir(parents=True, exist_ok=True)
-    keep = {"rank0.pt.trace.json.gz", "frontend.async_llm.pt.trace.json.gz", "profiler_out_0.txt", "provenance.json"}
+    keep = {"rank0.pt.trace.json.gz", "frontend.async_llm.pt.trace.json.gz", "profiler_out_0.txt", "provenance.json",
+            "settings.json", "server-log-lines.txt"}
+    for tar in tars:
+        _extract(tar, dest, keep)
+    _report(dest, keep)
+
+
+def _extract(tar: Path, dest: Path, keep: set[str]) -> None:
     with tarfile.open(tar) as t:
         for m in t.getmembers():
             parts = Path(m.name).parts
@@ -200,9 +207,13 @@ def cmd_collect(args: argparse.Namespace) -> None:
             f = t.extractfile(m)
             assert f is not None
             target.write_bytes(f.read())
+
+
+def _report(dest: Path, keep: set[str]) -> None:
     for d in sorted(p for p in dest.iterdir() if p.is_dir()):
         size = sum(p.stat().st_size for p in d.iterdir())
-        missing = keep - {p.name for p in d.iterdir()} - {"frontend.async_llm.pt.trace.json.gz"}
+        missing = keep - {p.name for p in d.iterdir()} - {"frontend.async_llm.pt.trace.json.gz", "settings.json",
+                                                          "server-log-lines.txt"}
         print(f"{d.name:22s} {size / 1e6:6.2f} MB" + (f"  MISSING {sorted(missing)}" if missing else ""))
     print(f"total {sum(p.stat().st_size for p in dest.rglob('*') if p.is_file()) / 1e6:.2f} MB in {dest}")
 

@@ -59,7 +59,11 @@ say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 
 pack() {   # everything that comes back; called once at the end (and on the way out of a staging-only call)
-  if [ -n "$(ls -A "$CAP" 2>/dev/null)" ]; then ( cd "$W" && tar cf "$OUTD/captures.tar" captures ); fi
+  # a file comes back only under 16 MiB: one tar while the captures fit, else one per capture folder
+  if [ -n "$(ls -A "$CAP" 2>/dev/null)" ]; then
+    if [ "$(du -sm "$CAP" | cut -f1)" -lt 15 ]; then ( cd "$W" && tar cf "$OUTD/captures.tar" captures )
+    else for d in "$CAP"/*/; do n=$(basename "$d"); ( cd "$W" && tar cf "$OUTD/captures-$n.tar" "captures/$n" ); done; fi
+  fi
   if ls "$W"/logs >/dev/null 2>&1; then ( cd "$W" && tar czf "$OUTD/logs-${PLAN_NAME:-none}.tgz" logs ); fi
   cp "$LOG" "$OUTD/session.txt" 2>/dev/null
   ls -la "$OUTD"
@@ -443,7 +447,7 @@ for word in "$@"; do
         BATCHES=${ADMIT_BATCHES:-16} run_pair admit "$TOKENS" ;;
     eager) run_pair eager "$TOKENS" --enforce-eager ;;
     # A/B pairs (issue 22): one model, two servers that differ in one setting; python stacks as vLLM defaults
-    ab-async-dense) STACK_A=true STACK_B=true run_ab a llama8b-16l async "" b llama8b-16l noasync "--no-async-scheduling" ;;
+    ab-async-dense) AB_BATCHES=${AB_BATCHES:-16 1 64} STACK_A=true STACK_B=true run_ab a llama8b-16l async "" b llama8b-16l noasync "--no-async-scheduling" ;;
     ab-async-moe) STACK_A=true STACK_B=true run_ab a qwen3moe-30b-12l async "" b qwen3moe-30b-12l noasync "--no-async-scheduling" ;;
     ab-fp8) run_ab a llama8b-16l fp8 "--quantization fp8" b qwen3moe-30b-12l fp8 "--quantization fp8" ;;
     ab-graphs) AB_BATCHES=${AB_BATCHES:-16 64} run_ab a llama8b-16l eager "--enforce-eager" b llama8b-16l cap32 "--max-cudagraph-capture-size 32" ;;
