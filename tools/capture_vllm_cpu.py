@@ -227,8 +227,19 @@ def start_server(opts: Options, model: Path, trace_dir: Path, workdir: Path) -> 
     log_file = log_path.open("wb")
     log(f"starting server on {HOST}:{port} (log {log_path})")
     proc = subprocess.Popen(argv, env={**os.environ, **env_add}, stdout=log_file, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True, cwd=workdir)
+                            stdin=subprocess.DEVNULL, start_new_session=True, cwd=workdir,
+                            preexec_fn=default_signals)
     return Server(proc, port, argv, env_add, log_path, log_file)
+
+
+def default_signals() -> None:
+    """In the server's child: SIGINT and SIGTERM to their default action, as stop_server sends them.
+
+    Started from a background shell (``… &``, no job control) this process and its children inherit SIGINT
+    ignored; the server must not, or stop_server's SIGINT waits 40 s for nothing.
+    """
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def log_tail(server: Server, lines: int = 40) -> str:

@@ -15,6 +15,7 @@ import msgspec
 import pytest
 from typer.testing import CliRunner
 
+from children import default_signals
 from servescope.cli import app
 from servescope.core.comm import load_curves, time_us_at
 from servescope.core.errors import InputError
@@ -176,7 +177,7 @@ def test_ctrl_c_stops_workers_and_keeps_finished_variants(tmp_path: Path, sig: s
     proc = subprocess.Popen([sys.executable, "-m", "servescope", "bench", "comm", "--backend", "gloo", "--gpus",
                              "2", "--ops", "all_reduce", "--sizes", "1K,4K", "--iters", "5000", "--variant",
                              "GLOO_DEVICE_TRANSPORT=TCP", "--variant", "GLOO_DEVICE_TRANSPORT=UV", "-o", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_signals)
     deadline = time.monotonic() + 60
     while not out.exists() and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 
+from children import default_signals
+
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_NAME = "tiny-llama"
 MAX_MODEL_LEN = 256
@@ -123,7 +125,8 @@ def vllm_server(vllm_python: Path, tiny_model: Path) -> Iterator[LiveServer]:
     log_file = log_path.open("wb")
     env = {k: v for k, v in os.environ.items() if k not in ("SERVESCOPE_API_KEY", "OPENAI_API_KEY")}
     proc = subprocess.Popen(argv, env={**env, **env_add}, stdout=log_file, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True, cwd=workdir)
+                            stdin=subprocess.DEVNULL, start_new_session=True, cwd=workdir,
+                            preexec_fn=default_signals)  # stopped with SIGINT: not ignored, however pytest runs
     server = capture_tool.Server(proc, port, argv, env_add, log_path, log_file)
     try:
         yield LiveServer(url=f"http://{capture_tool.HOST}:{port}", pid=proc.pid, log_path=log_path,

@@ -8,13 +8,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from children import default_signals
+
 SSE_SERVER = Path(__file__).parent / "sse_server.py"
 
 
 @contextmanager
 def running_sse_server(*args: str) -> Iterator[str]:
     """``sse_server.py ARGS`` on a free port of 127.0.0.1 until the block ends; yields its base URL."""
-    proc = subprocess.Popen([sys.executable, str(SSE_SERVER), *args], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, str(SSE_SERVER), *args], stdout=subprocess.PIPE, text=True,
+                            preexec_fn=default_signals)  # it is stopped with SIGTERM
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
