@@ -123,7 +123,7 @@ def vllm_server(vllm_python: Path, tiny_model: Path) -> Iterator[LiveServer]:
                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     log_path = workdir / "server.log"
     log_file = log_path.open("wb")
-    env = {k: v for k, v in os.environ.items() if k not in ("SERVESCOPE_API_KEY", "OPENAI_API_KEY")}
+    env = {k: v for k, v in os.environ.items() if k not in ("SERVESCOPE_API_KEY", "VLLM_API_KEY", "OPENAI_API_KEY")}
     proc = subprocess.Popen(argv, env={**env, **env_add}, stdout=log_file, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True, cwd=workdir,
                             preexec_fn=default_signals)  # stopped with SIGINT: not ignored, however pytest runs

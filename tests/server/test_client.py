@@ -41,12 +41,13 @@ def test_normalize_base_url(url: str, base: str) -> None:
 
 
 @pytest.mark.no_server
-def test_api_key_order_flag_then_servescope_then_openai() -> None:
-    env = {"SERVESCOPE_API_KEY": "s", "OPENAI_API_KEY": "o"}
+def test_api_key_order_flag_then_servescope_then_vllm_then_openai() -> None:
+    env = {"SERVESCOPE_API_KEY": "s", "VLLM_API_KEY": "v", "OPENAI_API_KEY": "o"}
     sources = [resolve_api_key(flag, env=e) for flag, e in
-               [("f", env), (None, env), (None, {"SERVESCOPE_API_KEY": "", "OPENAI_API_KEY": "o"})]]
+               [("f", env), (None, env), (None, {**env, "SERVESCOPE_API_KEY": ""}),
+                (None, {"SERVESCOPE_API_KEY": "", "VLLM_API_KEY": "", "OPENAI_API_KEY": "o"})]]
     assert [(k.source, k.reveal()) for k in sources if k is not None] == [
-        ("--api-key", "f"), ("SERVESCOPE_API_KEY", "s"), ("OPENAI_API_KEY", "o")]
+        ("--api-key", "f"), ("SERVESCOPE_API_KEY", "s"), ("VLLM_API_KEY", "v"), ("OPENAI_API_KEY", "o")]
     assert resolve_api_key(None, env={}) is None
 
 

@@ -23,7 +23,7 @@ def profile(
                                                    "(found from the local process when not given).")] = None,
     model: Annotated[str | None, typer.Option("--model", help="Model name (default: the first listed).")] = None,
     api_key: Annotated[str | None, typer.Option("--api-key", help="Bearer key (or $SERVESCOPE_API_KEY / "
-                                                "$OPENAI_API_KEY).", show_default=False)] = None,
+                                                "$VLLM_API_KEY / $OPENAI_API_KEY).", show_default=False)] = None,
     trace_timeout: Annotated[float, typer.Option("--trace-timeout", help="Seconds to wait for complete "
                                                  "trace files.")] = 120.0,
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="Send one unprofiled batch first "

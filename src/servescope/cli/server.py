@@ -48,7 +48,7 @@ def health(
                                              "not ready.")] = None,
     api_key: Annotated[str | None, typer.Option("--api-key", show_default=False,
                                                 help="Bearer key; else $SERVESCOPE_API_KEY, else "
-                                                "$OPENAI_API_KEY. Never printed.")] = None,
+                                                "$VLLM_API_KEY, else $OPENAI_API_KEY. Never printed.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the health result as JSON.")] = False,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the health result (JSON) here, "
                                                 "ready or not.")] = None,
@@ -135,7 +135,7 @@ def bench_serve(
                                          "point).")] = 0,
     api_key: Annotated[str | None, typer.Option("--api-key", show_default=False,
                                                 help="Bearer key; else $SERVESCOPE_API_KEY, else "
-                                                "$OPENAI_API_KEY. Never printed.")] = None,
+                                                "$VLLM_API_KEY, else $OPENAI_API_KEY. Never printed.")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the JSON result here (after "
                                                 "every point).")] = None,
     png: Annotated[Path | None, typer.Option("--png", help="Write a PNG plot of the sweep.")] = None,

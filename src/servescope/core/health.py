@@ -57,7 +57,7 @@ class HealthResult(Document, kw_only=True, frozen=True):
 
     Durations are seconds on a monotonic clock; ``checked_at`` (UTC, ISO 8601) only labels the result.
     The API key is never part of this document; ``api_key_source`` names where one came from
-    (``--api-key``, ``SERVESCOPE_API_KEY``, ``OPENAI_API_KEY``) or is ``None`` when none was sent.
+    (``--api-key``, ``SERVESCOPE_API_KEY``, ``VLLM_API_KEY``, ``OPENAI_API_KEY``) or is ``None`` when none was sent.
     """
 
     schema: str = HEALTH_SCHEMA

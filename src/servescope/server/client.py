@@ -44,7 +44,9 @@ __all__ = [
     "resolve_api_key",
 ]
 
-API_KEY_ENV_VARS = ("SERVESCOPE_API_KEY", "OPENAI_API_KEY")
+# VLLM_API_KEY is the engine's own: a rendered unit keeps its key there (EnvironmentFile=), and the
+# readiness check it runs (ExecStartPost=servescope health) must send the key the server was started with.
+API_KEY_ENV_VARS = ("SERVESCOPE_API_KEY", "VLLM_API_KEY", "OPENAI_API_KEY")
 _NEED_KEY = "the server wants an API key: pass --api-key or set SERVESCOPE_API_KEY"
 # A socket receive buffer big enough that hundreds of SSE streams are drained in few syscalls; the
 # kernel caps it at net.core.rmem_max.
@@ -72,7 +74,8 @@ class ApiKey:
 
 
 def resolve_api_key(explicit: str | None = None, *, env: Mapping[str, str] | None = None) -> ApiKey | None:
-    """The API key to send: ``--api-key``, else ``$SERVESCOPE_API_KEY``, else ``$OPENAI_API_KEY``, else None.
+    """The API key to send: ``--api-key``, else ``$SERVESCOPE_API_KEY``, else ``$VLLM_API_KEY``, else
+    ``$OPENAI_API_KEY``, else None.
 
     Empty values count as unset.
     """
