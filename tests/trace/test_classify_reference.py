@@ -27,7 +27,6 @@ from servescope.trace.breakdown import _kernel_rows
 from servescope.trace.classify import (
     CaptureReference,
     _matches,
-    _name_categories,
     capture_reference,
     classify_work,
 )
@@ -196,7 +195,8 @@ def reference_classify(data: TraceData, work: Work, taxonomy: Taxonomy, capture:
     index = {name: i for i, name in enumerate(categories)}
     names, kinds = work.table.name[work.rows], work.table.kind[work.rows]
     ctx = _ref_context(data, work, taxonomy, categories)
-    by_name = _name_categories(data, names, kinds, taxonomy, index).tolist()
+    by_name = [index[taxonomy.classify(data.names[n], KIND_NAMES[k])] for n, k in zip(names.tolist(), kinds.tolist(),
+                                                                                       strict=True)]
     category = list(ctx["category"])
     for row, group in enumerate(ctx["refines"]):
         if group is not None and taxonomy.categories[categories[by_name[row]]] not in (group, "other"):
@@ -225,6 +225,9 @@ def reference_classify(data: TraceData, work: Work, taxonomy: Taxonomy, capture:
                 category[r], basis[r] = max(by_cat, key=lambda c: by_cat[c]), _PEER
                 frames[r] = frame_of.get(int(names[r]))
     for r in range(len(category)):
+        rule = taxonomy.name_rule(data.names[names[r]], "kernel") if kinds[r] == KIND_KERNEL else None
+        if category[r] >= 0 and category[r] != by_name[r] and rule is not None and rule.outranks_launch:
+            category[r], basis[r], frames[r] = -1, _NAME, None  # the name lists what the kernel computes
         if category[r] < 0:
             category[r] = by_name[r]
             if category[r] == index[CATEGORY_OTHER]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -25,6 +26,7 @@ import numpy.typing as npt
 
 from servescope.core.analysis import BASES, CategoryStats, DeviceTotal, KernelRow, PhaseStats, StepRow, Summary
 from servescope.trace.classify import CaptureReference, Classified, classify_work, first_most
+from servescope.trace.precision import Precision, phase_quant, precision_of
 from servescope.trace.steps import PHASES, Steps
 from servescope.trace.table import KIND_NAMES, TraceData, distinct_ids
 from servescope.trace.taxonomy import Taxonomy
@@ -117,6 +119,7 @@ def break_down(data: TraceData, work: Work, steps: Steps, taxonomy: Taxonomy, *,
     kinds = table.kind[rows]
     names = table.name[rows]
     classified = classify_work(data, work, taxonomy, capture)
+    precision = precision_of(data, work, taxonomy, classified, capture)
     cat = classified.category
     is_comm = np.array([taxonomy.is_communication(c) for c in categories], dtype=bool)[cat] if len(cat) else (
         np.zeros(0, dtype=bool))
@@ -161,8 +164,11 @@ def break_down(data: TraceData, work: Work, steps: Steps, taxonomy: Taxonomy, *,
     for phase in PHASES:
         picked = [i for i, r in enumerate(step_rows) if r.phase == phase]
         if picked:
-            phases[phase] = _phase_stats([step_rows[i] for i in picked], [step_counts[i] for i in picked],
-                                         [step_device[i] for i in picked], categories)
+            stats = _phase_stats([step_rows[i] for i in picked], [step_counts[i] for i in picked],
+                                 [step_device[i] for i in picked], categories)
+            quant = _quant(data, names, dur, cat, categories, precision, steps.step_of,
+                           [step_rows[i].index for i in picked], sum(step_device[i] for i in picked))
+            phases[phase] = msgspec.structs.replace(stats, **quant) if quant else stats
 
     kernels = _kernel_rows(data, names, kinds, classified, dur, categories, rank)
     totals: dict[str, DeviceTotal] = {}
@@ -174,6 +180,28 @@ def break_down(data: TraceData, work: Work, steps: Steps, taxonomy: Taxonomy, *,
     total = float(by_basis.sum())
     basis_share = {b: float(v) / total for b, v in zip(BASES, by_basis.tolist(), strict=True) if total and v}
     return RankBreakdown(phases, step_rows, step_comm, kernels, totals, unattributed, basis_share)
+
+
+def _quant(data: TraceData, names: npt.NDArray[np.int32], dur: npt.NDArray[np.float64], cat: npt.NDArray[np.int32],
+           categories: list[str], precision: Precision, step_of: npt.NDArray[np.int64], picked: list[int],
+           device_us: float) -> dict[str, Any]:
+    """The quantization / cast fields of one phase (steps ``picked``): its rows with a precision role, summed."""
+    marked = precision.role != 0
+    if not marked.any():
+        return {}
+    in_phase = np.isin(step_of, picked)
+    rows = np.flatnonzero(marked & in_phase)
+    if len(rows) == 0:
+        return {}
+    fused = precision.fused[rows]
+    d = dur[rows]
+    by_role = np.bincount(precision.role[rows], weights=d, minlength=len(precision.roles) + 1)
+    per_name = np.bincount(names[rows], weights=d)
+    top = int(np.argmax(per_name))
+    top_cat = categories[int(cat[rows[names[rows] == top][0]])]
+    return phase_quant(device_us, len(picked), float(d[~fused].sum()), float(d[fused].sum()),
+                       {r: float(by_role[i + 1]) for i, r in enumerate(precision.roles)},
+                       (data.names[top], top_cat, float(per_name[top])))
 
 
 def _kernel_rows(data: TraceData, names: npt.NDArray[np.int32], kinds: npt.NDArray[np.int8],

@@ -40,12 +40,14 @@ _CAPTURE_MAX_RUN_SHARE = 0.1
 
 class Classified(msgspec.Struct, frozen=True):
     """Per work row (in ``Work.rows`` order): category index, basis index (into ``BASES``), and the frame that
-    decided it (``op``, ``graph``, ``peer``; else -1), an index into ``frame_names``."""
+    decided it (``op``, ``graph``, ``peer``; else -1), an index into ``frame_names``; and the category its name
+    alone gives (what the kernel computes, wherever it was launched)."""
 
     category: npt.NDArray[np.int32]
     basis: npt.NDArray[np.int8]
     frame: npt.NDArray[np.int32]
     frame_names: list[str]
+    by_name: npt.NDArray[np.int32]
 
     def frames(self) -> list[str | None]:
         """The name of the frame that decided each row, or None."""
@@ -84,15 +86,23 @@ def capture_reference(data: TraceData, taxonomy: Taxonomy) -> CaptureReference:
 
 
 def _name_categories(data: TraceData, names: npt.NDArray[np.int32], kinds: npt.NDArray[np.int8],
-                     taxonomy: Taxonomy, index: dict[str, int]) -> npt.NDArray[np.int32]:
-    """Category index of every row by the name rules, classifying each distinct (name, kind) once."""
+                     taxonomy: Taxonomy, index: dict[str, int]) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.bool_]]:
+    """Category index of every row by the name rules, and whether that rule outranks the launching op
+    (``outranks_launch``), classifying each distinct (name, kind) once."""
     key = names.astype(np.int64) * 8 + kinds.astype(np.int64)
     distinct, inverse = np.unique(key, return_inverse=True)
+    if len(key) == 0:
+        return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=bool)
     of_distinct = np.array(
         [index[taxonomy.classify(data.names[int(k) // 8], KIND_NAMES[int(k) % 8])] for k in distinct.tolist()],
         dtype=np.int32,
     )
-    return of_distinct[inverse] if len(key) else np.zeros(0, dtype=np.int32)
+    outranks = np.zeros(len(distinct), dtype=bool)
+    for i, k in enumerate(distinct.tolist()):
+        if KIND_NAMES[k % 8] == "kernel":
+            rule = taxonomy.name_rule(data.names[k // 8], "kernel")
+            outranks[i] = rule is not None and rule.outranks_launch
+    return of_distinct[inverse], outranks[inverse]
 
 
 def classify_work(data: TraceData, work: Work, taxonomy: Taxonomy,
@@ -104,7 +114,7 @@ def classify_work(data: TraceData, work: Work, taxonomy: Taxonomy,
     names = table.name[rows]
     kinds = table.kind[rows]
     context = launch_context(data, work, taxonomy, categories)
-    by_name = _name_categories(data, names, kinds, taxonomy, index)
+    by_name, outranks = _name_categories(data, names, kinds, taxonomy, index)
     category = context.category.copy()
     refining = [k for k, rule in enumerate(context.rules) if rule.refines is not None]
     if refining and len(category):
@@ -132,11 +142,17 @@ def classify_work(data: TraceData, work: Work, taxonomy: Taxonomy,
         if len(orphans):
             _by_peer_name(names, work.dur_us, orphans, category, basis, frame)
 
+    # a name that lists what the kernel computes outranks a launching op (or a graph's or a peer's context) that
+    # names other work: Inductor's fused norm + fp8 quantisation launched under the GEMM op it feeds is norm
+    overruled = np.flatnonzero(outranks & (category >= 0) & (category != by_name))
+    category[overruled] = -1
+    basis[overruled] = BASIS_NAME
+    frame[overruled] = -1
     rest = category < 0
     category[rest] = by_name[rest]
     other = index[CATEGORY_OTHER]
     basis[rest & (category == other)] = BASIS_UNKNOWN
-    return Classified(category.astype(np.int32), basis, frame, frame_names)
+    return Classified(category.astype(np.int32), basis, frame, frame_names, by_name)
 
 
 class _Names(msgspec.Struct, frozen=True):

@@ -29,7 +29,7 @@ import msgspec
 
 from servescope.core.errors import InputError
 
-__all__ = ["CATEGORY_OTHER", "FRAME_KINDS", "Rule", "Taxonomy", "load_taxonomy"]
+__all__ = ["CATEGORY_OTHER", "FRAME_KINDS", "PRECISION_ROLES", "PrecisionRule", "Rule", "Taxonomy", "load_taxonomy"]
 
 CATEGORY_OTHER = "other"
 _GROUPS = ("communication", "compute", "memory", "other")
@@ -41,13 +41,18 @@ _RULE_KINDS = ("kernel", "cpu_op")
 FRAME_KINDS = ("cpu_op", "annotation", "python")
 _INHERITS = ("previous_collective",)
 _SCHEMA_VERSION = 1
-_TOP_FIELDS = ("version", "categories", "rule", "launch", "sequence")
-_RULE_FIELDS = ("category", "regex", "ignore_case", "kinds", "note")
-_LAUNCH_FIELDS = (*_RULE_FIELDS, "inherit", "refines")
+_TOP_FIELDS = ("version", "precision_standalone", "categories", "rule", "launch", "sequence", "precision")
+_COMMON_FIELDS = ("category", "regex", "ignore_case", "kinds", "note")
+_RULE_FIELDS = (*_COMMON_FIELDS, "outranks_launch")
+_LAUNCH_FIELDS = (*_COMMON_FIELDS, "inherit", "refines")
 _SEQUENCE_FIELDS = ("category", "regex", "note")
 # table name -> (fields, the kinds a rule may name)
 _TABLES = {"rule": (_RULE_FIELDS, _RULE_KINDS), "launch": (_LAUNCH_FIELDS, FRAME_KINDS),
            "sequence": (_SEQUENCE_FIELDS, ("cpu_op",))}
+# Precision rules: what a kernel does to the number format of its data, read from its name or launching op.
+PRECISION_ROLES = ("quantize", "dequantize", "cast")
+_PRECISION_FIELDS = ("role", "regex", "requires", "on", "ignore_case", "note")
+_PRECISION_ON = ("name", "launch")
 _BUILTIN_SOURCE = "servescope/data/taxonomy.toml"
 # Global inline flags would change how the whole rule matches, and cannot be joined with other patterns.
 _INLINE_FLAGS = re.IGNORECASE | re.MULTILINE | re.DOTALL | re.VERBOSE | re.ASCII
@@ -73,6 +78,9 @@ class Rule(msgspec.Struct, frozen=True):
     table: str = "rule"  # "rule" (names), "launch" (frames around a launch), "sequence" (runs of operators)
     inherit: str | None = None  # launch rules: "previous_collective" takes the category of the collective waited on
     refines: str | None = None  # launch rules: decide only work whose name rules file it in this group or "other"
+    # name rules: the name lists what the kernel computes (Inductor's fused kernels), so its category outranks a
+    # launching op that names another kind of work (the GEMM the kernel feeds)
+    outranks_launch: bool = False
 
     @property
     def flags(self) -> int:
@@ -92,6 +100,26 @@ def _joined(patterns: tuple[str, ...], flags: int) -> re.Pattern[str]:
 def _is_literal(text: str) -> bool:
     """A pattern with no regex syntax: found with ``in``, never compiled."""
     return re.escape(text) == text and text.isascii()
+
+
+class PrecisionRule(msgspec.Struct, frozen=True):
+    """One precision rule: work whose name (``on = "name"``, a kernel's own name) or launching operator
+    (``on = "launch"``, a ``cpu_op`` frame around the kernel's launch) matches any of ``patterns`` and each of
+    ``requires`` quantizes, dequantizes or casts (``role``)."""
+
+    role: str
+    patterns: tuple[str, ...]
+    requires: tuple[str, ...]
+    on: str
+    ignore_case: bool
+    note: str
+    source: str
+    index: int
+
+    def matches(self, name: str) -> bool:
+        flags = re.IGNORECASE if self.ignore_case else 0
+        return _joined(self.patterns, flags).search(name) is not None and all(
+            _joined((part,), flags).search(name) is not None for part in self.requires)
 
 
 # A rule as classify tests it: (category, ignore_case, plain-text patterns, other regexes, the rule).
@@ -154,6 +182,10 @@ class Taxonomy:
     rules: tuple[Rule, ...] = ()
     launch_rules: tuple[Rule, ...] = ()
     sequence_rules: tuple[Rule, ...] = ()
+    precision_rules: tuple[PrecisionRule, ...] = ()
+    # categories whose kernels do nothing but quantize or cast when a precision rule marks them (else the
+    # quantization is fused into a kernel of another layer: a norm, an activation, a GEMM's prologue)
+    precision_standalone: frozenset[str] = frozenset()
     _by_kind: dict[str, tuple[_Matcher, ...]] = field(init=False, repr=False, compare=False)
     _by_frame: dict[str, tuple[_Matcher, ...]] = field(init=False, repr=False, compare=False)
 
@@ -170,6 +202,16 @@ class Taxonomy:
         ``python``), or None: such a frame says nothing about the kernels launched inside it."""
         found = _first(self._by_frame[kind], name)
         return found[4] if found is not None else None
+
+    def name_rule(self, name: str, kind: str) -> Rule | None:
+        """The first name rule matching ``name`` of ``kind`` (``kernel``, ``cpu_op``), or None."""
+        found = _first(self._by_kind.get(kind, ()), name)
+        return found[4] if found is not None else None
+
+    def precision(self, name: str, on: str) -> str | None:
+        """The role (``quantize``, ``dequantize``, ``cast``) of the first precision rule reading ``on`` (``name``:
+        a kernel's own name; ``launch``: a cpu_op around its launch) that ``name`` matches, or None."""
+        return next((rule.role for rule in self.precision_rules if rule.on == on and rule.matches(name)), None)
 
     def classify(self, name: str, kind: str) -> str:
         """The category of an operation named ``name`` of event kind ``kind``.
@@ -212,31 +254,91 @@ def load_taxonomy(path: str | Path | None = None) -> Taxonomy:
         >>> load_taxonomy("my-taxonomy.toml").classify("my_fused_kernel", "kernel")  # doctest: +SKIP
         'gemm'
     """
-    builtin_categories, builtin_rules = _builtin()
+    builtin_categories, builtin_rules, builtin_precision = _builtin()
     if path is None:
         return Taxonomy(categories=dict(builtin_categories), source="builtin", rules=builtin_rules["rule"],
-                        launch_rules=builtin_rules["launch"], sequence_rules=builtin_rules["sequence"])
+                        launch_rules=builtin_rules["launch"], sequence_rules=builtin_rules["sequence"],
+                        precision_rules=builtin_precision[0], precision_standalone=builtin_precision[1])
 
     source = str(path)
     document = _read_toml(Path(path), source)
     user_categories, raw_rules = _parse_document(document, source, require_note=False)
     categories = _merge_categories(builtin_categories, user_categories, source)
     user = {table: tuple(_compile_rule(raw, source, categories) for raw in raws) for table, raws in raw_rules.items()}
+    precision, standalone = _parse_precision(document, source, categories, require_note=False)
     return Taxonomy(categories=categories, source=source, rules=user["rule"] + builtin_rules["rule"],
                     launch_rules=user["launch"] + builtin_rules["launch"],
-                    sequence_rules=user["sequence"] + builtin_rules["sequence"])
+                    sequence_rules=user["sequence"] + builtin_rules["sequence"],
+                    precision_rules=precision + builtin_precision[0],
+                    precision_standalone=builtin_precision[1] if standalone is None else standalone)
+
+
+_Precision = tuple[tuple[PrecisionRule, ...], frozenset[str]]
 
 
 @lru_cache(maxsize=1)
-def _builtin() -> tuple[dict[str, str], dict[str, tuple[Rule, ...]]]:
+def _builtin() -> tuple[dict[str, str], dict[str, tuple[Rule, ...]], _Precision]:
     text = (resources.files("servescope") / "data" / "taxonomy.toml").read_text(encoding="utf-8")
     document = _loads(text, _BUILTIN_SOURCE)
     categories, raw_rules = _parse_document(document, _BUILTIN_SOURCE, require_note=True)
     missing = [c for c in (*_FIXED.values(), CATEGORY_OTHER) if c not in categories]
     if missing:
         raise InputError(_BUILTIN_SOURCE, f"categories {missing} are required")
+    precision, standalone = _parse_precision(document, _BUILTIN_SOURCE, categories, require_note=True)
     return categories, {table: tuple(_compile_rule(raw, _BUILTIN_SOURCE, categories) for raw in raws)
-                        for table, raws in raw_rules.items()}
+                        for table, raws in raw_rules.items()}, (precision, standalone or frozenset())
+
+
+def _parse_precision(document: Mapping[str, Any], source: str, categories: Mapping[str, str], *,
+                     require_note: bool) -> tuple[tuple[PrecisionRule, ...], frozenset[str] | None]:
+    """The ``[[precision]]`` rules and the ``precision_standalone`` categories (None: not given)."""
+    standalone = document.get("precision_standalone")
+    if standalone is not None:
+        if not isinstance(standalone, list) or not all(isinstance(c, str) for c in standalone):
+            raise InputError(source, "precision_standalone: must be a list of category names")
+        unknown = [c for c in standalone if c not in categories]
+        if unknown:
+            raise InputError(source, f"precision_standalone: category {unknown[0]!r} is not declared in [categories]")
+    raws = document.get("precision", [])
+    if not isinstance(raws, list) or not all(isinstance(r, dict) for r in raws):
+        raise InputError(source, "precision: must be an array of tables ([[precision]])")
+    rules: list[PrecisionRule] = []
+    for index, raw in enumerate(raws, start=1):
+        where = f"precision {index}: "
+        _check_fields(raw, _PRECISION_FIELDS, source, where=where)
+        role = raw.get("role")
+        if role not in PRECISION_ROLES:
+            raise InputError(source, f"{where}role: one of {', '.join(map(repr, PRECISION_ROLES))}")
+        on = raw.get("on", "name")
+        if on not in _PRECISION_ON:
+            raise InputError(source, f"{where}on: one of {', '.join(map(repr, _PRECISION_ON))}")
+        ignore_case = raw.get("ignore_case", False)
+        if not isinstance(ignore_case, bool):
+            raise InputError(source, f"{where}ignore_case: must be true or false")
+        patterns = _patterns(raw.get("regex"), source, f"{where}regex")
+        requires = _patterns(raw.get("requires", []), source, f"{where}requires", empty=True)
+        note = raw.get("note", "")
+        if not isinstance(note, str) or (require_note and not note.strip()):
+            raise InputError(source, f"{where}note: a short note on the kernel family is required")
+        flags = re.IGNORECASE if ignore_case else 0
+        for text in (*patterns, *requires):
+            try:
+                compiled = re.compile(text, flags)
+            except re.error as exc:
+                raise InputError(source, f"{where}bad regex {text!r}: {exc}") from None
+            if compiled.flags & _INLINE_FLAGS & ~flags:
+                raise InputError(source, f"{where}bad regex {text!r}: {_NO_INLINE_FLAGS}")
+        rules.append(PrecisionRule(role, patterns, requires, on, ignore_case, note, source, index))
+    return tuple(rules), (frozenset(standalone) if standalone is not None else None)
+
+
+def _patterns(value: Any, source: str, where: str, *, empty: bool = False) -> tuple[str, ...]:
+    patterns = (value,) if isinstance(value, str) else value
+    if not isinstance(patterns, list | tuple) or not (patterns or empty) or not all(
+            isinstance(p, str) and p for p in patterns):
+        raise InputError(source, f"{where}: one pattern or a {'' if empty else 'non-empty '}list of patterns "
+                                 "is required")
+    return tuple(patterns)
 
 
 def _read_toml(path: Path, source: str) -> dict[str, Any]:
@@ -270,6 +372,7 @@ class _RawRule(msgspec.Struct, frozen=True):
     table: str = "rule"
     inherit: str | None = None
     refines: str | None = None
+    outranks_launch: bool = False
 
 
 def _parse_document(
@@ -339,11 +442,16 @@ def _parse_rule(raw: Mapping[str, Any], index: int, source: str, *, require_note
     if refines is not None and refines not in _GROUPS:
         raise InputError(source, f"{where}refines: one of {', '.join(map(repr, _GROUPS))}")
 
+    outranks = raw.get("outranks_launch", False)
+    if not isinstance(outranks, bool):
+        raise InputError(source, f"{where}outranks_launch: must be true or false")
+
     note = raw.get("note", "")
     if not isinstance(note, str) or (require_note and not note.strip()):
         raise InputError(source, f"{where}note: a short note on the kernel family is required")
 
-    return _RawRule(index, category, tuple(patterns), ignore_case, frozenset(kinds), note, table, inherit, refines)
+    return _RawRule(index, category, tuple(patterns), ignore_case, frozenset(kinds), note, table, inherit, refines,
+                    outranks)
 
 
 def _check_fields(table: Mapping[str, Any], allowed: Iterable[str], source: str, *, where: str) -> None:
@@ -389,4 +497,4 @@ def _compile_rule(raw: _RawRule, source: str, categories: Mapping[str, str]) -> 
         except re.error:
             raise InputError(source, f"{where}bad regex: {_NO_INLINE_FLAGS}") from None
     return Rule(raw.category, raw.patterns, raw.ignore_case, raw.kinds, raw.note, source, raw.index, raw.table,
-                raw.inherit, raw.refines)
+                raw.inherit, raw.refines, raw.outranks_launch)
