@@ -57,7 +57,9 @@ def test_secrets_move_to_an_environment_file(tmp_path: Path) -> None:
     out = tmp_path / "units" / "kimi.service"
     assert CliRunner().invoke(app, ["service", "render", str(spec), "-o", str(out)]).exit_code == 0
     rendered = out.read_text()
-    assert "EnvironmentFile=-/etc/servescope/kimi.env" in rendered and "HF_TOKEN" not in rendered
+    assert "EnvironmentFile=-/etc/servescope/kimi.env" in rendered and "hf_zzz" not in rendered
+    assert "secrets = [\"VLLM_API_KEY\", \"HF_TOKEN\"]" in body   # names only: the unit checks they are set
+    assert "does not set HF_TOKEN" in rendered and "does not set VLLM_API_KEY" in rendered
     checked = verify(out.parent, out.name)
     assert checked.returncode == 0 and checked.stderr == "", checked.stderr
 

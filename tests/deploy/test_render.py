@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,37 @@ def test_multinode_renders_ray_head_server_and_worker(tmp_path: Path) -> None:
     assert worker[1:] == ["start", "--address", "10.0.0.1:6379", "--block"]
     assert server[-2:] == ["--distributed-executor-backend", "ray"]
     assert "vllm-test-ray-head.service" in _keys(server_text)["After"]
+
+
+def test_secrets_are_checked_before_anything_else_runs(tmp_path: Path) -> None:
+    """A spec whose env_file must set secrets renders a first ExecStartPre that fails naming the file; the
+    ``-`` stays so systemd runs it (without it systemd refuses the start naming no file)."""
+    bin_dir = fake_bin(tmp_path / "bin", "python3", "servescope")
+    text = spec_text(bin_dir, extra='secrets = ["VLLM_API_KEY", "HF_TOKEN"]')
+    (unit,) = render_units(parse_spec(text, "spec.toml"))
+    (plain,) = render_units(parse_spec(spec_text(bin_dir), "spec.toml"))
+    assert len(unit_commands(plain.text, "ExecStartPre")) == 1          # without secrets: the guard alone
+    check, guard = unit_commands(unit.text, "ExecStartPre")
+    assert check[:2] == ["/bin/sh", "-c"] and check[3:] == ["sh", "/etc/servescope/vllm-test.env"]
+    assert guard[1:3] == ["gpu", "wait-free"]
+    assert "EnvironmentFile=-/etc/servescope/vllm-test.env" in unit.text
+    env_file = tmp_path / "vllm-test.env"
+    env_file.write_text("VLLM_API_KEY=sk-1\n")
+
+    def run(env: dict[str, str]) -> tuple[int, str]:
+        done = subprocess.run([*check[:3], "sh", str(env_file)], env={"PATH": "/usr/bin:/bin", **env},
+                              capture_output=True, text=True, check=False)
+        return done.returncode, done.stderr.strip()
+
+    assert run({"VLLM_API_KEY": "sk-1", "HF_TOKEN": "hf_1"}) == (0, "")
+    assert run({"VLLM_API_KEY": "sk-1"}) == (1, f"servescope: {env_file} does not set HF_TOKEN: not starting "
+                                                "without it")
+    env_file.unlink()
+    assert run({}) == (1, f"servescope: {env_file} is missing (it must set VLLM_API_KEY): not starting without it")
+    out = tmp_path / "units" / "vllm-test.service"
+    out.parent.mkdir()
+    out.write_text(unit.text)
+    checked = verify(out.parent, out.name)
+    assert checked.returncode == 0 and checked.stderr == "", checked.stderr
+    linted = CliRunner().invoke(app, ["service", "lint", "--no-host", str(out), "--json"])
+    assert "wait-loop-cannot-fail" not in linted.output

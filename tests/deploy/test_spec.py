@@ -39,6 +39,10 @@ def test_args_table_keeps_order_and_flags() -> None:
     (BASE + "[env]\nHF_TOKEN = \"hf_abc\"\n", "s.toml: env.HF_TOKEN: a secret inline"),
     (BASE + "args = [\"--api-key\", \"k\"]\n", "s.toml: args: --api-key inline"),
     (BASE + "= broken\n", "s.toml: not valid TOML"),
+    (BASE + 'secrets = ["VLLM_API_KEY"]\n', "s.toml: secrets: names the variables env_file sets, but there is "
+     "no env_file"),
+    (BASE + 'env_file = "/etc/x.env"\nsecrets = ["VLLM API KEY"]\n', "s.toml: secrets: 'VLLM API KEY' is not a "
+     "variable name"),
 ])
 def test_bad_spec_is_one_clear_line(text: str, expected: str) -> None:
     with pytest.raises(InputError) as info:

@@ -100,6 +100,8 @@ def import_unit(unit: UnitText, *, name: str | None = None) -> ImportResult:
     env_files = [e.value.lstrip("-") for e in unit.get_all("Service", "EnvironmentFile")]
     if secrets or env_files:
         spec["env_file"] = env_files[0] if env_files else f"{defaults()['env_file_dir']}/{unit_name}.env"
+    if secrets:  # the rendered unit refuses to start without them (render.py's ExecStartPre check)
+        spec["secrets"] = list(secrets)
     if gpus is not None:
         spec["gpus"] = gpus
     timeout = unit.get("Service", "TimeoutStartSec")

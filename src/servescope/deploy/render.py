@@ -104,6 +104,24 @@ def servescope_argv(spec: Spec) -> list[str]:
     return [str(Path(sys.executable).absolute()), "-m", "servescope"]
 
 
+def _secrets_check(spec: Spec) -> list[str]:
+    """An ``ExecStartPre=`` that fails the start, naming the file, when a secret ``env_file`` must set is empty.
+
+    ``EnvironmentFile=-FILE`` ignores a missing FILE, so vLLM would start without its ``VLLM_API_KEY``
+    (open to anyone) and the readiness check would pass without a key. Without the ``-`` systemd refuses
+    the start but says only "Failed to load environment files: No such file or directory", naming no file,
+    and runs no ``ExecStartPre``. So the ``-`` stays and this check runs first: the journal and
+    ``systemctl status`` show which file is missing, or which variable it does not set. No loop, so
+    ``service lint``'s wait-loop rule has nothing to say about it.
+    """
+    if not spec.secrets or spec.env_file is None:
+        return []
+    checks = [f'test -n "${{{name}}}" || {{ test -e "$1" && echo "servescope: $1 does not set {name}: not '
+              f'starting without it" >&2 || echo "servescope: $1 is missing (it must set {name}): not starting '
+              f'without it" >&2; exit 1; }}' for name in spec.secrets]
+    return ["ExecStartPre=" + _command(["/bin/sh", "-c", "; ".join(checks), "sh", spec.env_file])]
+
+
 def _guard(spec: Spec) -> str:
     return "ExecStartPre=" + _command([*servescope_argv(spec), "gpu", "wait-free", "--max-used-mib",
                                        str(spec.guard.max_used_mib), "--timeout", str(spec.guard.timeout_s)])
@@ -151,6 +169,7 @@ def _server_unit(spec: Spec, *, after: list[str], extra_args: list[str]) -> str:
         f"User={spec.user}",
         f"WorkingDirectory={spec.working_directory}",
         *_environment(spec),
+        *_secrets_check(spec),
         _guard(spec),
         "ExecStart=" + _command(spec.engine_command + engine_args(spec) + extra_args),
         "ExecStartPost=" + _command(health) + " --pid $MAINPID",

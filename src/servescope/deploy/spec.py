@@ -1,7 +1,9 @@
 """A deployment spec: the service as declarative TOML, typed and strict.
 
 Unknown keys and wrong types are errors naming the file and key. Defaults live in
-``data/deploy/defaults.toml``. Secrets never sit in the spec: ``env_file`` names the file holding them.
+``data/deploy/defaults.toml``. Secrets never sit in the spec: ``env_file`` names the file holding them and
+``secrets`` their names (the server's API key is ``VLLM_API_KEY``: vLLM reads it, and so does the unit's
+``servescope health``).
 
 Example spec::
 
@@ -10,6 +12,7 @@ Example spec::
     model = "moonshotai/Kimi-K2.5"
     gpus = [0, 1, 2, 3, 4, 5, 6, 7]
     env_file = "/etc/servescope/vllm-kimi.env"
+    secrets = ["VLLM_API_KEY"]      # env_file sets them; the unit will not start without them
     [args]
     tensor-parallel-size = 8
     max-model-len = 131072
@@ -46,6 +49,7 @@ __all__ = [
 ArgValue = str | int | float | bool | list[str]
 _SECRET_NAME = re.compile(r"(?i)(token|api[-_]?key|secret|password|passwd|_key$)")
 _SECRET_FLAGS = ("--api-key", "--hf-token")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ALLOWED = {"engine": "vllm, sglang", "restart.policy": "on-failure, always, no, on-abnormal"}
 
 
@@ -99,6 +103,7 @@ class Spec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     args: dict[str, ArgValue] | list[str] = msgspec.field(default_factory=dict)
     env: dict[str, str] = msgspec.field(default_factory=dict)
     env_file: str | None = None
+    secrets: list[str] = msgspec.field(default_factory=list)  # names env_file must set; never their values
     gpus: list[int] | None = None
     load_time_s: int = msgspec.field(default_factory=lambda: int(defaults()["load_time_s"]))
     start_margin_s: int = msgspec.field(default_factory=lambda: int(defaults()["start_margin_s"]))
@@ -148,6 +153,11 @@ def _check(spec: Spec, source: str) -> Spec:
             raise InputError(source, f"args: {flag} inline; put VLLM_API_KEY / HF_TOKEN in the env_file instead")
     if spec.env_file is not None and not spec.env_file.startswith("/"):
         raise InputError(source, f"env_file {spec.env_file!r}: must be an absolute path")
+    if spec.secrets and spec.env_file is None:
+        raise InputError(source, "secrets: names the variables env_file sets, but there is no env_file")
+    for name in spec.secrets:
+        if not _ENV_NAME.fullmatch(name):
+            raise InputError(source, f"secrets: {name!r} is not a variable name (letters, digits, _)")
     for positive in ("load_time_s", "stop_timeout_s"):
         if getattr(spec, positive) <= 0:
             raise InputError(source, f"{positive}: must be > 0")
