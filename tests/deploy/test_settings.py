@@ -137,7 +137,7 @@ def _group(doc: dict[str, Any], group_id: str) -> dict[str, dict[str, Any]]:
 
 def _settings(*args: str) -> tuple[str, dict[str, Any]]:
     """(text output, JSON document) of ``servescope settings ARGS``; both must succeed."""
-    text = runner.invoke(app, ["settings", *args])
+    text = runner.invoke(app, ["settings", *args], env={"COLUMNS": "400"})  # every row on one line at this width
     assert text.exit_code == 0, text.output
     as_json = runner.invoke(app, ["settings", *args, "--json"])
     assert as_json.exit_code == 0, as_json.output
@@ -342,7 +342,7 @@ def test_secrets_in_free_text_are_masked(tmp_path: Path, start_server: StartServ
 
 
 @pytest.mark.needs_shared
-def test_narrow_terminal_folds_but_never_cuts(tmp_path: Path) -> None:
+def test_narrow_terminal_wraps_but_never_cuts(tmp_path: Path) -> None:
     flags = _example_exec_start_flags() + EXTRA_FLAGS
     record = read_unit_settings(path=_write_unit(tmp_path, flags=flags, program=["/usr/bin/vllm", "serve", MODEL]))
     doc = effective_settings(unit=record, process=None, server=None, gpus=None)
@@ -351,19 +351,18 @@ def test_narrow_terminal_folds_but_never_cuts(tmp_path: Path) -> None:
     render_settings(doc, Console(file=buffer, width=60, color_system=None))
     lines = buffer.getvalue().splitlines()
     whole = shlex.join(["/usr/bin/vllm", "serve", MODEL, *flags[:-1]]) + " ***"
-    # Read the value column back: from where the row's first line shows the value to where the next column
-    # ("unit", the source) starts; the row's following lines continue it. Folding moves words, drops nothing.
-    row = next(i for i, line in enumerate(lines) if line.lstrip().startswith("command line"))
-    offset = lines[row].index("/usr/bin/vllm")
-    end = lines[row].index("  unit", offset)
-    wanted = "".join(whole.split())
-    column = ""
-    for line in lines[row:]:
-        column += "".join(line[offset:end].split())
-        if len(column) >= len(wanted):
-            break
-    assert len("".join(lines[row][offset:end].split())) < len(wanted)  # it did fold
-    assert column == wanted
+    # At 60 columns the value wraps at spaces, beside the setting or on the lines below it (stacked): read the
+    # row's lines back without the setting, its source and where. Wrapping moves words, breaks and drops none.
+    row = next(i for i, line in enumerate(lines) if line.startswith("command line"))
+    end = next(i for i in range(row + 1, len(lines)) if lines[i][:1].strip())  # the next setting
+    where = next(s.origin for g in doc.groups for s in g.settings if s.key == "command line") or ""
+    words = " ".join(lines[row:end]).split()[2:]
+    words.remove("unit")
+    at = next((i, j) for i in range(len(words)) for j in range(i + 1, len(words) + 1)
+              if "".join(words[i:j]) == where)  # where: one word, folded where longer than its room
+    del words[at[0]:at[1]]
+    assert end - row > 1 and max(len(line.rstrip()) for line in lines) <= 60  # it did wrap, and fits
+    assert words == whole.split()
     assert "…" not in buffer.getvalue() and "..." not in buffer.getvalue()
     assert API_KEY not in buffer.getvalue()
 

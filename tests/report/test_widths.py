@@ -10,6 +10,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from collections import Counter
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
@@ -19,6 +25,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from deploy.conftest import FakeSystemctl, systemctl  # noqa: F401 (systemctl: the deploy tests' fixture)
+from gpu.gpu_inputs import RECORDING, fake_nvidia_smi
 from servescope.cli import app
 from servescope.core.document import read_document
 from servescope.report.jsonout import encode_analysis
@@ -200,3 +208,150 @@ def test_bench_serve_report_fits_keeps_every_number_and_warns(width: int) -> Non
         if point["concurrency"] in (128, 256):  # the anchor's one API front end falls behind (its README)
             assert [f["id"] for f in point["findings"]] == ["front_end_bound"]
             assert "server front end: the client ran on time" in prose
+
+
+# every other command (issue 23): settings (live and saved), plan at its extremes, health, gpu, service.
+# Rendered at each width and on a line so wide that nothing wraps; the narrow text must keep every word of the
+# wide one whole (a word broken over two lines leaves pieces the wide text does not have) and every number.
+
+TOKEN_WIDTHS = (80, 100, 120, 200)
+WIDE = 100_000
+SETTINGS = ROOT / "tests" / "data" / "h200-vllm" / "recorded" / "settings-dense.json"
+KIMI_UNIT = ROOT.parent / "shared" / "examples" / "vllm-kimi-k25-int4.service"
+_NUMBER = re.compile(r"\d")
+_CUT_NUMBER = re.compile(r"\d…")
+_TIME = re.compile(r"\d{4}-\d\d-\d\dT[\d:.+]+")  # when a live command ran: each run differs
+_RULE = re.compile(r"^[─━═]+$")  # a table's rule is as wide as its table
+
+
+def _assert_same_words(wide: str, narrow: str, width: int, where: str) -> None:
+    """``narrow`` fits ``width``, cuts no number, breaks no word of ``wide`` and drops no number of it."""
+    lines = narrow.splitlines()
+    _fits([line.rstrip() for line in lines], width)
+    assert _CUT_NUMBER.findall(narrow) == _CUT_NUMBER.findall(wide), f"{where}: a number cut at {width} columns"
+    wide_words, narrow_words = (Counter(w for w in _TIME.sub("TIME", text).split() if not _RULE.match(w))
+                                for text in (wide, narrow))
+    longer = [w for w in wide_words if len(w) > width - 4]  # a word longer than the line: the only one folded
+    broken = sorted(w for w in set(narrow_words) - set(wide_words) if not any(w.rstrip("…") in x for x in longer))
+    assert not broken, f"{where} at {width} columns: words the wide text does not have (broken?): {broken[:8]}"
+    numbers = Counter({w: n for w, n in wide_words.items() if _NUMBER.search(w)})
+    lost = numbers - Counter({w: n for w, n in narrow_words.items() if _NUMBER.search(w)}) - Counter(longer)
+    assert not lost, f"{where} at {width} columns: numbers not shown whole: {sorted(lost)[:8]}"
+
+
+def _cli(args: Sequence[object], width: int, code: int = 0) -> str:
+    result = CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": str(width)}, terminal_width=width)
+    assert result.exit_code == code, result.output
+    return result.stdout
+
+
+def _each_width(render: Any, where: str) -> None:
+    wide = render(WIDE)
+    assert wide.strip(), f"{where}: printed nothing"
+    for width in TOKEN_WIDTHS:
+        _assert_same_words(wide, render(width), width, where)
+
+
+def test_settings_report_of_a_saved_document_keeps_every_word() -> None:
+    """The recorded H200 vLLM settings: a 170-character command line, 45 rows the server reports."""
+    doc = read_document(SETTINGS)
+    _each_width(lambda w: render_document(doc, "text", width=w), "settings report")
+    narrow = render_document(doc, "text", width=80)
+    plain = json.loads(SETTINGS.read_bytes())
+    cmdline = next(s["value"] for g in plain["groups"] for s in g["settings"] if s["key"] == "command line")
+    lines = narrow.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("command line"))
+    end = next(i for i in range(first + 1, len(lines)) if lines[i][:1].strip())  # the next setting
+    words = " ".join(lines[first:end]).split()
+    for label in ("command", "line", "process", "/proc/855/cmdline"):  # the setting, its source and where
+        words.remove(label)
+    assert len(cmdline) > 80 and words == cmdline.split()  # the value whole, word by word, in order
+    piped = _cli(["report", SETTINGS], 80)  # CliRunner's stdout is not a terminal: a pipe, COLUMNS=80
+    _fits(piped.splitlines(), 80)
+
+
+def test_settings_of_a_live_process_keeps_every_word(tmp_path: Path) -> None:
+    """``settings --pid`` of a process of ours with a ~400-character command line and a long environment value."""
+    argv = [sys.executable, "-c", "import time; time.sleep(120)", "vllm", "serve", "/models/" + "k" * 40,
+            "--max-model-len", "131072", "--tensor-parallel-size", "8", "--gpu-memory-utilization", "0.92",
+            "--served-model-name", "kimi-k2.5-int4-" + "x" * 30, "--kv-cache-dtype", "fp8_e4m3",
+            "--compilation-config", '{"cudagraph_mode":"FULL_AND_PIECEWISE","max_capture_size":512}',
+            "--speculative-config", '{"method":"eagle3","num_speculative_tokens":3}', "--port", "8000"]
+    env = {"PATH": os.environ["PATH"], "NCCL_PROTO": "LL,LL128,Simple", "VLLM_USE_V1": "1",
+           "LD_LIBRARY_PATH": ":".join(f"/opt/lib{i}/cuda-12.8/lib64" for i in range(12))}
+    proc = subprocess.Popen(argv, env=env)
+    try:
+        assert len(" ".join(argv)) > 350
+        _each_width(lambda w: _cli(["settings", "--pid", proc.pid], w), "settings --pid")
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+PLAN_EXTREMES = [
+    ["plan", "--model", "kimi-k2.5", "--hardware", "h200", "--gpus", "64", "--batch", "1,8,1024,65536",
+     "--context", "1048576"],  # a 1T-parameter model, 64 GPUs, big batches: 7-digit step times
+    ["plan", "--model", "kimi-k2.5", "--hardware", "rtx-pro-6000", "--gpus", "8", "--batch", "1,8,32"],  # README's
+]
+
+
+@pytest.mark.parametrize("args", PLAN_EXTREMES, ids=["64gpus-batch65536-context1M", "readme"])
+def test_plan_at_its_extremes_keeps_every_number(args: list[str]) -> None:
+    _each_width(lambda w: _cli(args, w), " ".join(args))
+    plain = json.loads(_cli([*args, "--json"], 200))
+    narrow = _cli(args, 80)
+    words = Counter(narrow.split())
+    for layout in plain["layouts"]:  # every point's figures, from the document, whole at 80 columns
+        for p in layout["points"]:
+            for figure in (str(p["batch"]), f"{p['step_ms']:.2f}", *(f"{p['parts_ms'][k]:.2f}" for k in
+                                                                        ("weights", "attention", "collectives"))):
+                assert words[figure], f"{layout['name']} batch {p['batch']}: {figure} not shown whole at 80 columns"
+
+
+def test_health_keeps_every_word(tmp_path: Path) -> None:
+    """A crashed server: its process, and a log whose last lines are long (a CUDA error with a path)."""
+    log = tmp_path / "server.log"
+    long_line = ("ERROR torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. GPU 0 has a total "
+                 "capacity of 139.81 GiB of which 1.02 GiB is free. Including non-PyTorch memory, this process has "
+                 "138.78 GiB memory in use. /opt/venv/lib/python3.12/site-packages/torch/cuda/memory.py:1234")
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", f"print('INFO loading weights'); print({long_line!r}); "
+                                 "raise SystemExit(3)"], stdout=out, stderr=subprocess.STDOUT)
+        proc.wait(timeout=30)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    saved = tmp_path / "health.json"
+    _cli(["health", f"http://127.0.0.1:{port}", "--pid", proc.pid, "--log", log, "-o", saved], 120, code=1)
+    doc = read_document(saved)
+    _each_width(lambda w: render_document(doc, "text", width=w), "health")
+
+
+@pytest.fixture
+def recorded_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real H200 holding 10 GiB: its recorded ``nvidia-smi`` outputs first on PATH."""
+    recorded = RECORDING / "holding-10GiB"
+    fake_nvidia_smi(tmp_path, {"-q -x": recorded / "nvidia-smi-q.xml", "topo -m": recorded / "topo-m.txt"})
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize("command", ["list", "topo", "holders"])
+@pytest.mark.usefixtures("recorded_smi")
+def test_gpu_keeps_every_word(command: str) -> None:
+    _each_width(lambda w: _cli(["gpu", command, "--prefer", "nvidia-smi"], w), f"gpu {command}")
+
+
+@pytest.mark.needs_shared
+def test_service_import_keeps_every_word(tmp_path: Path) -> None:
+    """The production Kimi-K2.5 unit this project started from: a long ExecStart, a secret moved out."""
+    def run(width: int) -> str:  # each width writes its own files; the wide run's paths are the narrow's
+        text = _cli(["service", "import", KIMI_UNIT, "-o", tmp_path / f"w{width}" / "spec.toml"], width)
+        return text.replace(f"/w{width}/", "/wN/")
+
+    _each_width(run, "service import")
+
+
+def test_service_status_keeps_every_word(systemctl: FakeSystemctl) -> None:  # noqa: F811 (the fixture)
+    systemctl.add_unit("vllm-kimi-k25-int4.service", MainPID="4242", NRestarts="3",
+                  ExecMainStartTimestamp="Thu 2026-12-03 09:14:02 UTC")
+    _each_width(lambda w: _cli(["service", "status", "vllm-kimi-k25-int4"], w), "service status")

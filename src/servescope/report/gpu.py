@@ -7,7 +7,9 @@ import json
 from typing import Any
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from servescope.core.document import encode
 from servescope.core.gemm import GemmBenchDoc
@@ -29,14 +31,23 @@ def _na(value: object) -> str:
 def render_snapshot(snapshot: Any, console: Console) -> None:
     """One row per GPU, then the processes holding GPU memory (``snapshot``: a ``gpu.records.GpuSnapshot``;
     typed loosely because report/ sits below the feature packages)."""
-    table = Table(title=f"GPUs ({snapshot.source}, {snapshot.taken_at})", title_justify="left", box=None)
-    for col in ("gpu", "name", "bus id", "used MiB", "total MiB", "PCIe", "power W", "temp °C", "util %"):
-        table.add_column(col, justify="left" if col in ("name", "bus id") else "right")
+    title = f"GPUs ({snapshot.source}, {snapshot.taken_at})"
+    table = Table(title=title, title_justify="left", box=None)
+    heads = ("gpu", "name", "bus id", "used MiB", "total MiB", "PCIe", "power W", "temp °C", "util %")
+    for col in heads:
+        table.add_column(col, justify="left" if col in ("name", "bus id") else "right", no_wrap=True)
+    rows = []
     for g in snapshot.gpus:
         pcie = "N/A" if g.pcie_gen_current is None else f"gen{g.pcie_gen_current} x{_na(g.pcie_width_current)}"
-        table.add_row(str(g.index), _na(g.name), _na(g.pci_bus_id), _na(g.memory_used_mib), _na(g.memory_total_mib),
-                      pcie, _na(g.power_draw_w), _na(g.temperature_c), _na(g.utilization_gpu_pct))
-    console.print(table)
+        rows.append((str(g.index), _na(g.name), _na(g.pci_bus_id), _na(g.memory_used_mib), _na(g.memory_total_mib),
+                     pcie, _na(g.power_draw_w), _na(g.temperature_c), _na(g.utilization_gpu_pct)))
+        table.add_row(*rows[-1])
+    if Measurement.get(console, console.options.update_width(1_000_000), table).maximum <= console.width:
+        console.print(table)
+    else:  # narrow: one GPU a paragraph, wrapped at spaces, so no id or number is cut
+        console.print(title, markup=False)
+        for row in rows:
+            console.print(Text("  " + "   ".join(f"{head} {cell}" for head, cell in zip(heads, row, strict=True))))
     if snapshot.processes:
         procs = Table(title="processes holding GPU memory", title_justify="left", box=None)
         for col in ("gpu", "pid", "process", "used MiB"):
@@ -95,8 +106,8 @@ def _holder_table(holders: Any, console: Console) -> None:
         return
     table = Table(box=None, padding=(0, 1, 0, 2))
     for col in ("pid", "user", "used MiB", "process", "command"):
-        table.add_column(col, justify="right" if col in ("pid", "used MiB") else "left",
-                         overflow="fold" if col == "command" else "ellipsis")
+        table.add_column(col, justify="right" if col in ("pid", "used MiB") else "left",  # wraps at spaces
+                         overflow="fold" if col == "command" else "ellipsis", no_wrap=col != "command")
     for h in holders:
         table.add_row(str(h.pid), _na(h.user), _na(h.used_mib), _na(h.name), _na(h.cmdline))
     console.print(table)

@@ -11,7 +11,9 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from servescope.core.document import encode
 from servescope.core.plan import plan_document
@@ -60,18 +62,36 @@ def render_plan(doc: dict[str, Any], console: Console) -> None:
     for col in ("layout", "batch", "step", "weights", "attn", "comm", "other", "tok/s"):
         table.add_column(col, justify="left" if col == "layout" else "right", no_wrap=True)
     marks: set[str] = set()
+    rows: list[tuple[str, list[str]]] = []
     for layout in doc["layouts"]:
         name = layout["name"] + ("" if layout["feasible"] else " ✗")
-        for i, p in enumerate(layout["points"]):
-            table.add_row(name if i == 0 else "", str(p["batch"]), f"{p['step_ms']:.2f}",
-                          *(f"{p['parts_ms'][k]:.2f}" for k in _PARTS), _tokens_per_s(layout, p))
+        for p in layout["points"]:
+            rows.append((name, [str(p["batch"]), f"{p['step_ms']:.2f}", *(f"{p['parts_ms'][k]:.2f}" for k in _PARTS),
+                                _tokens_per_s(layout, p)]))
             marks.update(o for v in p["origins"].values() for o in v)
-    console.print(table)
+    for i, (name, cells) in enumerate(rows):
+        table.add_row(name if i == 0 or rows[i - 1][0] != name else "", *cells)
+    if Measurement.get(console, console.options.update_width(1_000_000), table).maximum <= console.width:
+        console.print(table)
+    else:  # narrow: one table a layout, named above it, without the layout column; numbers are never cut
+        console.print(Text("predicted decode step (ms)", style="italic"))
+        heads = ("batch", "step", "weights", "attn", "comm", "other", "tok/s")
+        widths = [max(len(h), *(len(cells[i]) for _, cells in rows)) for i, h in enumerate(heads)]
+        for name in dict.fromkeys(name for name, _ in rows):
+            part = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=False)
+            for head, width in zip(heads, widths, strict=True):  # the same columns in every layout's table
+                part.add_column(head, justify="right", no_wrap=True, min_width=width)
+            for row_name, cells in rows:
+                if row_name == name:
+                    part.add_row(*cells)
+            console.print(Text(name, style="bold"))
+            console.print(part)
     console.print(f"✗ does not fit; !kv the KV cache cannot hold batch × context. Figures from: "
                   f"{', '.join(sorted(marks))}", markup=False)
     mem = Table(box=box.SIMPLE_HEAD, title="memory per GPU (GiB)")
-    for col in ("layout", "weights", "KV cache", "KV tokens/GPU", "fits"):
-        mem.add_column(col, justify="left" if col in ("layout", "fits") else "right")
+    for col in ("layout", "weights", "KV cache", "KV tokens/GPU"):  # the reason wraps at spaces, nothing else
+        mem.add_column(col, justify="left" if col == "layout" else "right", no_wrap=True)
+    mem.add_column("fits", min_width=20)
     for layout in doc["layouts"]:
         g = layout["memory_gib_per_gpu"]
         mem.add_row(layout["name"], f"{g['weights']:.1f}", f"{g['kv_cache']:.1f}", f"{layout['kv_tokens_per_gpu']:,}",

@@ -1,20 +1,23 @@
 """Terminal and JSON views of the settings document (``servescope settings``); both read only the document.
 
-Flags and unit values are never cut: in a terminal a long value (the full ExecStart) folds onto more lines,
-and when stdout is a file or a pipe every row stays on one line (:func:`settings_console`), so ``grep`` finds
-it. The environment is shown as far as it matters to serving: the variables ``serving`` accepts and every
-one the unit sets; the rest of the process's environment is counted (``--all-env`` shows it), and an
-environment value longer than :data:`ENV_VALUE_MAX` characters is shortened (the JSON document keeps all).
+Flags and unit values are never cut, and no word of them is broken: at the console's width (the terminal's;
+``$COLUMNS`` or 80 when stdout is a file or a pipe) a row stays on one line when it fits, a long value (the full
+command line, ExecStart) wraps at spaces beside its setting, and where even that leaves too little room for its
+longest word each setting's value goes on the lines below it (:func:`_print_rows`). The environment is shown
+as far as it matters to serving: the variables ``serving`` accepts and every one the unit sets; the rest of the
+process's environment is counted (``--all-env`` shows it), and an environment value longer than
+:data:`ENV_VALUE_MAX` characters is shortened (the JSON document keeps all).
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from rich.console import Console
 from rich.markup import escape
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 from servescope.core.document import encode as encode_document
 from servescope.core.settings import SettingsDoc
@@ -22,7 +25,6 @@ from servescope.core.settings import SettingsDoc
 __all__ = ["ENV_VALUE_MAX", "encode_settings", "render_settings", "settings_console"]
 
 _NA = "N/A"
-_PIPE_WIDTH = 100_000  # wide enough that no row of a real unit wraps when piped
 ENV_VALUE_MAX = 120
 """An environment value longer than this is shown as its first characters and how many more there are."""
 _ENV_GROUPS = ("nccl_cuda_env", "vllm_env", "other")
@@ -34,8 +36,8 @@ def encode_settings(doc: SettingsDoc) -> bytes:
 
 
 def settings_console() -> Console:
-    """A stdout console: the terminal's width on a terminal, else one so wide that no row wraps."""
-    return Console(highlight=False, width=None if sys.stdout.isatty() else _PIPE_WIDTH)
+    """A stdout console: the terminal's width on a terminal, else ``$COLUMNS`` or 80, as every command prints."""
+    return Console(highlight=False)
 
 
 def _value(value: str | None) -> str:
@@ -76,16 +78,9 @@ def render_settings(doc: SettingsDoc, console: Console, *, all_env: bool = True,
         count = f"{len(shown)} of {len(group.settings)}" if hidden else f"{len(group.settings)}"
         console.print(f"[bold]{escape(group.title)}[/] ({count})")
         if shown:
-            table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 2, 0, 2))
-            table.add_column("setting", overflow="fold", style="cyan")
-            table.add_column("value", overflow="fold")
-            table.add_column("source", overflow="fold", style="dim")
-            table.add_column("where", overflow="fold", style="dim")
-            for setting in shown:
-                value = _env_value(setting.value) if env else _value(setting.value)
-                table.add_row(escape(setting.key), escape(value), escape(setting.source),
-                              escape(setting.origin or ""))
-            console.print(table)
+            rows = [(s.key, _env_value(s.value) if env else _value(s.value), s.source, s.origin or "")
+                    for s in shown]
+            _print_rows(console, rows, ("cyan", "", "dim", "dim"), wrap=1)
         if hidden:
             console.print(f"  +{hidden} other variable{'s' if hidden != 1 else ''} of the process, not about "
                           "serving: --all-env to show")
@@ -94,13 +89,50 @@ def render_settings(doc: SettingsDoc, console: Console, *, all_env: bool = True,
         console.print(_no_drift(doc), markup=True)
         return
     console.print(f"[bold yellow]Drift ({len(doc.drift)})[/]")
-    table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 2, 0, 2))
-    table.add_column("kind", overflow="fold", style="yellow")
-    table.add_column("key", overflow="fold", style="cyan")
-    table.add_column("detail", overflow="fold")
-    for item in doc.drift:
-        table.add_row(escape(item.kind), escape(item.key), escape(item.detail))
-    console.print(table)
+    _print_rows(console, [(d.kind, d.key, d.detail) for d in doc.drift], ("yellow", "cyan", ""), wrap=2)
+
+
+_GAP = 4  # spaces between two columns of rows that fit on one line each
+_TIGHT = 2  # between columns when a value wraps: the room is short
+_MIN_WRAPPED = 24  # the narrowest column a wrapped value gets before the rows are stacked instead
+
+
+def _print_rows(console: Console, rows: Sequence[tuple[str, ...]], styles: Sequence[str], *, wrap: int) -> None:
+    """Rows as columns, no cell ever cut inside a word, in the first of three layouts that fits the width.
+
+    1. one line a row, when the widest row fits;
+    2. column ``wrap`` (the value) wrapped at spaces in what the other columns leave, when that is at least
+       as wide as its longest word (and :data:`_MIN_WRAPPED`);
+    3. stacked: the other cells on one line, the value on the lines below it, indented, wrapped at spaces.
+    """
+    widths = [max(len(row[i]) for row in rows) for i in range(len(styles))]
+    longest_word = max((len(word) for row in rows for word in row[wrap].split()), default=0)
+    room = console.width - (sum(widths) - widths[wrap]) - _TIGHT * (len(styles) - 1)
+    one_line = sum(widths) + _GAP * (len(styles) - 1) <= console.width
+    if one_line or room >= max(longest_word, _MIN_WRAPPED):
+        gap = _GAP if one_line else _TIGHT
+        table = Table(box=None, show_header=False, pad_edge=False, padding=(0, gap // 2))
+        for i, (width, style) in enumerate(zip(widths, styles, strict=True)):
+            if i == wrap:  # folds only a word longer than the whole line
+                table.add_column(style=style, overflow="fold", width=width if one_line else room)
+            else:
+                table.add_column(style=style, no_wrap=True, width=width)
+        for row in rows:
+            table.add_row(*(Text(cell) for cell in row))
+        console.print(table)
+        return
+    for row in rows:
+        head = Table.grid(padding=(0, _TIGHT, 0, 0))  # the first cell, then the others wrapped beside it
+        head.add_column(no_wrap=True)
+        head.add_column(overflow="fold")
+        rest = Text()
+        for i, (cell, style) in enumerate(zip(row, styles, strict=True)):
+            if i not in (0, wrap) and cell:
+                rest.append(" " * _TIGHT if rest else "")
+                rest.append(cell, style=style)
+        head.add_row(Text(row[0], style=styles[0]), rest)
+        console.print(head)
+        console.print(Padding(Text(row[wrap], style=styles[wrap], overflow="fold"), (0, 0, 0, _GAP), expand=False))
 
 
 _COMPARED = {"unit": "the unit", "process": "the running process", "server": "the server"}

@@ -318,15 +318,31 @@ def _line(console: Console, text: str, style: str = "") -> None:
 def _render_traces(doc: AnalysisDoc, console: Console) -> None:
     _line(console, f"servescope {doc.servescope_version} analysis, created {doc.created_at}", "bold")
     table = _table("traces")
-    for header in ("path", "rank", "role", "events", "rank source"):
-        table.add_column(header, justify="right" if header in ("rank", "events") else "left")
-    for trace in doc.traces:
-        rank = _NA if trace.rank is None else str(trace.rank)
-        table.add_row(Text(trace.path), rank, trace.role, f"{trace.events:,}", trace.rank_source)
+    rows = [[_NA if t.rank is None else str(t.rank), t.role, f"{t.events:,}", t.rank_source] for t in doc.traces]
+    headers = ("rank", "role", "events", "rank source")
+    fixed = sum(max(len(h), *(len(r[i]) for r in rows)) + 3 for i, h in enumerate(headers)) if rows else 0
+    room = max(24, console.width - fixed)  # the path takes what is left of the line
+    table.add_column("path", no_wrap=True, min_width=min(room, max((len(t.path) for t in doc.traces), default=4)))
+    for header in headers:
+        table.add_column(header, justify="right" if header in ("rank", "events") else "left", no_wrap=True)
+    for trace, row in zip(doc.traces, rows, strict=True):
+        table.add_row(Text(path_tail(trace.path, room)), *row)
     console.print(table)
     if doc.inputs:
         total_bytes = sum(f.size_bytes for f in doc.inputs)
         _line(console, f"inputs: {len(doc.inputs)} file(s), {total_bytes / 1e6:.1f} MB")
+
+
+def path_tail(path: str, width: int) -> str:
+    """``path`` in at most ``width`` characters: its end kept (the file and the folders just above it tell two
+    traces apart; their common start does not), cut at a ``/`` where one is near, marked ``…``."""
+    if len(path) <= width:
+        return path
+    tail = path[len(path) - width + 1 :]
+    cut = tail.find("/")
+    if 0 <= cut < width // 3 and len(tail) - cut > 1:
+        tail = tail[cut:]
+    return "…" + tail
 
 
 def phase_summary(stats: PhaseStats) -> tuple[str, str]:
