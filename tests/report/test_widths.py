@@ -355,3 +355,19 @@ def test_service_status_keeps_every_word(systemctl: FakeSystemctl) -> None:  # n
     systemctl.add_unit("vllm-kimi-k25-int4.service", MainPID="4242", NRestarts="3",
                   ExecMainStartTimestamp="Thu 2026-12-03 09:14:02 UTC")
     _each_width(lambda w: _cli(["service", "status", "vllm-kimi-k25-int4"], w), "service status")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_traces_table_tells_two_files_apart(width: int) -> None:
+    """Two ranks of one folder differ only at the end of their paths: the end is what the table keeps."""
+    folder = example_trace_dir("vllm-cpu-tp2")
+    paths = [folder / "rank0.pt.trace.json.gz", folder / "rank1.pt.trace.json.gz"]
+    buffer = io.StringIO()
+    render_analysis(analyze(AnalyzeRequest(paths=paths)), Console(file=buffer, width=width, color_system=None))
+    lines = buffer.getvalue().splitlines()
+    block = _block(lines[lines.index("details"):], "traces", end="inputs:")
+    _fits(block, width)
+    shown = [line.split()[0] for line in block[3:]]
+    assert len(shown) == 2 and len(set(shown)) == 2
+    for cell, path in zip(sorted(shown), paths, strict=True):
+        assert str(path).endswith(cell.lstrip("…")) and cell.endswith(path.name)
