@@ -62,16 +62,17 @@ class PhaseStats(msgspec.Struct, kw_only=True):
     us_per_output_token: float | None
     categories: dict[str, CategoryStats]
     prompt_tokens_per_step: float | None = None  # prompt tokens computed a step, where the engine's marker counts them
-    # Quantization and casts (taxonomy [[precision]] rules): time a step in kernels that only quantize, dequantize
-    # or cast ("standalone"), and in kernels of another category that carry a quantization fused into them (a
-    # norm or activation with the next GEMM's fp8 input scales: the whole kernel's time, an upper bound of the
-    # quantization's own cost); shares of device_us_per_step, like the categories'.
-    quant_standalone_us_per_step: float = 0.0
+    # Quantization and casts (taxonomy.toml [[precision]] rules), apart from the categories; shares are of
+    # device_us_per_step, like the categories'.
+    quant_standalone_us_per_step: float = 0.0  # µs a step in kernels that only quantize, dequantize or cast
+    # µs a step in kernels of another category (norm, activation, GEMM) that carry a quantization fused into
+    # them: the whole kernel's time, an upper bound of the quantization's own cost there
     quant_fused_us_per_step: float = 0.0
-    quant_standalone_share: float = 0.0
-    quant_fused_share: float = 0.0
-    quant_role_us_per_step: dict[str, float] = msgspec.field(default_factory=dict)  # quantize / dequantize / cast
-    quant_top_kernel: str | None = None  # the kernel with the most of that time in this phase
+    quant_standalone_share: float = 0.0  # quant_standalone_us_per_step as a share of device_us_per_step
+    quant_fused_share: float = 0.0  # quant_fused_us_per_step as a share of device_us_per_step
+    # µs a step per role (quantize, dequantize, cast), standalone and fused together
+    quant_role_us_per_step: dict[str, float] = msgspec.field(default_factory=dict)
+    quant_top_kernel: str | None = None  # the kernel with the most quantization / cast time in this phase
     quant_top_category: str | None = None  # its category (quantize, elementwise: standalone; norm, activation: fused)
     quant_top_share: float = 0.0  # its share of device_us_per_step
 

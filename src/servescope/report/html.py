@@ -26,6 +26,7 @@ from servescope.report.tables import (
     ordered_phases,
     phase_summary,
     plural,
+    quant_summary,
     rank_keys,
     shorten_kernel_name,
     skew_text,
@@ -148,7 +149,9 @@ def _phase_section(doc: AnalysisDoc, rank: int, phase: str, stats: PhaseStats) -
     classes = ["comm" if doc.categories.get(name) == COMMUNICATION else "" for name, _ in items]
     table = _table(["category", "group", "share", "µs/step", "calls/step", "µs/call"], rows,
                    numeric=(2, 3, 4, 5), row_classes=classes)
-    return f"<h4>rank {rank} · {_e(phase)}</h4><p>{_e(steps)}<br>{_e(per_step)}</p>{table}"
+    quant = quant_summary(stats)
+    quant_line = f"<br>{_e(quant)}" if quant is not None else ""
+    return f"<h4>rank {rank} · {_e(phase)}</h4><p>{_e(steps)}<br>{_e(per_step)}{quant_line}</p>{table}"
 
 
 def _across_section(doc: AnalysisDoc, cross: CrossRankStats) -> str:

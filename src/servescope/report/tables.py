@@ -359,10 +359,26 @@ def phase_summary(stats: PhaseStats) -> tuple[str, str]:
     return steps, per_step
 
 
+def quant_summary(stats: PhaseStats) -> str | None:
+    """One line on the phase's quantization and casts (shares of device time, standalone and fused), or None
+    where no kernel of the phase quantizes, dequantizes or casts (and in documents written before)."""
+    if stats.quant_standalone_us_per_step <= 0 and stats.quant_fused_us_per_step <= 0:
+        return None
+    most = (f"; most in {shorten_kernel_name(stats.quant_top_kernel)} ({stats.quant_top_category}, "
+            f"{format_share(stats.quant_top_share)})" if stats.quant_top_kernel else "")
+    return (f"quantization/casts {format_share(stats.quant_standalone_share + stats.quant_fused_share)} of device "
+            f"time: standalone {format_share(stats.quant_standalone_share)} "
+            f"({format_us(stats.quant_standalone_us_per_step)} µs/step), fused into other kernels "
+            f"{format_share(stats.quant_fused_share)} ({format_us(stats.quant_fused_us_per_step)} µs/step){most}")
+
+
 def _render_phase(doc: AnalysisDoc, console: Console, rank: int, phase: str, stats: PhaseStats) -> None:
     steps, per_step = phase_summary(stats)
     _line(console, f"rank {rank} · {phase}: {steps}", "bold")
     _line(console, f"  {per_step}")
+    quant = quant_summary(stats)
+    if quant is not None:
+        _line(console, f"  {quant}")
     table = _table()
     table.add_column("category")
     table.add_column("group")

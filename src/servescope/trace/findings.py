@@ -24,6 +24,7 @@ import numpy as np
 from servescope.core.analysis import CrossRankStats, Finding, KernelRow, PhaseStats, RankAnalysis
 from servescope.core.messages import format_message
 from servescope.trace.facts import RankFacts
+from servescope.trace.precision import quant_facts
 
 __all__ = ["find_bottlenecks", "load_rules", "taxonomy_snippet"]
 
@@ -116,6 +117,9 @@ def _rank_values(ra: RankAnalysis, rows: Sequence[KernelRow], facts: RankFacts |
         "unfused_mean_call_us": unfused.total_us / unfused.calls if unfused.calls else None,
         "top_unfused": unfused.top, "fused_pointwise_share": fused.share,
         "fused_pointwise_of_pointwise": fused.total_us / pointwise if pointwise > 0 else 0.0,
+        # quantization / casts ([[precision]] in taxonomy.toml): quant_share, quant_standalone_share,
+        # quant_fused_share, top_quant, top_quant_category, top_quant_pct
+        **quant_facts(list(ra.phases.values())),
     }
 
 
