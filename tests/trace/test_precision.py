@@ -183,6 +183,22 @@ def test_fp8_share_matches_independent_labels(folder: Path | None) -> None:
     assert want > 0.03, f"{folder.name}: an fp8 server quantizes its activations every step"
 
 
+SHARED_CASTS = [  # HF eager (RoPE / RMSNorm upcasts: 6-7% of device time), vLLM, xDiT, an A100 training rank
+    "public/hf_qwen1.5-0.5b_mi300x_eager_profilerstep.json.gz", "tracelens/h100_qwen1.5-0.5b_inference.json.gz",
+    "public/vllm_llama80L_tp4_h100_1p9d_rank0.pt.trace.json.gz", "public/xdit_sd35_mi300x_compiled.json.gz",
+    "hta/a100_8rank_rank3_nccl.json.gz",
+]
+
+
+@pytest.mark.needs_shared
+@pytest.mark.parametrize("name", SHARED_CASTS, ids=lambda n: n.split("/")[-1].split(".json")[0])
+def test_casts_on_public_traces_match_independent_labels(name: str) -> None:
+    path = TRACES / name
+    _, quant_us, total_us = independent_roles(path)
+    std, fused, device = _whole(analyze(AnalyzeRequest(paths=[path])))
+    assert (std + fused) / device == pytest.approx(quant_us / total_us, abs=SHARE_TOL)
+
+
 @pytest.mark.needs_shared
 def test_a_norm_with_quantization_fused_on_sglang_mi300x_is_norm_and_fused() -> None:
     """SGLang on an MI300X replays aiter's add_rmsnorm_quant_kernel (fp8 activation scales fused into RMSNorm)."""

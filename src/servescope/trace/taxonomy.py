@@ -4,7 +4,8 @@ The rules live in ``servescope/data/taxonomy.toml``, whose header documents the 
 regular expressions searched in the operation's name; the first rule that matches names the category, and
 a name no rule matches is :data:`CATEGORY_OTHER`. Memory copies and sets are categorised by their event
 kind, not their name. A user file in the same schema is tried before the bundled rules, so it can correct
-a misclassification or add categories without editing the package.
+a misclassification or add categories without editing the package. Its ``[[precision]]`` rules say, apart
+from the category, which kernels quantize, dequantize or cast (:mod:`servescope.trace.precision`).
 
 Example:
     >>> tax = load_taxonomy()
