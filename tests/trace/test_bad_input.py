@@ -335,12 +335,14 @@ def test_tiny_valid_trace(tmp_path: Path) -> None:
 
 @pytest.mark.needs_shared
 def test_analyze_directory_without_traces(tmp_path: Path) -> None:
+    """Traces are known by content: a gzipped JSON named like a trace that holds none is no trace either."""
     (tmp_path / "notes.txt").write_text("no traces here")
     (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "trace.json.bak").write_bytes(GZ_BYTES)
+    (tmp_path / "sub" / "rank0.pt.trace.json.gz").write_bytes(gzip.compress(b'{"model": "m", "steps": 3}'))
     with pytest.raises(InputError) as info:
         analyze(AnalyzeRequest(paths=[tmp_path]))
-    _assert_names(info.value, tmp_path, "no trace files")
+    _assert_names(info.value, tmp_path, "no trace files", "notes.txt: not JSON",
+                  "rank0.pt.trace.json.gz: JSON without traceEvents")
 
 
 def test_analyze_empty_directory(tmp_path: Path) -> None:

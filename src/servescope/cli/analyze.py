@@ -34,7 +34,8 @@ def write_outputs(doc: object, *, json_out: Path | None, html_out: Path | None, 
 
 @app.command()
 def analyze(
-    paths: Annotated[list[Path] | None, typer.Argument(help="Trace files or directories (.json, .json.gz).",
+    paths: Annotated[list[Path] | None, typer.Argument(help="Trace files, or directories: every file in them that "
+                                                       "holds a torch profiler trace (gz or not, any name).",
                                                        show_default=False)] = None,
     example: Annotated[bool, typer.Option("--example", help="Analyze the bundled example: a real vLLM 0.26 "
                                           "server's decode steps on an H200 (Qwen3-30B-A3B shapes, batch 16, CUDA "
@@ -59,17 +60,24 @@ def analyze(
     front-end trace is recognised), finds the steps, and breaks their device time down by category.
     """
     from servescope.cli import head_start
-    from servescope.trace.files import discover_traces, example_trace_dir
+    from servescope.trace.files import example_trace_dir, find_traces, left_out_lines
     from servescope.trace.readahead import ReadAhead
 
     with user_errors():
-        chosen = list(paths or [])
+        chosen: list[Path] = list(paths or [])
+        bundled = None
         if example or example_name is not None:
-            chosen.append(example_trace_dir(example_name) if example_name is not None else example_trace_dir())
+            bundled = example_trace_dir(example_name) if example_name is not None else example_trace_dir()
+            chosen.append(bundled)
         if not chosen:
             fail("give trace files or directories, or --example")
         # The traces start decoding in child processes now, while this one imports the analysis.
-        found = discover_traces(chosen)
+        discovery = find_traces(chosen)
+        found = discovery.traces
+        # what a named directory held besides traces (the bundled example's README and side files go unsaid)
+        for line in left_out_lines([(p, why) for p, why in discovery.left_out
+                                    if bundled is None or not p.is_relative_to(bundled)]):
+            sys.stderr.write(f"analyze: {line}\n")  # plain: rich is not imported on this route
         with head_start.claim(found) or ReadAhead(found, min_files=1) as read_ahead:
             from servescope.trace.analyze import AnalyzeRequest
             from servescope.trace.analyze import analyze as run_analysis

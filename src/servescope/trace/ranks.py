@@ -1,8 +1,9 @@
 """Group trace files into one run by rank, and compare ranks.
 
 A file's rank comes from the trace's own ``distributedInfo.rank``, else from its name (``rank3``,
-``rank-3``, ``_rank3``, ``tp0…rank3``, SGLang's ``TP-3``). vLLM's API-server trace (``*.async_llm.*``)
-has no rank: it is the front end, listed but never taken for rank 0.
+``rank-3``, ``_rank3``, ``tp0…rank3``, SGLang's ``TP-3``). vLLM's API-server trace (``*.async_llm.*``, or
+among other traces one without rank and without any kernel, CPU op or annotation, whatever its name) has no
+rank: it is the front end, listed but never taken for rank 0.
 
 Across ranks, a collective finishes on every rank at about the same moment, so a rank that arrives
 early sees its collective kernel stretch while it waits for the slowest one. Matching the k-th
@@ -46,6 +47,12 @@ def is_frontend(path: Path) -> bool:
     return ".async_llm." in path.name
 
 
+def _holds_no_work(data: TraceData) -> bool:
+    """No kernel, no CPU op, no annotation: vLLM's API-server trace whatever its file is called (it runs no torch
+    ops; with stacks on it holds python frames only)."""
+    return not (len(data.device) or len(data.cpu_ops) or len(data.annotations))
+
+
 def rank_from_name(name: str) -> int | None:
     """The rank a file name states (``rank3``, ``rank-3``, ``tp0_pp0_rank3``, ``TP-3``), if any."""
     for pattern in _RANK_PATTERNS:
@@ -64,7 +71,7 @@ def assign_ranks(traces: list[TraceData]) -> list[RankedTrace]:
     ranked: list[RankedTrace] = []
     for data in traces:
         info = data.distributed or {}
-        if is_frontend(data.path) and "rank" not in info:
+        if "rank" not in info and (is_frontend(data.path) or (len(traces) > 1 and _holds_no_work(data))):
             ranked.append(RankedTrace(data, None, "frontend", "none"))
         elif isinstance(info.get("rank"), int):
             ranked.append(RankedTrace(data, int(info["rank"]), "worker", "distributedInfo"))
