@@ -84,6 +84,19 @@ def test_phase_missing_on_both_is_an_input_error(tp2_dir: Path) -> None:
         diff_analyses(doc, doc, phase="unknown")
 
 
+def test_bogus_phase_names_the_phases_before_reading_anything(tmp_path: Path) -> None:
+    """One line naming the valid phases, exit 2, even when the inputs do not exist (they are not read)."""
+    missing = tmp_path / "nowhere"
+    result = CliRunner().invoke(app, ["diff", str(missing), str(missing), "--phase", "bogus"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.output.strip().splitlines() == [
+        "servescope: error: --phase: no phase 'bogus': use one of decode, mixed, prefill, empty, unknown"]
+    # every phase named there is one that step detection can give (steps.py's own list, read by another route)
+    steps_source = (Path(__file__).parents[2] / "src" / "servescope" / "trace" / "steps.py").read_text()
+    for phase in ("decode", "mixed", "prefill", "empty", "unknown"):
+        assert f'"{phase}"' in steps_source
+
+
 @pytest.mark.needs_shared
 def test_cli_diff_json(tp2_dir: Path) -> None:
     result = CliRunner().invoke(app, ["diff", str(tp2_dir), str(example_trace_dir("vllm-cpu-tp2")), "--json"])

@@ -12,6 +12,7 @@ from servescope.core.analysis import AnalysisDoc, Finding, PhaseStats, decode_an
 from servescope.core.diff import CategoryDelta, DiffDoc, RankDiff
 from servescope.core.errors import InputError
 from servescope.trace.analyze import AnalyzeRequest, analyze
+from servescope.trace.steps import PHASES
 
 __all__ = ["diff_analyses", "diff_paths", "load_side"]
 
@@ -56,8 +57,9 @@ def diff_analyses(before: AnalysisDoc, after: AnalysisDoc, *, phase: str = "deco
     """Per rank present in both, ``phase``'s time per step by category, before → after.
 
     Raises:
-        InputError: neither analysis has a step of ``phase`` on a common rank.
+        InputError: ``phase`` is not a phase, or neither analysis has a step of it on a common rank.
     """
+    _check_phase(phase)
     a = {r.rank: r.phases[phase] for r in before.ranks if phase in r.phases}
     b = {r.rank: r.phases[phase] for r in after.ranks if phase in r.phases}
     common = sorted(set(a) & set(b))
@@ -76,7 +78,13 @@ def diff_analyses(before: AnalysisDoc, after: AnalysisDoc, *, phase: str = "deco
     )
 
 
+def _check_phase(phase: str) -> None:
+    if phase not in PHASES:
+        raise InputError("--phase", f"no phase {phase!r}: use one of {', '.join(PHASES)}")
+
+
 def diff_paths(before: Path, after: Path, *, phase: str = "decode", taxonomy: Path | None = None) -> DiffDoc:
-    """``diff_analyses`` of two traces / saved analyses given by path."""
+    """``diff_analyses`` of two traces / saved analyses given by path (the phase checked before either is read)."""
+    _check_phase(phase)
     return diff_analyses(load_side(before, taxonomy=taxonomy), load_side(after, taxonomy=taxonomy), phase=phase,
                          before_name=str(before), after_name=str(after))
