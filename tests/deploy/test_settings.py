@@ -433,6 +433,9 @@ def test_environ_of_another_users_process_is_one_line_exit_2(start_server: Start
     done = subprocess.run([*prefix, sys.executable, "-m", "servescope", "settings", "--pid", str(target)],
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2, done.stderr
-    assert done.stderr.strip() == f"servescope: error: /proc/{target}/environ: permission denied: run as root " \
-                                  "or as the service's user"
+    me = 65534 if os.geteuid() == 0 else os.geteuid()
+    owner = int(Path(f"/proc/{target}/status").read_text().split("Uid:")[1].split()[0])
+    assert done.stderr.strip() == (f"servescope: error: /proc/{target}/environ: permission denied: process {target} "
+                                   f"belongs to uid {owner}, not to you (uid {me}); run as root or as the service's "
+                                   "user")
     assert done.stdout == "" and HF_TOKEN not in done.stderr

@@ -151,6 +151,52 @@ def _split_nul(data: bytes) -> list[str]:
     return [part.decode("utf-8", "replace") for part in data.split(b"\0") if part]
 
 
+_CAP_SYS_PTRACE = 19
+_WHOLE_UID_MAP = ["0", "0", "4294967295"]  # /proc/self/uid_map of the initial user namespace
+
+
+def _status_field(path: Path, key: str) -> str | None:
+    try:
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith(f"{key}:"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def _environ_denied(pid: int, where: Path) -> str:
+    """Why the kernel would not show ``/proc/PID/environ``, as far as this process can tell (what to do, too).
+
+    The kernel shows it to a caller that may ptrace the process (``PTRACE_MODE_READ``): the same user when
+    the process is dumpable, else one with ``CAP_SYS_PTRACE`` over it; root without that capability (a
+    container), or root of a user namespace over a process outside it, is refused like anyone.
+    """
+    euid = os.geteuid()
+    owner = _status_field(where / "status", "Uid")
+    owner_uid = int(owner.split()[0]) if owner and owner.split()[0].isdigit() else None
+    if euid != 0:
+        if owner_uid is not None and owner_uid != euid:
+            return (f"permission denied: process {pid} belongs to uid {owner_uid}, not to you (uid {euid}); "
+                    "run as root or as the service's user")
+        return (f"permission denied though process {pid} is yours: it is not dumpable (setuid, or "
+                "prctl(PR_SET_DUMPABLE, 0)) or ptrace is restricted (Yama ptrace_scope); run as root")
+    reasons = []
+    caps = _status_field(Path("/proc/self/status"), "CapEff")
+    if caps is not None and not int(caps, 16) >> _CAP_SYS_PTRACE & 1:
+        reasons.append("this root lacks CAP_SYS_PTRACE (a container that drops it: add it, or run on the host)")
+    try:
+        in_namespace = Path("/proc/self/uid_map").read_text().split() != _WHOLE_UID_MAP
+    except OSError:
+        in_namespace = False
+    if in_namespace:
+        reasons.append("this root is root of a user namespace only, with no privilege over processes outside it")
+    if not reasons:
+        reasons.append("neither a missing capability nor a user namespace explains it: a security module "
+                       "(AppArmor, SELinux, Yama) or a process that made itself undumpable")
+    return f"permission denied to root: the kernel withholds process {pid}'s environment; " + "; ".join(reasons)
+
+
 def read_process_record(pid: int, *, proc: Path = Path("/proc")) -> ProcessRecord:
     """The command line, environment, start time, user and working folder of process ``pid``.
 
@@ -175,8 +221,7 @@ def read_process_record(pid: int, *, proc: Path = Path("/proc")) -> ProcessRecor
     try:
         env_words = _split_nul((where / "environ").read_bytes())
     except PermissionError:
-        raise InputError(f"/proc/{pid}/environ", "permission denied: run as root or as the service's user") \
-            from None
+        raise InputError(f"/proc/{pid}/environ", _environ_denied(pid, where)) from None
     except OSError as exc:
         raise InputError(f"/proc/{pid}/environ", f"cannot read: {exc.strerror or exc}") from None
     env: dict[str, str] = {}
