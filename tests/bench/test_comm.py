@@ -163,7 +163,7 @@ def test_worker_failure_is_one_line_keeps_finished_variants_and_leaves_no_proces
     proc = _cli("--backend", "gloo", "--gpus", "2", "--ops", "all_reduce", "--sizes", "1K,4K", "--iters", "3",
                 "--variant", "GLOO_SOCKET_IFNAME=nosuchif0", "-o", str(out))
     assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
+    lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("bench comm: ")]  # progress
     assert len(lines) == 1 and "variant GLOO_SOCKET_IFNAME=nosuchif0" in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
     kept = json.loads(out.read_text())   # the default variant ran first and stays
@@ -185,12 +185,39 @@ def test_ctrl_c_stops_workers_and_keeps_finished_variants(tmp_path: Path, sig: s
     time.sleep(1.0)
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and stderr.decode().strip().startswith("servescope: error: interrupted")
+    errors = [line for line in stderr.decode().splitlines() if not line.startswith("bench comm: ")]  # progress
+    assert proc.returncode == 130 and errors[0].startswith("servescope: error: interrupted"), stderr.decode()
     kept = json.loads(out.read_text())
     assert kept["curves"] and kept["curves"][0]["variant"] == "default"
     assert len(kept["curves"]) < 3
     time.sleep(1.0)
     assert _workers_alive() == []
+
+
+def test_progress_says_what_it_measures_and_each_op_and_variant_as_they_finish(tmp_path: Path) -> None:
+    """Progress lines on stderr while it runs (a default run is a silent minute otherwise), checked against the
+    curve file the run writes: one line per curve, each variant's "done" before the next variant starts."""
+    out = tmp_path / "c.json"
+    proc = subprocess.Popen([sys.executable, "-m", "servescope", "bench", "comm", "--backend", "gloo", "--gpus", "2",
+                             "--ops", "all_reduce,all_gather", "--sizes", "1K:16K", "--iters", "2000", "--variant",
+                             "GLOO_DEVICE_TRANSPORT=TCP", "-o", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
+    assert proc.stderr is not None
+    seen: list[tuple[float, str]] = [(time.monotonic(), line.rstrip("\n")) for line in proc.stderr]
+    proc.wait(timeout=300)
+    ended = time.monotonic()
+    assert proc.returncode == 0, seen
+    lines = [line for _, line in seen]
+    assert lines[0] == ("bench comm: timing all_reduce, all_gather at 5 sizes (1K..16K bytes), bfloat16, 10 warm-up "
+                        "+ 2000 timed per size, gloo over 2 processes, 2 variants")
+    curves = json.loads(out.read_text())["curves"]
+    timed = [line for line in lines if " timed (" in line]
+    assert [(c["variant"], c["op"]) for c in curves] == [
+        (line.split()[4].rstrip(":"), line.split()[5]) for line in timed]
+    assert [line.split(":")[1].strip() for line in lines if ": done in " in line] == [
+        "variant 1/2 default", "variant 2/2 GLOO_DEVICE_TRANSPORT=TCP"]
+    first_done = next(t for t, line in seen if ": done in " in line)
+    assert ended - first_done > 1.0, "progress came only at the end"
 
 
 def test_loader_rejects_another_schema_and_bad_fields(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -201,13 +202,20 @@ def run_comm_bench(req: CommRequest, progress: Progress | None = None) -> CommBe
     meta: dict[str, Any] = {}
     date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     doc = _doc(req, meta, curves, date)
+    if progress:
+        progress(measuring_line(req))
     with tempfile.TemporaryDirectory(prefix="servescope-comm-") as tmp:
         for i, variant in enumerate(req.variants):
+            label = f"variant {i + 1}/{len(req.variants)} {variant.name}"
             if progress:
-                progress(f"variant {i + 1}/{len(req.variants)}: {variant.name}")
+                progress(f"{label}: starting {req.nproc} processes (torchrun)")
             raw_path = Path(tmp) / f"raw{i}.json"
+            started = time.monotonic()
             try:
-                _launch(req, variant, Path(tmp) / f"spec{i}.json", raw_path)
+                _launch(req, variant, Path(tmp) / f"spec{i}.json", raw_path,
+                        on_curve=None if progress is None else _curve_progress(progress, label, req, started))
+                if progress:
+                    progress(f"{label}: done in {time.monotonic() - started:.0f} s")
             except InputError as exc:
                 raw = _read_raw(raw_path)     # keep the curves this variant finished before it failed
                 if raw:
@@ -229,6 +237,44 @@ def run_comm_bench(req: CommRequest, progress: Progress | None = None) -> CommBe
             doc = _doc(req, meta, curves, date)
             _save(req, doc)
     return CommBenchResult(doc=doc, failures=tuple(failures), output=str(req.output) if req.output else None)
+
+
+def _size_text(nbytes: int) -> str:
+    """Bytes as nccl-tests writes sizes: 1K, 64M (powers of 1024), else the number."""
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
+
+
+def measuring_line(req: CommRequest) -> str:
+    """What a run measures, in one line (its first progress line)."""
+    sizes = sorted(req.sizes)
+    span = _size_text(sizes[0]) if len(sizes) == 1 else f"{_size_text(sizes[0])}..{_size_text(sizes[-1])}"
+    modes = " (eager and CUDA graph)" if req.graph else ""
+    return (f"timing {', '.join(req.ops)}{modes} at {len(sizes)} sizes ({span} bytes), {req.dtype}, "
+            f"{req.warmup} warm-up + {req.iters} timed per size, {req.backend} over {req.nproc} processes, "
+            f"{len(req.variants)} variant{'s' if len(req.variants) != 1 else ''}")
+
+
+def _curve_progress(progress: Progress, label: str, req: CommRequest, started: float) -> Callable[[str], None]:
+    total = len(req.ops) * (2 if req.graph else 1)
+    seen: list[str] = []
+
+    def report(curve: str) -> None:
+        seen.append(curve)
+        progress(f"{label}: {curve} timed ({len(seen)}/{total}, {time.monotonic() - started:.0f} s)")
+
+    return report
+
+
+def _new_curves(raw_path: Path, reported: int, on_curve: Callable[[str], None]) -> int:
+    """Report the curves rank 0 has written since ``reported`` (it rewrites its file after each); the new count."""
+    raw = _read_raw(raw_path)
+    curves = raw.get("curves", []) if raw else []
+    for c in curves[reported:]:
+        on_curve(f"{c['op']}{' [graph]' if c.get('graph') else ''}{' failed' if c.get('error') else ''}")
+    return max(reported, len(curves))
 
 
 def _save(req: CommRequest, doc: CurveDoc) -> None:
@@ -276,8 +322,12 @@ def _read_raw(path: Path) -> dict[str, Any] | None:
     return data
 
 
-def _launch(req: CommRequest, variant: Variant, spec_path: Path, raw_path: Path) -> None:
-    """One torchrun for one variant; on failure, the first rank's error line as an InputError."""
+def _launch(req: CommRequest, variant: Variant, spec_path: Path, raw_path: Path, *,
+            on_curve: Callable[[str], None] | None = None) -> None:
+    """One torchrun for one variant; on failure, the first rank's error line as an InputError.
+
+    ``on_curve``: called with each op's name as rank 0 finishes its curve (its file is looked at every second).
+    """
     spec = {"backend": req.backend, "dtype": req.dtype, "ops": list(req.ops), "iters": req.iters,
             "warmup": req.warmup, "graph": req.graph, "sizes": list(req.sizes)}
     spec_path.write_text(json.dumps(spec), encoding="utf-8")
@@ -298,7 +348,7 @@ def _launch(req: CommRequest, variant: Variant, spec_path: Path, raw_path: Path)
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            rc = proc.wait(timeout=req.timeout_s)
+            rc = _wait(proc, raw_path, req.timeout_s, on_curve)
         except BaseException:          # Ctrl-C or timeout: torchrun ends its workers on SIGTERM
             _stop(proc)
             if isinstance(sys.exc_info()[1], subprocess.TimeoutExpired):
@@ -307,6 +357,29 @@ def _launch(req: CommRequest, variant: Variant, spec_path: Path, raw_path: Path)
             raise
     if rc != 0:
         raise InputError(f"variant {variant.name}", _failure_line(raw_path, log_path, rc))
+
+
+def _wait(proc: subprocess.Popen[bytes], raw_path: Path, timeout_s: float,
+          on_curve: Callable[[str], None] | None) -> int:
+    """``proc.wait(timeout_s)``, reporting finished curves meanwhile.
+
+    Raises:
+        subprocess.TimeoutExpired: as ``proc.wait`` does.
+    """
+    if on_curve is None:
+        return proc.wait(timeout=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    reported = 0
+    while True:
+        try:
+            rc = proc.wait(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                raise
+            reported = _new_curves(raw_path, reported, on_curve)
+            continue
+        _new_curves(raw_path, reported, on_curve)
+        return rc
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

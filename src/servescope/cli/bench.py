@@ -105,7 +105,8 @@ def bench_comm(
         rendezvous = {"nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": rdzv_endpoint,
                       "rdzv_backend": rdzv_backend, "rdzv_id": rdzv_id, "master_addr": master_addr,
                       "master_port": master_port}
-        progress = None if as_json or not err.is_terminal else (lambda m: err.print(m, markup=False))
+        # what it measures, each op and variant as it finishes: a default run takes a minute on a CPU
+        progress = None if as_json else (lambda m: err.print(f"bench comm: {m}", markup=False))
         previous = signal.signal(signal.SIGTERM, _interrupt)   # `timeout`/systemd stop: end the workers too
         try:
             doc = measure(ops=ops.split(","), sizes=sizes, variants=variant or (), graph=graph, nproc=gpus,
