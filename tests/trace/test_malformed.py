@@ -63,6 +63,33 @@ def test_one_malformed_kernel_is_left_out_and_named(tmp_path: Path, field: str, 
     assert sum(k.count for k in result.kernels if k.kind == "kernel") == len(kernels) - 1
 
 
+@pytest.mark.parametrize("category", ["cpu_op", "cuda_runtime", "user_annotation", "gpu_user_annotation",
+                                      "gpu_memcpy"])
+def test_a_negative_duration_is_left_out_and_counted_in_every_table(tmp_path: Path, category: str) -> None:
+    """Like a null or string duration (above): one event left out, counted and named, whatever table it is in
+    (an annotation's passed without a word)."""
+    doc = _doc()
+    events = doc["traceEvents"]
+    positions = [i for i, e in enumerate(events) if e.get("ph") == "X" and e.get("cat") == category]
+    at = positions[len(positions) // 2]
+    events[at]["dur"] = -3.0
+    name = events[at]["name"]
+    data = decode_trace(_write(tmp_path, doc))
+    assert data.malformed == 1 and len(data.malformed_examples) == 1
+    assert f"{name!r}" in data.malformed_examples[0] and "negative duration (dur -3.0)" in data.malformed_examples[0]
+    table, cats = {"cpu_op": (data.cpu_ops, {"cpu_op"}),
+                   "cuda_runtime": (data.launches, {"cuda_runtime", "cuda_driver"}),
+                   "user_annotation": (data.annotations, {"user_annotation", "gpu_user_annotation"}),
+                   "gpu_user_annotation": (data.annotations, {"user_annotation", "gpu_user_annotation"}),
+                   "gpu_memcpy": (data.device, {"kernel", "gpu_memcpy", "gpu_memset"})}[category]
+    # the table holds every event of its categories named so but the one, counted with plain json (runtime
+    # calls: those with a correlation id, the only ones the decoder keeps)
+    expected = sum(1 for e in events if e.get("ph") == "X" and e.get("cat") in cats and e["name"] == name
+                   and (category != "cuda_runtime" or (e.get("args") or {}).get("correlation") is not None))
+    assert [data.names[n] for n in table.name.tolist()].count(name) == expected - 1
+    assert min(table.dur_us.tolist()) >= 0
+
+
 def test_the_same_events_are_left_out_when_the_trace_is_read_as_a_stream(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     import servescope.trace.decode as decode

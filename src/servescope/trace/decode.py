@@ -836,9 +836,10 @@ def join_parts(path: Path, parts: list[Part]) -> TraceData:
 
 
 def _drop_bad_times(sink: _Collector) -> None:
-    """Rows whose duration is negative or whose time is out of range are malformed events: left out, counted."""
+    """Rows whose duration is negative or whose time is out of range are malformed events: left out, counted,
+    in every table analysis reads (an annotation with a negative duration would make a step of negative length)."""
     for label, table in (("kernel/copy", sink.device), ("cpu_op", sink.cpu_ops), ("runtime call", sink.launches),
-                         ("python frame", sink.frames)):
+                         ("python frame", sink.frames), ("annotation", sink.annotations)):
         bad = table.bad_time_rows(_MAX_TS_US)
         if not bad:
             continue
