@@ -24,6 +24,8 @@ from servescope.trace.analyze import AnalyzeRequest, analyze
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h200-vllm"
 CAPTURES = sorted(p for p in DATA.iterdir() if (p / "profiler_out_0.txt").is_file()) if DATA.is_dir() else []
+# the A/B pairs (issue 22): servers that differ in one setting, windows from step 20 (some still admitting at 64)
+AB = sorted(p for p in (DATA / "ab").iterdir() if (p / "profiler_out_0.txt").is_file()) if (DATA / "ab").is_dir() else []
 # windows from the first engine step with python stacks on (plan word `admit`): prefill, mixed and decode steps
 ADMISSION = [p for p in CAPTURES if "-admit-" in p.name]
 DECODE = [p for p in CAPTURES if p not in ADMISSION]
@@ -89,7 +91,7 @@ def _provenance(capture: Path) -> dict[str, object]:
 
 
 def _ids(p: Path) -> str:
-    return p.name
+    return f"ab/{p.name}" if p.parent.name == "ab" else p.name
 
 
 def test_the_captures_are_here() -> None:
@@ -106,7 +108,7 @@ def test_the_captures_are_here() -> None:
         assert (capture / "rank0.pt.trace.json.gz").is_file()
 
 
-@pytest.mark.parametrize("capture", CAPTURES, ids=_ids)
+@pytest.mark.parametrize("capture", CAPTURES + AB, ids=_ids)
 def test_every_kernel_in_vllms_profiler_table(capture: Path) -> None:
     """Calls exact and self CUDA time within 0.5% for every device row of vLLM's own table."""
     table, doc = _table(capture), _doc(capture)
@@ -139,7 +141,7 @@ def test_every_kernel_in_vllms_profiler_table(capture: Path) -> None:
     assert matched >= 20
 
 
-@pytest.mark.parametrize("capture", CAPTURES, ids=_ids)
+@pytest.mark.parametrize("capture", CAPTURES + AB, ids=_ids)
 def test_each_step_equals_vllms_step_annotation(capture: Path) -> None:
     """Every execute_context_* step: servescope's device span equals the annotation's GPU-side duration."""
     doc = _doc(capture)
