@@ -65,6 +65,8 @@ def _by_name(name: str) -> tuple[str | None, bool]:
         return "dequantize", any(w in low for w in ("gemm", "matmul", "marlin"))
     if "quant" in low.replace("unquant", "").replace("quantile", ""):
         return "quantize", any(w in low for w in ("norm", "silu", "act_and_mul", "gemm"))
+    if "max_reduction" in name and "Float8" in name:  # an amax whose result scales an fp8 output
+        return "quantize", False
     if "LoadWithCast" in name or re.search(r"(bfloat16|float16|half|float8\w*)_copy_kernel", name):
         return "cast", False
     return None, False
@@ -229,6 +231,10 @@ def test_a_norm_with_quantization_fused_on_sglang_mi300x_is_norm_and_fused() -> 
      "quantize"),
     ("void vllm::scaled_fp8_quant_kernel<c10::BFloat16, c10::Float8_e4m3fn>(...)", "quantize", "quantize"),
     ("_per_token_group_quant_fp8", "quantize", "quantize"),
+    ("void vllm::segmented_max_reduction_strided<c10::BFloat16, c10::Float8_e4m3fn>(float*, c10::BFloat16 const*, "
+     "int, long, long)", "quantize", "quantize"),
+    ("triton_red_fused__to_copy_abs_clamp_cutlass_scaled_mm_div_max_mul_reciprocal_silu_slice_unsqueeze_view_0",
+     "activation", "quantize"),
     ("_ZN5aiter24add_rmsnorm_quant_kernelIDF16bDF16bLi256ELi16ELb1ELb0ELb1ELi1EEEvPT0_PT_PfS4_S4_S4_diiiiiiib", "norm",
      "quantize"),
     ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::"
