@@ -100,7 +100,9 @@ def test_the_captures_are_here() -> None:
                  "moe-admit-b64"):
         assert must in names, f"{must} missing from {DATA}"
     total = sum(f.stat().st_size for f in DATA.rglob("*") if f.is_file())
-    assert total < 12e6, f"{total / 1e6:.1f} MB of captures: keep the test data small (it travels to the device)"
+    # the A/B pairs of issue 22 (11 MB, 5 of them with python stacks) took it from 8 to 19 MB; a device call carries
+    # the tree beside a payload part (64 MiB in all), so it stays bounded
+    assert total < 20e6, f"{total / 1e6:.1f} MB of captures: keep the test data small (it travels to the device)"
     for capture in CAPTURES:
         prov = _provenance(capture)
         assert str(prov["vllm_version"]).startswith("0.26"), capture
