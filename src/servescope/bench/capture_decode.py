@@ -10,12 +10,16 @@ they launch the same kernels. Writes ``{model}_b{B}[_graphs]_rank0.pt.trace.json
 the live profiler's own totals (``kineto_results.events()``) of device events by name (CPU ops by self time
 on a CPU-only run) and the median decode step time of a separate unprofiled round (CUDA events)::
 
-    python3 src/servescope/bench/capture_decode.py --all --cuda-graphs --out /tmp/captures  # dense, moe x b 1, 16, 64
+    servescope capture decode --all --cuda-graphs --out /tmp/captures  # dense, moe x b 1, 16, 64
+
+The script also runs by itself under a Python that has torch and transformers but not servescope (same options,
+:func:`parse_args`)::
+
+    python3 src/servescope/bench/capture_decode.py --all --cuda-graphs --out /tmp/captures
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as dt
 import gzip
@@ -30,7 +34,7 @@ import time
 import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -327,60 +331,124 @@ def capture(model: Any, opts: Options) -> dict[str, Any]:
     return truth
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    """Command-line options."""
+class PlanError(ValueError):
+    """A combination of options that cannot be captured, in one line."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one run asks for: ``servescope capture decode``'s options (and this script's, run directly)."""
+
+    out: Path
+    model: str = "dense"
+    batch: int = 1
+    input_tokens: int = 128
+    decode_steps: int = 16
+    device: str | None = None
+    cuda_graphs: bool = False
+    warmup: int = 2
+    all: bool = False
+    experts_impl: str = "grouped_mm"
+    seed: int = 0
+    sizes: dict[str, int | None] = field(default_factory=dict)  # --layers, --hidden, ...: None keeps the default
+
+
+SIZE_KEYS = ("layers", "hidden", "intermediate", "heads", "kv_heads", "vocab", "experts", "top_k", "moe_intermediate")
+EXPERTS_IMPLS = ("grouped_mm", "batched_mm", "eager")
+# One line each, shared by the typer command and this script's own parser.
+HELP = {
+    "out": "Output directory (made if missing).",
+    "model": "dense: a Llama-like model; moe: a Qwen3-MoE-like one.",
+    "batch": "Requests per step.",
+    "input_tokens": "Prompt tokens per request.",
+    "decode_steps": "Decode steps profiled.",
+    "device": "A torch device (default: cuda if available, else cpu).",
+    "cuda_graphs": "Replay the decode forward from a CUDA graph.",
+    "warmup": "Unprofiled prefill + decode rounds first.",
+    "all": "dense and moe x batch 1, 16, 64; eager, and graphs too with --cuda-graphs.",
+    "experts_impl": "The transformers experts implementation of the moe model.",
+    "seed": "Seed of the random weights and prompts.",
+}
+
+
+SIZE_NAMES = {"layers": "Decoder layers", "hidden": "Hidden size", "intermediate": "MLP intermediate size",
+              "heads": "Attention heads", "kv_heads": "Key/value heads", "vocab": "Vocabulary size",
+              "experts": "Experts", "top_k": "Experts per token", "moe_intermediate": "Each expert's intermediate size"}
+
+
+def size_help(key: str) -> str:
+    """Help of a size option: what it sets and each model's default, e.g. ``Decoder layers (default: dense 8, moe
+    4).``; a size only one model has says so (``Experts (moe only; default 64).``)."""
+    having = [m for m in MODELS if key in DEFAULTS[m]]
+    if len(having) == 1:
+        return f"{SIZE_NAMES[key]} ({having[0]} only; default {DEFAULTS[having[0]][key]})."
+    return f"{SIZE_NAMES[key]} (default: {', '.join(f'{m} {DEFAULTS[m][key]}' for m in having)})."
+
+
+def parse_args(argv: Sequence[str] | None) -> Request:
+    """This script's options when it is run directly (a Python with torch and transformers, no servescope)."""
+    import argparse
+
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--model", choices=MODELS, default="dense")
-    p.add_argument("--batch", type=int, default=1, help="requests per step (default 1)")
-    p.add_argument("--input-tokens", type=int, default=128, help="prompt tokens per request (default 128)")
-    p.add_argument("--decode-steps", type=int, default=16, help="decode steps profiled (default 16)")
-    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    p.add_argument("--cuda-graphs", action="store_true", help="replay the decode forward from a CUDA graph")
-    p.add_argument("--warmup", type=int, default=2, help="unprofiled prefill+decode rounds first (default 2)")
-    p.add_argument("--all", action="store_true", help="dense, moe x batch 1, 16, 64; eager (+ graphs: --cuda-graphs)")
-    p.add_argument("--out", type=Path, required=True, help="output directory")
-    p.add_argument("--experts-impl", default="grouped_mm", choices=("grouped_mm", "batched_mm", "eager"),
-                   help="transformers experts implementation of the moe model (default grouped_mm)")
-    p.add_argument("--seed", type=int, default=0)
-    for key in ("layers", "hidden", "intermediate", "heads", "kv_heads", "vocab", "experts", "top_k",
-                "moe_intermediate"):
-        shown = ", ".join(f"{m} {DEFAULTS[m][key]}" for m in MODELS if key in DEFAULTS[m])
-        p.add_argument(f"--{key.replace('_', '-')}", type=int, default=None, help=f"default: {shown}")
-    return p.parse_args(argv)
+    p.add_argument("--out", type=Path, required=True, help=HELP["out"])
+    p.add_argument("--model", choices=MODELS, default="dense", help=HELP["model"])
+    p.add_argument("--batch", type=int, default=1, help=HELP["batch"])
+    p.add_argument("--input-tokens", type=int, default=128, help=HELP["input_tokens"])
+    p.add_argument("--decode-steps", type=int, default=16, help=HELP["decode_steps"])
+    p.add_argument("--device", default=None, help=HELP["device"])
+    p.add_argument("--cuda-graphs", action="store_true", help=HELP["cuda_graphs"])
+    p.add_argument("--warmup", type=int, default=2, help=HELP["warmup"])
+    p.add_argument("--all", action="store_true", help=HELP["all"])
+    p.add_argument("--experts-impl", default="grouped_mm", choices=EXPERTS_IMPLS, help=HELP["experts_impl"])
+    p.add_argument("--seed", type=int, default=0, help=HELP["seed"])
+    for key in SIZE_KEYS:
+        p.add_argument(f"--{key.replace('_', '-')}", type=int, default=None, help=size_help(key))
+    args = vars(p.parse_args(argv))
+    return Request(sizes={k: args.pop(k) for k in SIZE_KEYS}, **args)
 
 
-def plan(args: argparse.Namespace, device: str) -> list[Options]:
-    """Every capture the arguments ask for, grouped by model; SystemExit (one line) for a bad combination."""
+def plan(req: Request, device: str) -> list[Options]:
+    """Every capture the request asks for, grouped by model.
+
+    Raises:
+        PlanError: one line, for a combination that cannot be captured.
+    """
     bad = None
-    models = MODELS if args.all else (args.model,)
-    if min(args.batch, args.input_tokens, args.decode_steps) < 1 or args.warmup < 0:
+    models = MODELS if req.all else (req.model,)
+    if req.model not in MODELS or req.experts_impl not in EXPERTS_IMPLS:
+        bad = f"--model is one of {', '.join(MODELS)}; --experts-impl one of {', '.join(EXPERTS_IMPLS)}"
+    elif min(req.batch, req.input_tokens, req.decode_steps) < 1 or req.warmup < 0:
         bad = "--batch, --input-tokens and --decode-steps must be at least 1, --warmup at least 0"
-    elif args.cuda_graphs and not device.startswith("cuda"):
+    elif req.cuda_graphs and not device.startswith("cuda"):
         bad = f"--cuda-graphs needs a CUDA device (this run's device is {device})"
-    elif args.cuda_graphs and args.experts_impl == "eager" and "moe" in models:
+    elif req.cuda_graphs and req.experts_impl == "eager" and "moe" in models:
         bad = "--experts-impl eager syncs on the host (nonzero, a loop over experts): it cannot be graphed"
     if bad:
-        raise SystemExit(f"capture_decode: error: {bad}")
-    batches = GRID_BATCHES if args.all else (args.batch,)
-    modes = ((False, True) if args.cuda_graphs else (False,)) if args.all else (args.cuda_graphs,)
+        raise PlanError(bad)
+    batches = GRID_BATCHES if req.all else (req.batch,)
+    modes = ((False, True) if req.cuda_graphs else (False,)) if req.all else (req.cuda_graphs,)
+    given = {k: v for k, v in req.sizes.items() if v is not None}
     out: list[Options] = []
     for model in models:
-        sizes = {k: v if getattr(args, k) is None else getattr(args, k) for k, v in DEFAULTS[model].items()}
-        base = Options(model=model, batch=args.batch, input_tokens=args.input_tokens,
-                       decode_steps=args.decode_steps, device=device, cuda_graphs=False, warmup=args.warmup,
-                       out=args.out, sizes=sizes, experts_impl=args.experts_impl, seed=args.seed)
+        sizes = {k: given.get(k, v) for k, v in DEFAULTS[model].items()}
+        base = Options(model=model, batch=req.batch, input_tokens=req.input_tokens,
+                       decode_steps=req.decode_steps, device=device, cuda_graphs=False, warmup=req.warmup,
+                       out=req.out, sizes=sizes, experts_impl=req.experts_impl, seed=req.seed)
         out.extend(replace(base, batch=b, cuda_graphs=g) for b in batches for g in modes)
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the captures asked for; one summary line per capture on stdout."""
-    args = parse_args(argv)
+def run(req: Request) -> int:
+    """Run the captures asked for; one summary line per capture on stdout. 0 when all were made, else 1.
+
+    Raises:
+        PlanError: before anything runs, for a combination that cannot be captured.
+    """
     import torch
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    captures = plan(args, device)
+    device = req.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    captures = plan(req, device)
     warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle.*")
-    args.out.mkdir(parents=True, exist_ok=True)
+    req.out.mkdir(parents=True, exist_ok=True)
     t0, failed = time.perf_counter(), []
     print(STEP_TIME_MEANING, flush=True)
     built: tuple[str, Any] | None = None
@@ -392,15 +460,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 print(summary_line(capture(built[1], opts)), flush=True)
             except Exception as exc:  # in a grid, one failed capture must not lose the others
-                if not args.all:
+                if not req.all:
                     raise
                 failed.append(capture_stem(opts.model, opts.batch, opts.cuda_graphs))
                 print(f"{failed[-1]}: FAILED {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}", flush=True)
             if device.startswith("cuda"):
                 torch.cuda.empty_cache()
     print(f"{len(captures) - len(failed)}/{len(captures)} capture(s) in {time.perf_counter() - t0:.1f} s"
-          f" -> {args.out}" + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
+          f" -> {req.out}" + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
     return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """This script run directly: its options, then :func:`run`; a bad combination exits with one line."""
+    req = parse_args(argv)
+    try:
+        return run(req)
+    except PlanError as exc:
+        raise SystemExit(f"capture_decode: error: {exc}") from None
 
 
 if __name__ == "__main__":
