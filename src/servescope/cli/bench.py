@@ -59,7 +59,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 @bench_app.command("comm")
 def bench_comm(
-    ops: Annotated[str, typer.Option("--ops", help="Collectives, comma-separated.")] =
+    ops: Annotated[str, typer.Option("--ops", show_default="all four", help="Collectives, comma-separated: "
+                                     "all_reduce, all_gather, reduce_scatter, all_to_all.")] =
         "all_reduce,all_gather,reduce_scatter,all_to_all",
     sizes: Annotated[str, typer.Option("--sizes", help="Bytes (nccl-tests size): LOW:HIGH[:FACTOR] or a list.")] =
         "1K:64M",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Final, NoReturn, TypeVar
 
 import typer
 
@@ -28,20 +28,26 @@ __all__ = [
 
 T = TypeVar("T")
 
+# Help texts are Markdown, as docs/commands.md shows them: paragraphs reflow to the terminal, `code` loses its
+# backticks. The plain "rich" mode keeps every line break of a docstring after its first paragraph.
+HELP_MARKUP: Final = "markdown"
+
 app = typer.Typer(
     name="servescope",
+    rich_markup_mode=HELP_MARKUP,
     help="Where a decode step's time goes on multi-GPU LLM servers, and what to change.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,  # tracebacks with locals could print secrets
     add_completion=False,
 )
-capture_app = typer.Typer(help="Make traces: GPU decode captures of a random-weight model.", no_args_is_help=True)
+capture_app = typer.Typer(help="Make traces: GPU decode captures of a random-weight model.", no_args_is_help=True,
+                          rich_markup_mode=HELP_MARKUP)
 gpu_app = typer.Typer(help="GPUs: inventory, topology (NVLink / PCIe / P2P), memory holders, waiting for free memory.",
-                      no_args_is_help=True)
+                      no_args_is_help=True, rich_markup_mode=HELP_MARKUP)
 bench_app = typer.Typer(help="Measurements: a live server's throughput, GEMMs and collectives on this box.",
-                        no_args_is_help=True)
+                        no_args_is_help=True, rich_markup_mode=HELP_MARKUP)
 service_app = typer.Typer(help="The systemd service: render, lint, import, install, restart safely.",
-                          no_args_is_help=True)
+                          no_args_is_help=True, rich_markup_mode=HELP_MARKUP)
 app.add_typer(capture_app, name="capture")
 app.add_typer(gpu_app, name="gpu")
 app.add_typer(bench_app, name="bench")
