@@ -144,8 +144,9 @@ def test_analyze_fits_and_keeps_every_number(path: Path, width: int) -> None:
                               _share(cross["collective_wait_share"].get(key))] for key in keys],
                      f"collectives · {cross['phase']}")
     if plain["kernels"]:
-        block = _block(details, "top ")
         rows = _kernel_rows(plain, 15)
+        # the table's own title, whole: a wrapped line of prose above it can start with "top " too
+        block = _block(details, f"top {len(rows)} of {len(plain['kernels'])} kernels by total time")
         assert len(block) == 3 + len(rows)  # title, header, rule, one line per kernel: no name folds
         _assert_rows(block, rows, "top kernels")
 
