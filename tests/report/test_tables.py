@@ -28,6 +28,7 @@ from servescope.core.analysis import (
     StepRow,
     Summary,
     TraceInfo,
+    Verdict,
 )
 from servescope.report.tables import distinct_kernel_names, format_evidence, render_analysis, shorten_kernel_name
 
@@ -152,6 +153,10 @@ def make_doc() -> AnalysisDoc:
             Finding(id="collective-wait", severity="medium", message="rank 0 waits on rank 1 in collectives",
                     evidence={"wait_us": 400.0, "slowest_rank": 1, "tokens": None}, phase="decode"),
         ],
+        # the summary shows the stored verdict, never one of its own
+        verdicts=[Verdict(phase="decode", rank=0, kind="communication", what="communication", share=0.5,
+                          base="device time", sentence="Communication bounds the decode step on rank 0: collectives "
+                          "take 50.0% of its device time (2.00 ms a step).", finding="communication-bound", steps=3)],
     )
 
 
@@ -166,9 +171,9 @@ def _render(doc: AnalysisDoc, *, top: int = 15, phases: list[str] | None = None,
 EXPECTED_DECODE_TOP3 = """\
 servescope: 2 trace files, ranks 0, 1
 decode: 3 steps · 4.20 ms/step · 8 tokens/step · 525 µs/token · slowest rank 0
-  allreduce 48% (2.00 ms) · gemm 36% (1.50 ms) · attention 12% (500 µs) · idle 14% (600 µs)
-  bottleneck: Communication bounds the decode step on rank 0: collectives take 48% of it (2.00 ms of 4.20 ms); the
-largest other work, gemm, takes 36%.
+  device time: allreduce 50% (2.00 ms) · gemm 38% (1.50 ms) · attention 12% (500 µs)  |  idle 14% of the step (600 µs)
+  bottleneck: Communication bounds the decode step on rank 0: collectives take 50.0% of its device time (2.00 ms a
+step).
 findings: none
 
 details
@@ -386,6 +391,9 @@ def test_a_phase_with_prompt_work_shows_its_tokens_in_and_out() -> None:
     rank0.phases["prefill"] = msgspec.structs.replace(prefill, prompt_tokens_per_step=512.0,
                                                              tokens_per_step=4.0, us_per_output_token=2500.0)
     text = _render(doc)
-    assert "prefill: 1 step · 10.00 ms/step · 512 in + 4 out tokens/step · 2.50 ms/token" in text
+    # no time per output token where the step computes prompt tokens too (512 in, 4 out: 2.5 ms "per token"
+    # would charge the prompt's work to the 4)
+    (line,) = [x for x in text.splitlines() if x.startswith("prefill: ")]
+    assert line == "prefill: 1 step · 10.00 ms/step · 512 in + 4 out tokens/step · slowest rank 0"
     assert "device 10.000 ms, prompt tokens 512.0, tokens 4.0; µs per output token 2500.0" in text
     assert "decode: 3 steps · 4.20 ms/step · 8 tokens/step · 525 µs/token" in text  # no prompt work: as before

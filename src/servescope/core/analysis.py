@@ -19,7 +19,12 @@ __all__ = [
     "CrossRankStats",
     "DeviceTotal",
     "BASES",
+    "Advice",
     "Finding",
+    "Gain",
+    "SettingEvidence",
+    "StepReference",
+    "Verdict",
     "InputFile",
     "KernelRow",
     "PhaseStats",
@@ -165,6 +170,37 @@ class CrossRankStats(msgspec.Struct, kw_only=True):
     collective_start_skew_us: Summary | None
 
 
+class SettingEvidence(msgspec.Struct, kw_only=True, frozen=True):
+    """One effective setting of the deployment, as the best source that told it.
+
+    ``value``: ``on`` / ``off`` for switches, else the value (``fp8``, ``32``, ``rocm``); ``source``: ``server``
+    (the live process and API during ``profile``), ``settings`` (a saved ``settings`` document), ``trace`` (what
+    the trace shows), ``default`` (the engine version's default, no flag overriding it); ``detail``: where exactly.
+    """
+
+    value: str
+    source: str
+    detail: str
+
+
+class Gain(msgspec.Struct, kw_only=True, frozen=True):
+    """What a piece of advice would save per step (µs), with the figure it is computed from."""
+
+    low_us: float
+    high_us: float
+    step_us: float  # the step it would be saved from (the unprofiled one where measured)
+    basis: str  # the sentence that says where the range comes from
+
+
+class Advice(msgspec.Struct, kw_only=True, frozen=True):
+    """One piece of advice a finding gives: the change, the setting it is about and what it would save."""
+
+    text: str
+    setting: str | None = None  # the deployment setting the advice changes (None: none)
+    setting_known: bool = False  # a source told the setting's value (and it is not already in place)
+    gain: Gain | None = None
+
+
 class Finding(msgspec.Struct, kw_only=True):
     id: str
     severity: str  # "high" | "medium" | "info"
@@ -172,6 +208,39 @@ class Finding(msgspec.Struct, kw_only=True):
     evidence: dict[str, float | int | str | None]
     rank: int | None = None
     phase: str | None = None
+    steps: list[int] = msgspec.field(default_factory=list)  # StepRow.index of the steps it is about (phase rules)
+    advice: list[Advice] = msgspec.field(default_factory=list)
+    # "async scheduling: on, from the trace's scheduler frames": the settings its advice was checked against
+    checked: list[str] = msgspec.field(default_factory=list)
+
+
+class Verdict(msgspec.Struct, kw_only=True, frozen=True):
+    """What bounds one phase's step: the one judgement the headline, the JSON and the HTML report all show.
+
+    ``kind``: ``host`` | ``communication`` | ``compute`` | ``memory`` | ``other``; ``what``: the category (or
+    ``idle``); ``share``: of ``base`` (``step``: the step's wall time, for idle; ``device time``: the summed
+    time of the phase's kernels, for a category, as the tables count it); ``finding``: the finding id that
+    decided it (None when no rule fired and the largest category names it); ``unprofiled``: for a host verdict
+    where the step was also timed without the profiler, whether it holds there (None: not timed).
+    """
+
+    phase: str
+    rank: int
+    kind: str
+    what: str
+    share: float
+    base: str
+    sentence: str
+    finding: str | None = None
+    steps: int = 0
+    unprofiled: str | None = None
+
+
+class StepReference(msgspec.Struct, kw_only=True, frozen=True):
+    """The same server's step time without the profiler (µs), and where it was measured."""
+
+    step_us: float
+    source: str
 
 
 class TraceInfo(msgspec.Struct, kw_only=True):
@@ -206,6 +275,12 @@ class AnalysisDoc(Document, kw_only=True, frozen=True):
     categories: dict[str, str]  # category -> group (communication | compute | memory | other)
     across_ranks: list[CrossRankStats]
     findings: list[Finding]
+    # One verdict per phase (decode first), decided with the findings from the same rules.
+    verdicts: list[Verdict] = msgspec.field(default_factory=list)
+    # The deployment's effective settings the findings checked their advice against, by setting id.
+    deployment: dict[str, SettingEvidence] = msgspec.field(default_factory=dict)
+    # The step time without the profiler, where profile measured it (the server's own /metrics).
+    unprofiled: StepReference | None = None
 
 
 def decode_analysis(data: bytes, source: str) -> AnalysisDoc:

@@ -337,8 +337,6 @@ async def _run(request: ProfileRequest, trace_dir: Path,
             await asyncio.gather(*(_one(client, {**short, "prompt": p}) for p in prompts[b:2 * b]))
         unprofiled = None
         if request.unprofiled:
-            say(f"the same batch without the profiler first ({b} × {request.output_tokens} tokens), "
-                "the server's /metrics around it")
             _, unprofiled, _ = await _timed_batch(client, body, prompts[2 * b:3 * b])
         before = _snapshot(trace_dir)
         if not trace_dir.is_dir():

@@ -12,10 +12,11 @@ from typing import Protocol
 import msgspec
 
 from servescope import __version__
-from servescope.core.analysis import AnalysisDoc, InputFile, KernelRow, RankAnalysis, TraceInfo
+from servescope.core.analysis import AnalysisDoc, InputFile, KernelRow, RankAnalysis, StepReference, TraceInfo
 from servescope.core.errors import InputError
 from servescope.trace.breakdown import RankBreakdown, break_down
 from servescope.trace.classify import CaptureReference, capture_reference, is_capture
+from servescope.trace.deployment import DeploymentInput, deployment_settings
 from servescope.trace.facts import rank_facts
 from servescope.trace.files import EXAMPLE_NAME, EXAMPLES, discover_traces, example_trace_dir
 from servescope.trace.findings import find_bottlenecks, load_rules
@@ -24,6 +25,7 @@ from servescope.trace.readahead import ReadAhead
 from servescope.trace.steps import find_steps
 from servescope.trace.table import TraceData
 from servescope.trace.taxonomy import Taxonomy, load_taxonomy
+from servescope.trace.verdict import decide_verdicts
 from servescope.trace.work import select_work
 
 __all__ = ["EXAMPLES", "EXAMPLE_NAME", "AnalyzeRequest", "Progress", "analyze", "example_trace_dir"]
@@ -40,6 +42,10 @@ class AnalyzeRequest(msgspec.Struct, frozen=True, kw_only=True):
     paths: Sequence[str | Path]
     taxonomy: str | Path | None = None
     step_gap_us: float | None = None
+    # what the live server or saved settings documents told of the deployment, best first
+    settings: Sequence[DeploymentInput] = ()
+    # the decode step timed without the profiler (profile: the server's own /metrics)
+    reference: StepReference | None = None
 
 
 def _read_all(paths: Sequence[Path], progress: Progress | None, read_ahead: ReadAhead | None) -> list[TraceData]:
@@ -128,7 +134,12 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
     facts = {r.rank: rank_facts(data_of[r.rank], r.rank, r.steps) for r in rank_docs}
     for r in rank_docs:
         r.graph_replay_share = facts[r.rank].graph_replay_share
-    findings = find_bottlenecks(rank_docs, across, kernels, comm, msg_bytes, facts, rules)
+    deployment = deployment_settings([data_of[r.rank] for r in rank_docs], [r.steps for r in rank_docs],
+                                     [{g.step for gs in facts[r.rank].gaps.values() for g in gs if g.graph_us > 0}
+                                      for r in rank_docs], request.settings)
+    findings = find_bottlenecks(rank_docs, across, kernels, comm, msg_bytes, facts, rules, deployment=deployment,
+                                reference=request.reference)
+    verdicts = decide_verdicts(rank_docs, findings, dict(taxonomy.categories), rules)
     return AnalysisDoc(
         servescope_version=__version__,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -154,4 +165,7 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
         categories=dict(taxonomy.categories),
         across_ranks=across,
         findings=findings,
+        verdicts=verdicts,
+        deployment=deployment,
+        unprofiled=request.reference,
     )

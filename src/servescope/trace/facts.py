@@ -38,6 +38,7 @@ class StepGap(msgspec.Struct, frozen=True):
     idle_us: float
     largest_gap_us: float
     largest_gap_at_us: float
+    graph_us: float = 0.0  # device time this step replayed from graphs (0: the step ran without any)
 
 
 class RankFacts(msgspec.Struct, frozen=True):
@@ -104,9 +105,11 @@ def rank_facts(data: TraceData, rank: int, steps: list[StepRow]) -> RankFacts:
         lo = int(np.searchsorted(start, row.start_us, side="left"))
         hi = int(np.searchsorted(start, row.start_us + row.span_us, side="right"))
         s, e = start[lo:hi], end[lo:hi]
-        gaps.setdefault(row.phase, []).append(_step_gap(s, e, row))
         d = dur[lo:hi]
-        graph_us[row.phase] = graph_us.get(row.phase, 0.0) + float(d[replayed[lo:hi]].sum())
+        step_graph_us = float(d[replayed[lo:hi]].sum())
+        gap = _step_gap(s, e, row)
+        gaps.setdefault(row.phase, []).append(msgspec.structs.replace(gap, graph_us=step_graph_us))
+        graph_us[row.phase] = graph_us.get(row.phase, 0.0) + step_graph_us
         work_us[row.phase] = work_us.get(row.phase, 0.0) + float(d.sum())
     phase_share = {p: (graph_us[p] / work_us[p] if work_us[p] > 0 else 0.0) for p in work_us}
     return RankFacts(rank=rank, graph_replay_share=share, phase_graph_share=phase_share, gaps=gaps)

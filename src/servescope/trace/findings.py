@@ -21,8 +21,18 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from servescope.core.analysis import CrossRankStats, Finding, KernelRow, PhaseStats, RankAnalysis
+from servescope.core.analysis import (
+    Advice,
+    CrossRankStats,
+    Finding,
+    KernelRow,
+    PhaseStats,
+    RankAnalysis,
+    SettingEvidence,
+    StepReference,
+)
 from servescope.core.messages import format_message
+from servescope.trace.advice import advice_for, advice_text, checked_text
 from servescope.trace.facts import RankFacts
 from servescope.trace.precision import quant_facts
 
@@ -123,6 +133,46 @@ def _rank_values(ra: RankAnalysis, rows: Sequence[KernelRow], facts: RankFacts |
     }
 
 
+def _steps_text(indices: Sequence[int]) -> str:
+    shown = ", ".join(str(i) for i in indices[:8]) + (f" and {len(indices) - 8} more" if len(indices) > 8 else "")
+    return f"step{'s' if len(indices) != 1 else ''} {shown}"
+
+
+def _host_values(ra: RankAnalysis, phase: str, stats: PhaseStats, facts: RankFacts | None,
+                 reference: StepReference | None) -> dict[str, Any]:
+    """How much of the phase's step the host leaves the device waiting, with the profiler and (for decode,
+    where ``profile`` timed it) without: the basis of what async scheduling or graphs would save."""
+    rows = {r.index: r for r in ra.steps if r.phase == phase}
+    gaps = [r.gap_before_us for r in rows.values() if r.gap_before_us is not None]
+    period = stats.step_us.mean + (statistics.fmean(gaps) if gaps else 0.0)
+    busy = stats.busy_us_per_step
+    values: dict[str, Any] = {"steps_text": _steps_text(sorted(rows)), "step_indices": sorted(rows),
+                              "period_us": period, "between_steps_us": statistics.fmean(gaps) if gaps else 0.0}
+    exposed = max(period - busy, 0.0)
+    if reference is not None and phase == "decode" and reference.step_us > 0:
+        exposed = max(reference.step_us - busy, 0.0)
+        values.update({
+            "reference_step_us": reference.step_us, "reference_source": reference.source,
+            "idle_share_unprofiled": exposed / reference.step_us,
+            "idle_pct_unprofiled": 100 * exposed / reference.step_us,
+            "stretch": period / reference.step_us - 1.0, "stretch_pct": 100 * (period / reference.step_us - 1.0),
+        })
+    values["host_exposed_us"] = exposed
+    values["overlap_bound_us"] = min(exposed, busy)
+    step_gaps = facts.gaps.get(phase, []) if facts is not None else []
+    if step_gaps:
+        eager = [g.step for g in step_gaps if g.graph_us <= 0]
+        values["eager_step_share"] = len(eager) / len(step_gaps)
+        values["eager_steps_text"] = _steps_text(eager)
+        values["eager_host_exposed_us"] = exposed * len(eager) / len(step_gaps)
+        tokens = [(rows[i].prefill_tokens or 0) + (rows[i].decode_tokens or 0) for i in eager if i in rows]
+        values["eager_max_tokens"] = max(tokens) if any(tokens) else "the batch"
+    values["quant_standalone_of_quant"] = (stats.quant_standalone_us_per_step / quant
+                                           if (quant := stats.quant_standalone_us_per_step
+                                               + stats.quant_fused_us_per_step) > 0 else 0.0)
+    return values
+
+
 def _phase_values(ra: RankAnalysis, phase: str, stats: PhaseStats, facts: RankFacts | None,
                   comm_categories: Sequence[str], sizes: Sequence[int]) -> dict[str, Any]:
     """The facts of one rank's phase: category shares, idle (steady or one gap), graph replays."""
@@ -147,6 +197,13 @@ def _phase_values(ra: RankAnalysis, phase: str, stats: PhaseStats, facts: RankFa
         "median_msg_bytes": int(statistics.median(sizes)) if sizes else None,
         "attention_share": cats["attention"].share if "attention" in cats else 0.0,
         "other_share": cats["other"].share if "other" in cats else 0.0,
+        "comm_us_per_step": comm_total / stats.steps if stats.steps else 0.0,
+        "quant_standalone_us": stats.quant_standalone_us_per_step,
+        "quant_fused_us": stats.quant_fused_us_per_step,
+        "quant_phase_share": stats.quant_standalone_share + stats.quant_fused_share,
+        "quant_phase_pct": 100 * (stats.quant_standalone_share + stats.quant_fused_share),
+        "quant_standalone_pct": 100 * stats.quant_standalone_share,
+        "quant_fused_pct": 100 * stats.quant_fused_share,
     }
     if "attention" in cats and values["attention_share"]:
         values["attention_us_per_step"] = cats["attention"].per_step_us
@@ -155,7 +212,9 @@ def _phase_values(ra: RankAnalysis, phase: str, stats: PhaseStats, facts: RankFa
         shares = [g.idle_us / g.span_us for g in gaps if g.span_us > 0]
         idle_total = sum(g.idle_us for g in gaps)
         worst = max(gaps, key=lambda g: g.largest_gap_us)
+        middle = sorted(gaps, key=lambda g: g.idle_us / g.span_us if g.span_us > 0 else 0.0)[(len(gaps) - 1) // 2]
         values.update({
+            "median_idle_us": middle.idle_us, "median_step_us": middle.span_us,
             "idle_share": float(statistics.median(shares)) if shares else 0.0,
             "largest_gap_us": worst.largest_gap_us, "gap_step": worst.step, "gap_at_us": worst.largest_gap_at_us,
             "largest_gap_of_idle": min(worst.largest_gap_us / idle_total, 1.0) if idle_total > 0 else 0.0,
@@ -179,7 +238,8 @@ class _Instance(msgspec.Struct):
     rank: int | None
     phase: str | None
     values: dict[str, Any]
-    advice: tuple[str, ...]
+    advice: tuple[Advice, ...]
+    checked: tuple[str, ...] = ()
 
 
 def _kernel_conditions(names: Sequence[str], data: Mapping[str, Any]) -> dict[str, bool]:
@@ -212,7 +272,8 @@ def _severity(value: float, rule: Mapping[str, Any]) -> str | None:
 
 
 def _evaluate(rule_id: str, rule: Mapping[str, Any], values: dict[str, Any], names: Mapping[str, bool],
-              data: Mapping[str, Any], *, rank: int | None, phase: str | None) -> _Instance | None:
+              data: Mapping[str, Any], *, rank: int | None, phase: str | None,
+              deployment: Mapping[str, SettingEvidence] | None = None) -> _Instance | None:
     value = values.get(rule["metric"])
     if value is None:
         return None
@@ -222,18 +283,33 @@ def _evaluate(rule_id: str, rule: Mapping[str, Any], values: dict[str, Any], nam
     holds = {c: _condition(c, values, names, data) for c in (*rule.get("needs", ()), *rule.get("ruled_out_by", ()))}
     if not all(holds[c] for c in rule.get("needs", ())) or any(holds[c] for c in rule.get("ruled_out_by", ())):
         return None
-    advice = tuple(
-        a["text"] for a in rule.get("advice", ())
-        if all(_condition(c, values, names, data) for c in a.get("when", ()))
-        and not any(_condition(c, values, names, data) for c in a.get("unless", ()))
-    )
-    return _Instance(rule_id, severity, float(value), rank, phase, values, advice)
+    advice: list[Advice] = []
+    checked: list[str] = []
+    for spec in rule.get("advice", ()):
+        if not all(_condition(c, values, names, data) for c in spec.get("when", ())) or any(
+                _condition(c, values, names, data) for c in spec.get("unless", ())):
+            continue
+        given, what = advice_for(spec, values, deployment or {})
+        advice.extend([given] if given is not None else [])
+        checked.extend([what] if what is not None else [])
+    return _Instance(rule_id, severity, float(value), rank, phase, values, tuple(advice), tuple(checked))
+
+
+def _deployment_values(deployment: Mapping[str, SettingEvidence], graph_share: float) -> dict[str, float]:
+    """Facts the rules read from the deployment: the platform, and whether graphs are expected to run."""
+    graphs = deployment.get("cuda_graphs")
+    platform = deployment.get("platform")
+    return {"graphs_expected": 1.0 if graph_share > 0 or (graphs is not None and graphs.value in ("on", "not replayed"))
+            else 0.0,
+            "platform_rocm": 1.0 if platform is not None and platform.value == "rocm" else 0.0}
 
 
 def find_bottlenecks(ranks: list[RankAnalysis], across: list[CrossRankStats], kernels: list[KernelRow],
                      comm_categories: list[str], msg_bytes: dict[int, list[int]],
                      facts: Mapping[int, RankFacts] | None = None,
-                     rules_data: Mapping[str, Any] | None = None) -> list[Finding]:
+                     rules_data: Mapping[str, Any] | None = None, *,
+                     deployment: Mapping[str, SettingEvidence] | None = None,
+                     reference: StepReference | None = None) -> list[Finding]:
     """All findings for one analysis, most severe first, one per cause.
 
     Args:
@@ -242,6 +318,8 @@ def find_bottlenecks(ranks: list[RankAnalysis], across: list[CrossRankStats], ke
         facts: per rank, graph replays and idle gaps (:func:`servescope.trace.facts.rank_facts`); without
             them no rule that needs them fires.
         rules_data: the findings data to apply (default: the bundled :func:`load_rules`).
+        deployment: the effective settings advice is checked against (:mod:`servescope.trace.deployment`).
+        reference: the decode step timed without the profiler (``profile``), for what the profiler stretched.
     """
     data = rules_data if rules_data is not None else load_rules()
     rules: dict[str, dict[str, Any]] = data["rules"]
@@ -255,19 +333,23 @@ def find_bottlenecks(ranks: list[RankAnalysis], across: list[CrossRankStats], ke
         names = _kernel_conditions(sorted({k.name for k in rows}), data)
         rank_values = _rank_values(ra, rows, facts.get(ra.rank), data)
         rank_values["top_other"], rank_values["snippet"] = _unclassified(rows)
+        rank_values.update(_deployment_values(deployment or {}, rank_values["graph_replay_share"]))
         for rule_id, rule in rules.items():
             if rule["scope"] == "rank":
-                found = _evaluate(rule_id, rule, dict(rank_values), names, data, rank=ra.rank, phase=None)
+                found = _evaluate(rule_id, rule, dict(rank_values), names, data, rank=ra.rank, phase=None,
+                                  deployment=deployment)
                 instances.extend([found] if found else [])
         for phase in _PHASES_CHECKED:
             stats = ra.phases.get(phase)
             if stats is None or stats.steps == 0:
                 continue
             values = {**rank_values, **_phase_values(ra, phase, stats, facts.get(ra.rank), comm_categories,
-                                                     msg_bytes.get(ra.rank) or [])}
+                                                     msg_bytes.get(ra.rank) or []),
+                      **_host_values(ra, phase, stats, facts.get(ra.rank), reference)}
             for rule_id, rule in rules.items():
                 if rule["scope"] == "phase":
-                    found = _evaluate(rule_id, rule, values, names, data, rank=ra.rank, phase=phase)
+                    found = _evaluate(rule_id, rule, values, names, data, rank=ra.rank, phase=phase,
+                                      deployment=deployment)
                     instances.extend([found] if found else [])
     instances.extend(_across(rules, across, data))
     out = _merge(instances, rules, {ra.rank: ra.work_kind for ra in ranks})
@@ -356,9 +438,10 @@ def _template(rule: Mapping[str, Any], ranks: Sequence[int], work_kind: Mapping[
 def _merge(instances: list[_Instance], rules: Mapping[str, dict[str, Any]],
            work_kind: Mapping[int, str]) -> list[Finding]:
     """One finding per rule: its instances on every rank and phase, with the advice any of them is given."""
-    groups: dict[str, _Group] = {}
-    for inst in instances:
-        groups.setdefault(inst.rule, _Group(inst.rule, [])).items.append(inst)
+    groups: dict[tuple[str, str | None], _Group] = {}
+    for inst in instances:  # a phase's rule speaks of that phase's steps alone: one finding per rule and phase
+        key = (inst.rule, inst.phase if rules[inst.rule]["scope"] in ("phase", "across") else None)
+        groups.setdefault(key, _Group(inst.rule, [])).items.append(inst)
     merged_into: dict[int, _Group] = {}  # id(group merged away) -> the group that reports it
     for group in groups.values():
         partner_id = rules[group.rule].get("merge_with")
@@ -377,10 +460,14 @@ def _merge(instances: list[_Instance], rules: Mapping[str, dict[str, Any]],
     return out
 
 
-def _union_advice(group: _Group) -> list[str]:
+def _union_advice(group: _Group) -> list[Advice]:
     """The advice of the group's instances, worst instance first, each piece once."""
     ordered = [group.worst, *(i for i in group.items if i is not group.worst)]
-    return list(dict.fromkeys(a for inst in ordered for a in inst.advice))
+    seen: dict[str, Advice] = {}
+    for inst in ordered:
+        for a in inst.advice:
+            seen.setdefault(a.text, a)
+    return list(seen.values())
 
 
 def _finding(group: _Group, rule: Mapping[str, Any], partner: _Group | None,
@@ -392,8 +479,10 @@ def _finding(group: _Group, rule: Mapping[str, Any], partner: _Group | None,
     values.update({
         "where": _ranks_text(ranks), "s": "s" if len(ranks) == 1 else "",
         "range_pct": _range_pct([i.value for i in group.items]), "phase": phase_text,
-        "advice": "; ".join(advice) if (advice := _union_advice(group)) else rule.get("no_advice", ""),
+        "advice": "; ".join(advice_text(a) for a in advice) if (advice := _union_advice(group))
+        else rule.get("no_advice", ""),
     })
+    checked = list(dict.fromkeys(c for inst in group.items for c in inst.checked))
     template = _template(rule, ranks, work_kind)
     severity = group.severity
     evidence: Evidence = {"rule": group.rule}
@@ -410,6 +499,8 @@ def _finding(group: _Group, rule: Mapping[str, Any], partner: _Group | None,
     if template.startswith("{where}"):
         values["where"] = values["where"].capitalize()
     message = format_message(template, values).replace("step step", "step")
+    if checked:
+        message += " " + checked_text(checked)
 
     metric = rule["metric"]
     evidence.update({
@@ -431,8 +522,10 @@ def _finding(group: _Group, rule: Mapping[str, Any], partner: _Group | None,
             "wait_us_per_step": _plain(pw.values.get("wait_us_per_step")),
             "collective_us_per_step": _plain(pw.values.get("collective_us_per_step")),
         })
+    steps = sorted({i for inst in group.items for i in inst.values.get("step_indices", ())}) if phases else []
     return Finding(id=group.rule, severity=severity, message=message, evidence=evidence,
-                   rank=ranks[0] if len(ranks) == 1 else None, phase=phases[0] if len(phases) == 1 else None)
+                   rank=ranks[0] if len(ranks) == 1 else None, phase=phases[0] if len(phases) == 1 else None,
+                   steps=steps if len(phases) == 1 else [], advice=advice, checked=checked)
 
 
 def _plain(value: Any) -> float | int | str | None:

@@ -1,0 +1,71 @@
+"""A finding's advice: kept only where the deployment does not already follow it, each with what it would save.
+
+A piece of advice in ``data/findings.toml`` may name the deployment ``setting`` it changes and the values that
+mean it is already ``in_place``; :mod:`servescope.trace.deployment` tells the setting's value and its source.
+Where the value is in place the advice is dropped and the finding says what it checked; where no source told,
+the advice stays and says so. ``gain`` turns a fact of the phase (µs per step) into the range the change would
+save: ``[low, high]`` × the basis, with the sentence that says why (the ranges are checked against measured A/B
+pairs in ``tests/trace/test_advice_ab.py`` and ``docs/measurements.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from servescope.core.analysis import Advice, Gain, SettingEvidence
+from servescope.core.messages import format_message
+from servescope.trace.deployment import describe
+
+__all__ = ["advice_for", "advice_text", "checked_text"]
+
+
+def _gain(spec: Mapping[str, Any], values: Mapping[str, Any]) -> Gain | None:
+    gain = spec.get("gain")
+    if not gain:
+        return None
+    basis = values.get(gain["basis"])
+    # the whole step cycle: the step timed without the profiler where profile measured it, else the traced step
+    # with the host gap that follows it (what a change could shorten)
+    step = values.get("reference_step_us") or values.get("period_us") or values.get("step_us")
+    if not isinstance(basis, (int, float)) or not isinstance(step, (int, float)) or basis <= 0 or step <= 0:
+        return None
+    why = format_message(gain["why"], {**values, "basis_us": basis})
+    high = min(gain["high"] * basis, float(step))  # no change saves more than the step
+    return Gain(low_us=round(min(gain["low"] * basis, high), 1), high_us=round(high, 1), step_us=round(float(step), 1),
+                basis=why)
+
+
+def advice_for(spec: Mapping[str, Any], values: Mapping[str, Any],
+               deployment: Mapping[str, SettingEvidence]) -> tuple[Advice | None, str | None]:
+    """The advice ``spec`` gives here (None when its setting is already in place) and what was checked."""
+    setting = spec.get("setting")
+    if setting is None:
+        return Advice(text=format_message(spec["text"], values), gain=_gain(spec, values)), None
+    evidence = deployment.get(setting)
+    checked = describe(setting, evidence)
+    contains = spec.get("in_place_contains")
+    if evidence is not None and (evidence.value in spec.get("in_place", ())
+                                 or (contains is not None and contains in evidence.value)):
+        return None, checked
+    return Advice(text=format_message(spec["text"], values), setting=setting, setting_known=evidence is not None,
+                  gain=_gain(spec, values)), checked
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.0f} µs"
+
+
+def advice_text(advice: Advice) -> str:
+    """One piece of advice as the message shows it: the change, what it would save, whether it may be on."""
+    text = advice.text
+    if advice.gain is not None:
+        g = advice.gain
+        text += (f" [expected: saves {_ms(g.low_us)}–{_ms(g.high_us)} of the {_ms(g.step_us)} step cycle "
+                 f"({g.low_us / g.step_us:.0%}–{g.high_us / g.step_us:.0%}): {g.basis}]")
+    return text
+
+
+def checked_text(checked: list[str]) -> str:
+    """``Checked: async scheduling: on, from …; CUDA graphs: on, from …``."""
+    return "Checked: " + "; ".join(checked) + "." if checked else ""

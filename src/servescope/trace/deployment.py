@@ -1,0 +1,239 @@
+"""The deployment's effective settings, as evidence for the findings' advice.
+
+Each setting of ``data/deployment.toml`` is told by the best source that knows it, best first: the live server
+(``profile`` reads the serving process's command line and environment and asks ``/version``), a saved
+``settings`` document, the trace itself (python frames, kernel names, graph replays, ranks, the device), and
+last the engine version's default where no flag overrides it. A finding gives advice only where its setting is
+not already in place, and says what it checked and where that came from.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from functools import cache
+from importlib.resources import files
+from typing import Any
+
+import msgspec
+
+from servescope.core.analysis import SettingEvidence, StepRow
+from servescope.core.settings import SettingsDoc
+from servescope.deploy.drift import parse_engine_argv
+from servescope.trace.table import TraceData, distinct_ids
+
+__all__ = ["DeploymentInput", "deployment_settings", "from_settings_doc", "load_deployment_rules"]
+
+_SOURCE_WORDS = {"server": "the live server", "settings": "the settings document", "trace": "the trace",
+                 "default": "the engine's default"}
+
+
+class DeploymentInput(msgspec.Struct, frozen=True, kw_only=True):
+    """What a process or a settings document told about the server: its command line, environment, version.
+
+    ``source``: ``server`` (read live) or ``settings`` (a saved document); ``where``: the process or file.
+    """
+
+    source: str
+    where: str
+    argv: list[str] = msgspec.field(default_factory=list)
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    version: str | None = None
+    server: dict[str, str] = msgspec.field(default_factory=dict)  # fields the server reported (/metrics info)
+
+
+@cache
+def load_deployment_rules() -> dict[str, Any]:
+    """The bundled ``data/deployment.toml``: ``settings`` by id."""
+    return tomllib.loads((files("servescope") / "data" / "deployment.toml").read_text(encoding="utf-8"))
+
+
+def from_settings_doc(doc: SettingsDoc, where: str) -> DeploymentInput:
+    """The command line, environment, version and reported fields of a ``settings`` document."""
+    argv: list[str] = []
+    env: dict[str, str] = {}
+    server: dict[str, str] = {}
+    version = None
+    for group in doc.groups:
+        for s in group.settings:
+            if s.value is None:
+                continue
+            if group.id == "engine" and s.key == "command line":
+                argv = shlex.split(s.value)
+            elif group.id.endswith("env") or group.id == "other":
+                env[s.key] = s.value
+            elif group.id == "server":
+                server[s.key] = s.value
+                if s.key == "/version version":
+                    version = s.value
+    if version is None:
+        version = env.get("VLLM_VERSION")
+    return DeploymentInput(source="settings", where=where, argv=argv, env=env, version=version, server=server)
+
+
+def _version_tuple(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return tuple(int(g) for g in m.groups() if g is not None) if m else None
+
+
+def _from_input(inp: DeploymentInput, rules: Mapping[str, Any]) -> dict[str, SettingEvidence]:
+    """Each setting the command line, environment or reported fields tell; else the version's default."""
+    args = parse_engine_argv(inp.argv) if inp.argv else None
+    values = args.values() if args is not None else {}
+    engine = args.engine if args is not None else None
+    version = _version_tuple(inp.version)
+    where = f"{_SOURCE_WORDS[inp.source]} ({inp.where})"
+    out: dict[str, SettingEvidence] = {}
+    for sid, spec in rules["settings"].items():
+        found: SettingEvidence | None = None
+        for flag in spec.get("value", ()):
+            if flag in values:
+                found = SettingEvidence(value=values[flag][-1], source=inp.source, detail=f"{flag} in {where}")
+        for flag in (*spec.get("on", ()), *spec.get("off", ())):
+            if flag in values:
+                state = "on" if flag in spec.get("on", ()) else "off"
+                found = SettingEvidence(value=state, source=inp.source, detail=f"{flag} in {where}")
+        for key in spec.get("server", ()):
+            if found is None and inp.server.get(key) not in (None, "", "None"):
+                found = SettingEvidence(value=inp.server[key], source=inp.source, detail=f"{key} from {where}")
+        set_env = {k: inp.env[k] for k in spec.get("env", ()) if k in inp.env}
+        if set_env:
+            found = SettingEvidence(value=" ".join(f"{k}={v}" for k, v in sorted(set_env.items())),
+                                    source=inp.source, detail=f"the environment in {where}")
+        elif spec.get("env") and inp.env and found is None:
+            found = SettingEvidence(value="unset", source=inp.source, detail=f"none set in the environment in {where}")
+        if found is None and engine is not None and version is not None:
+            for default in spec.get("default", ()):
+                since = _version_tuple(default["since"])
+                if default["engine"] == engine and since is not None and version >= since:
+                    found = SettingEvidence(
+                        value=default["value"], source="default",
+                        detail=f"{default['engine']} {inp.version}'s default ({where} sets no flag for it; "
+                               f"{default['note']})")
+        if found is not None:
+            out[sid] = found
+    return out
+
+
+def _names_matching(data: TraceData, ids: Iterable[int], patterns: Sequence[str]) -> list[str]:
+    compiled = [re.compile(p) for p in patterns]
+    return [data.names[i] for i in ids if any(p.search(data.names[i]) for p in compiled)]
+
+
+def _from_trace(traces: Sequence[TraceData], steps: Sequence[Sequence[StepRow]],
+                replayed: Sequence[set[int]], rules: Mapping[str, Any]) -> dict[str, SettingEvidence]:
+    """What the traces themselves show (``replayed``: per trace, the indices of the steps that replay graphs)."""
+    out: dict[str, SettingEvidence] = {}
+    frame_ids = [distinct_ids(d.frames.name).tolist() for d in traces]
+    kernel_ids = [distinct_ids(d.device.name).tolist() for d in traces]
+    for sid, spec in rules["settings"].items():
+        for state in ("on", "off"):
+            patterns = spec.get(f"frames_{state}")
+            if not patterns or sid in out:
+                continue
+            hits = [n for d, ids in zip(traces, frame_ids, strict=True) for n in _names_matching(d, ids, patterns)]
+            if hits:
+                out[sid] = SettingEvidence(value=state, source="trace",
+                                           detail=f"the trace's python frames ({hits[0].split(': ')[-1]} in "
+                                                  f"{hits[0].split('(')[0]})")
+        if "kernels" in spec:
+            hits = [n for d, ids in zip(traces, kernel_ids, strict=True)
+                    for n in _names_matching(d, ids, spec["kernels"])]
+            if hits:
+                out[sid] = SettingEvidence(value=spec["kernels_value"], source="trace",
+                                           detail=f"the trace's kernels ({hits[0][:60]})")
+    every = [s for rank in steps for s in rank]
+    graphed = [s for rank, idx in zip(steps, replayed, strict=True) for s in rank if s.index in idx]
+    if graphed:
+        out["cuda_graphs"] = SettingEvidence(value="on", source="trace",
+                                             detail=f"graph replays in {len(graphed)} of {len(every)} steps")
+        batches = [s.decode_requests or 0 for s in graphed if not s.prefill_requests]
+        eager = [s.decode_requests or 0 for rank, idx in zip(steps, replayed, strict=True) for s in rank
+                 if s.index not in idx and not s.prefill_requests and s.decode_requests]
+        if batches:
+            above = [b for b in eager if b > max(batches)]
+            bound = f"at least {max(batches)}" + (f", below {min(above)}" if above else "")
+            out["max_cudagraph_capture_size"] = SettingEvidence(
+                value=bound, source="trace", detail="the decode batches replayed as graphs and those run without")
+    elif "torch_compile" in out and every:
+        out["cuda_graphs"] = SettingEvidence(value="not replayed", source="trace",
+                                             detail="compiled kernels but no graph replay in any step: the batches "
+                                                    "were above the largest captured size, or graphs are off")
+        batches = [s.decode_requests or 0 for s in every if s.decode_requests and not s.prefill_requests]
+        if batches:
+            out["max_cudagraph_capture_size"] = SettingEvidence(
+                value=f"below {min(batches)}", source="trace",
+                detail="no decode batch replayed a graph though the model is compiled")
+    elif every and any(len(d.device) for d in traces):
+        out["cuda_graphs"] = SettingEvidence(value="off", source="trace",
+                                             detail="no graph replays and no compiled kernels in any step "
+                                                    "(--enforce-eager, or an engine without graphs)")
+    world = max((int((d.distributed or {}).get("world_size") or 1) for d in traces), default=1)
+    if any(d.distributed for d in traces):
+        out["tensor_parallel_size"] = SettingEvidence(
+            value=str(world), source="trace", detail="the rank traces' distributedInfo world_size")
+    tokens = [(s.prefill_tokens or 0) + (s.decode_tokens or 0) for s in every]
+    if any(tokens):
+        out["max_num_batched_tokens"] = SettingEvidence(value=f"at least {max(tokens)}", source="trace",
+                                                        detail="the most tokens one step computed")
+    requests = [(s.prefill_requests or 0) + (s.decode_requests or 0) for s in every]
+    if any(requests):
+        out["max_num_seqs"] = SettingEvidence(value=f"at least {max(requests)}", source="trace",
+                                              detail="the most requests one step held")
+    out["platform"] = _platform(traces)
+    return out
+
+
+def _platform(traces: Sequence[TraceData]) -> SettingEvidence:
+    devices = {d.metadata.get("device_name", "") for d in traces} - {""}
+    names = [d.names[i] for d in traces for i in distinct_ids(d.device.name).tolist()[:5000]]
+    if any("AMD" in dev or "Instinct" in dev for dev in devices):
+        return SettingEvidence(value="rocm", source="trace", detail=f"the device ({sorted(devices)[0]})")
+    if any(re.search(r"(?i)rccl|hipLaunch|_ZN7ck_tile|aiter", n) for n in names):
+        return SettingEvidence(value="rocm", source="trace", detail="HIP/RCCL kernel names")
+    if any("NVIDIA" in dev for dev in devices):
+        return SettingEvidence(value="cuda", source="trace", detail=f"the device ({sorted(devices)[0]})")
+    if any(len(d.device) for d in traces):
+        return SettingEvidence(value="cuda", source="trace", detail="device kernels without an AMD device or HIP names")
+    return SettingEvidence(value="cpu", source="trace", detail="no device work: CPU operators")
+
+
+def deployment_settings(traces: Sequence[TraceData], steps: Sequence[Sequence[StepRow]],
+                        replayed: Sequence[set[int]],
+                        inputs: Sequence[DeploymentInput] = ()) -> dict[str, SettingEvidence]:
+    """Every setting some source tells, best source first: the inputs in order (live server, then settings
+    documents), then the trace, then the engine version's default."""
+    rules = load_deployment_rules()
+    told: dict[str, SettingEvidence] = {}
+    defaults: dict[str, SettingEvidence] = {}
+    for inp in inputs:
+        for sid, ev in _from_input(inp, rules).items():
+            if ev.source == "default":
+                defaults.setdefault(sid, ev)
+            else:
+                told.setdefault(sid, ev)
+    for sid, ev in _from_trace(traces, steps, replayed, rules).items():
+        # the trace is a better witness than a default, and than a reading that only bounds it
+        told.setdefault(sid, ev)
+    for sid, ev in defaults.items():
+        told.setdefault(sid, ev)
+    return {sid: told[sid] for sid in rules["settings"] if sid in told}
+
+
+def label_of(setting: str) -> str:
+    """The words a finding uses for ``setting``."""
+    spec = load_deployment_rules()["settings"].get(setting, {})
+    return str(spec.get("label", setting))
+
+
+def describe(setting: str, evidence: SettingEvidence | None) -> str:
+    """``async scheduling: on, from the trace's python frames (...)``, or that no source told."""
+    if evidence is None:
+        return f"{label_of(setting)}: no source told (give `--settings FILE` from `servescope settings --json`)"
+    return f"{label_of(setting)}: {evidence.value}, from {evidence.detail}"
+
+
