@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -32,6 +32,27 @@ def write_outputs(doc: object, *, json_out: Path | None, html_out: Path | None, 
         save(html_out, render_analysis_html(doc))  # type: ignore[arg-type]
 
 
+SETTINGS_REASON = "a servescope.settings document"
+
+
+def read_settings(paths: list[Path]) -> list[Any]:
+    """Each saved settings document as deployment evidence for the findings (one line, exit 2, for a file that
+    is not one)."""
+    from servescope.core.document import read_document
+    from servescope.core.errors import InputError
+    from servescope.core.settings import SettingsDoc
+    from servescope.trace.deployment import from_settings_doc
+
+    out = []
+    for path in dict.fromkeys(paths):
+        doc = read_document(path)
+        if not isinstance(doc, SettingsDoc):
+            raise InputError(str(path), f"a {getattr(doc, 'schema', 'other')} document, not the settings document "
+                                        "--settings takes (servescope settings --json)")
+        out.append(from_settings_doc(doc, str(path)))
+    return out
+
+
 @app.command()
 def analyze(
     paths: Annotated[list[Path] | None, typer.Argument(help="Trace files, or directories: every file in them that "
@@ -52,6 +73,11 @@ def analyze(
                                                   "bundled taxonomy.")] = None,
     step_gap_us: Annotated[float | None, typer.Option("--step-gap-us", min=0.0, help="Idle gap that separates "
                                                       "steps when a trace has no step annotations.")] = None,
+    settings: Annotated[list[Path] | None, typer.Option("--settings", help="A saved `servescope settings --json` "
+                                                        "document of the server that wrote the traces: advice is "
+                                                        "checked against its flags, environment and version. One "
+                                                        "found beside the traces is read too.",
+                                                        show_default=False)] = None,
     top: Annotated[int, typer.Option("--top", min=0, help="Kernels to list.")] = 15,
 ) -> None:
     """Where each step's time goes, per rank and phase, and what the bottleneck is.
@@ -74,15 +100,18 @@ def analyze(
         # The traces start decoding in child processes now, while this one imports the analysis.
         discovery = find_traces(chosen)
         found = discovery.traces
+        # a settings document beside the traces describes their server: read as evidence, not left out
+        beside = [p for p, why in discovery.left_out if why.startswith(SETTINGS_REASON)]
         # what a named directory held besides traces (the bundled example's README and side files go unsaid)
         for line in left_out_lines([(p, why) for p, why in discovery.left_out
-                                    if bundled is None or not p.is_relative_to(bundled)]):
+                                    if (bundled is None or not p.is_relative_to(bundled)) and p not in beside]):
             sys.stderr.write(f"analyze: {line}\n")  # plain: rich is not imported on this route
         with head_start.claim(found) or ReadAhead(found, min_files=1) as read_ahead:
             from servescope.trace.analyze import AnalyzeRequest
             from servescope.trace.analyze import analyze as run_analysis
 
-            request = AnalyzeRequest(paths=found, taxonomy=taxonomy, step_gap_us=step_gap_us)
+            request = AnalyzeRequest(paths=found, taxonomy=taxonomy, step_gap_us=step_gap_us,
+                                     settings=read_settings([*(settings or []), *beside]))
             doc = with_progress(as_json, lambda progress: run_analysis(request, progress=progress,
                                                                       read_ahead=read_ahead))
         encoded = None

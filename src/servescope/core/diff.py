@@ -29,6 +29,31 @@ class RankDiff(msgspec.Struct, kw_only=True):
     categories: dict[str, CategoryDelta]
 
 
+class SettingChange(msgspec.Struct, kw_only=True):
+    """A deployment setting that differs between the two sides (``None``: no source told it on that side)."""
+
+    setting: str
+    before: str | None
+    after: str | None
+
+
+class PredictionCheck(msgspec.Struct, kw_only=True):
+    """One piece of the before side's advice, its predicted saving against the measured change.
+
+    ``applied``: its setting is one that changed (the change the after side made); ``outcome``: ``held`` (the
+    measured saving lies in the range), ``short`` (below it), ``exceeded`` (above it).
+    """
+
+    finding: str
+    advice: str
+    setting: str | None
+    applied: bool
+    low_us: float
+    high_us: float
+    measured_saving_us: float
+    outcome: str
+
+
 class DiffDoc(Document, kw_only=True, frozen=True):
     schema: str = "servescope.diff"
     schema_version: int = 1
@@ -41,3 +66,9 @@ class DiffDoc(Document, kw_only=True, frozen=True):
     ranks_only_after: list[int]
     findings_appeared: list[Finding]
     findings_gone: list[Finding]
+    # the step cycle before and after (µs): the unprofiled step where both sides were timed without the
+    # profiler (profile), else the traced step with the host gap after it; and where it came from
+    cycle_us: CategoryDelta | None = None
+    cycle_source: str | None = None
+    settings_changed: list[SettingChange] = msgspec.field(default_factory=list)
+    predictions: list[PredictionCheck] = msgspec.field(default_factory=list)

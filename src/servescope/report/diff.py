@@ -45,6 +45,20 @@ def render_diff(doc: DiffDoc, console: Console) -> None:
     for label, ranks in (("only before", doc.ranks_only_before), ("only after", doc.ranks_only_after)):
         if ranks:
             console.print(Text(f"ranks {label}: {', '.join(map(str, ranks))}"))
+    if doc.cycle_us is not None:
+        c = doc.cycle_us
+        console.print(Text(f"step cycle: {c.before_us:.0f} → {c.after_us:.0f} µs ({c.delta_us:+.0f} µs, {_pct(c)}), "
+                           f"{doc.cycle_source}"))
+    if doc.settings_changed:
+        console.print(Text("settings changed: " + "; ".join(f"{s.setting} {s.before or '?'} → {s.after or '?'}"
+                                                         for s in doc.settings_changed)))
+    for p in doc.predictions:
+        mark = {"held": "green", "short": "yellow", "exceeded": "yellow"}[p.outcome]
+        line = Text(f"  {'applied ' if p.applied else ''}{p.finding}: predicted {p.low_us:.0f}–{p.high_us:.0f} µs, "
+                    f"measured {p.measured_saving_us:.0f} µs saved: ")
+        line.append(p.outcome, style=mark)
+        line.append(f" ({p.advice[:90]})")
+        console.print(line)
     for label, findings in (("findings that appeared", doc.findings_appeared),
                             ("findings that went away", doc.findings_gone)):
         console.print(Text(f"{label}: {len(findings) or 'none'}", style="bold"))

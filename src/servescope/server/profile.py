@@ -27,14 +27,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from servescope.core.analysis import StepReference
 from servescope.core.errors import InputError
 from servescope.server.client import ApiKey, ServerClient
-from servescope.server.errors import EndpointNotFound, NotOpenAICompatible
+from servescope.server.errors import EndpointNotFound, NotOpenAICompatible, ServerError
 from servescope.server.loadgen import make_prompts
 from servescope.server.metrics import Snapshot, scrape_metrics, server_side
+from servescope.server.process import find_processes, read_process_record
 
 if TYPE_CHECKING:
     from servescope.core.analysis import AnalysisDoc
+    from servescope.trace.deployment import DeploymentInput
 
 __all__ = [
     "ProfileCapture",
@@ -97,6 +100,7 @@ class ProfileCapture:
     # run without the profiler (None: not run, or the server exposes no such histogram).
     profiled_server: ServerTiming | None = None
     unprofiled_server: ServerTiming | None = None
+    server_version: str | None = None  # /version's answer (vLLM), when it gave one
 
     def record(self) -> dict[str, Any]:
         """The run's settings and what the server reported: the ``profile`` object of the JSON document.
@@ -305,6 +309,15 @@ def _timing(before: Snapshot | None, after: Snapshot | None, seconds: float) -> 
                         tpot_metric=side.tpot_metric, seconds=seconds)
 
 
+async def _server_version(client: ServerClient) -> str | None:
+    """vLLM's ``/version`` (``{"version": "0.26.0"}``), or None where the server answers otherwise."""
+    try:
+        answer = await client.get_json("/version")
+    except ServerError:
+        return None
+    return str(answer["version"]) if isinstance(answer, dict) and isinstance(answer.get("version"), str) else None
+
+
 async def _timed_batch(client: ServerClient, body: dict[str, Any],
                        prompts: list[str]) -> tuple[list[dict[str, int]], ServerTiming | None, float]:
     """Run one batch (one request per prompt, all at once) with ``/metrics`` scraped before and after."""
@@ -327,6 +340,7 @@ async def _run(request: ProfileRequest, trace_dir: Path,
                 raise InputError(client.url_of("/v1/models"), "lists no model; pass --model")
             model = str(data[0]["id"])
         # the warm-up's prompts differ from the profiled ones: a prefix cache must not hold those before the window
+        server_version = await _server_version(client)
         # three sets: profiled, warm-up, unprofiled (no set is served from a prefix cache another filled)
         b = request.batch
         prompts, source = await make_prompts(client, model, tokens=request.input_tokens, count=3 * b, seed=0)
@@ -365,7 +379,7 @@ async def _run(request: ProfileRequest, trace_dir: Path,
                           batch=request.batch, output_tokens=request.output_tokens,
                           input_tokens=request.input_tokens, prompt_source=source, usage=list(usage),
                           requests_s=requests_s, traces_wait_s=time.monotonic() - waited,
-                          profiled_server=profiled, unprofiled_server=unprofiled)
+                          profiled_server=profiled, unprofiled_server=unprofiled, server_version=server_version)
 
 
 def _refused_first(url: str) -> None:
@@ -443,4 +457,34 @@ def profile_server(request: ProfileRequest, *, say: Callable[[str], None] = _qui
     from servescope.trace.analyze import AnalyzeRequest, analyze
 
     capture = capture_profile(request, say=say)
-    return ProfileResult(capture=capture, analysis=analyze(AnalyzeRequest(paths=capture.trace_files)))
+    timing = capture.unprofiled_server
+    reference = None
+    if timing is not None and timing.itl_ms is not None:
+        reference = StepReference(step_us=timing.itl_ms * 1000.0,
+                                  source=f"the server's {timing.itl_metric} mean over the same batch run without "
+                                         "the profiler")
+    return ProfileResult(capture=capture, analysis=analyze(AnalyzeRequest(
+        paths=capture.trace_files, settings=live_deployment(capture.url, capture.server_version),
+        reference=reference)))
+
+
+def live_deployment(url: str, version: str | None, *, proc: Path = Path("/proc")) -> list[DeploymentInput]:
+    """What the serving process tells of its deployment: its command line and environment (``/proc``, when it
+    runs here) and its version (``/version``); empty when neither is known."""
+    from servescope.trace.deployment import DeploymentInput
+
+    port = urlsplit(url).port
+    record = None
+    if port is not None and is_local_url(url):
+        pids = [p.pid for p in find_processes(lambda argv: _serves_port(argv, port), proc=proc)]
+        if pids:
+            try:
+                record = read_process_record(min(pids), proc=proc)
+            except (OSError, InputError):
+                record = None
+    if record is None and version is None:
+        return []
+    where = f"pid {record.pid}, /proc/{record.pid}/cmdline and environ" if record else url
+    return [DeploymentInput(source="server", where=where + (f", /version {version}" if version else ""),
+                            argv=list(record.argv) if record else [], env=dict(record.env) if record else {},
+                            version=version, engine="vllm" if version else None)]

@@ -26,6 +26,7 @@ from servescope.trace.table import TraceData, distinct_ids
 
 __all__ = ["DeploymentInput", "deployment_settings", "from_settings_doc", "load_deployment_rules"]
 
+_ENGINE_WORDS = {"vllm": "vLLM", "sglang": "SGLang"}
 _SOURCE_WORDS = {"server": "the live server", "settings": "the settings document", "trace": "the trace",
                  "default": "the engine's default"}
 
@@ -42,6 +43,7 @@ class DeploymentInput(msgspec.Struct, frozen=True, kw_only=True):
     env: dict[str, str] = msgspec.field(default_factory=dict)
     version: str | None = None
     server: dict[str, str] = msgspec.field(default_factory=dict)  # fields the server reported (/metrics info)
+    engine: str | None = None  # when no command line tells it (a remote server that answered vLLM's /version)
 
 
 @cache
@@ -84,7 +86,7 @@ def _from_input(inp: DeploymentInput, rules: Mapping[str, Any]) -> dict[str, Set
     """Each setting the command line, environment or reported fields tell; else the version's default."""
     args = parse_engine_argv(inp.argv) if inp.argv else None
     values = args.values() if args is not None else {}
-    engine = args.engine if args is not None else None
+    engine = (args.engine if args is not None else None) or inp.engine
     version = _version_tuple(inp.version)
     where = f"{_SOURCE_WORDS[inp.source]} ({inp.where})"
     out: dict[str, SettingEvidence] = {}
@@ -112,8 +114,8 @@ def _from_input(inp: DeploymentInput, rules: Mapping[str, Any]) -> dict[str, Set
                 if default["engine"] == engine and since is not None and version >= since:
                     found = SettingEvidence(
                         value=default["value"], source="default",
-                        detail=f"{default['engine']} {inp.version}'s default ({where} sets no flag for it; "
-                               f"{default['note']})")
+                        detail=f"{_ENGINE_WORDS.get(engine, engine)} {inp.version}'s default, no flag against it in "
+                               f"{where}")
         if found is not None:
             out[sid] = found
     return out

@@ -9,12 +9,12 @@ from pathlib import Path
 
 from servescope import __version__
 from servescope.core.analysis import AnalysisDoc, Finding, PhaseStats, decode_analysis
-from servescope.core.diff import CategoryDelta, DiffDoc, RankDiff
+from servescope.core.diff import CategoryDelta, DiffDoc, PredictionCheck, RankDiff, SettingChange
 from servescope.core.errors import InputError
 from servescope.trace.analyze import AnalyzeRequest, analyze
 from servescope.trace.steps import PHASES
 
-__all__ = ["diff_analyses", "diff_paths", "load_side"]
+__all__ = ["check_predictions", "diff_analyses", "diff_paths", "load_side", "measured_cycle", "setting_changes"]
 
 
 def load_side(path: Path, *, taxonomy: Path | None = None) -> AnalysisDoc:
@@ -52,6 +52,61 @@ def _key(f: Finding) -> tuple[str, int | None, str | None]:
     return (f.id, f.rank, f.phase)
 
 
+def _cycle(doc: AnalysisDoc, phase: str) -> float | None:
+    """The phase's mean step plus the host gap before the next, on the slowest rank (µs)."""
+    best = None
+    for r in doc.ranks:
+        rows = [s for s in r.steps if s.phase == phase]
+        if not rows:
+            continue
+        gaps = [s.gap_before_us for s in rows if s.gap_before_us is not None]
+        value = sum(s.span_us for s in rows) / len(rows) + (sum(gaps) / len(gaps) if gaps else 0.0)
+        best = value if best is None else max(best, value)
+    return best
+
+
+def measured_cycle(before: AnalysisDoc, after: AnalysisDoc, phase: str) -> tuple[CategoryDelta | None, str | None]:
+    """The step cycle before → after: the steps timed without the profiler where both sides were (decode),
+    else the traced cycles."""
+    if phase == "decode" and before.unprofiled is not None and after.unprofiled is not None:
+        return (_delta(before.unprofiled.step_us, after.unprofiled.step_us),
+                f"without the profiler: {before.unprofiled.source}")
+    a, b = _cycle(before, phase), _cycle(after, phase)
+    if a is None or b is None:
+        return None, None
+    return _delta(a, b), "the traced step plus the host gap after it (stretched by the profiler)"
+
+
+def setting_changes(before: AnalysisDoc, after: AnalysisDoc) -> list[SettingChange]:
+    """The deployment settings whose value differs between the two sides (either side's best source)."""
+    out = []
+    for sid in dict.fromkeys([*before.deployment, *after.deployment]):
+        a, b = before.deployment.get(sid), after.deployment.get(sid)
+        va, vb = (a.value if a else None), (b.value if b else None)
+        if va != vb and sid not in ("max_num_batched_tokens", "max_num_seqs"):  # bounds seen, not settings made
+            out.append(SettingChange(setting=sid, before=va, after=vb))
+    return out
+
+
+def check_predictions(before: AnalysisDoc, phase: str, saving_us: float,
+                      changed: list[SettingChange]) -> list[PredictionCheck]:
+    """Each piece of the before side's advice for ``phase`` that predicted a saving, against the measured one."""
+    moved = {c.setting for c in changed}
+    out = []
+    for f in before.findings:
+        if f.phase != phase:
+            continue
+        for a in f.advice:
+            if a.gain is None:
+                continue
+            outcome = ("held" if a.gain.low_us <= saving_us <= a.gain.high_us
+                       else "short" if saving_us < a.gain.low_us else "exceeded")
+            out.append(PredictionCheck(finding=f.id, advice=a.text, setting=a.setting,
+                                       applied=a.setting is not None and a.setting in moved, low_us=a.gain.low_us,
+                                       high_us=a.gain.high_us, measured_saving_us=saving_us, outcome=outcome))
+    return sorted(out, key=lambda p: not p.applied)
+
+
 def diff_analyses(before: AnalysisDoc, after: AnalysisDoc, *, phase: str = "decode",
                   before_name: str = "before", after_name: str = "after") -> DiffDoc:
     """Per rank present in both, ``phase``'s time per step by category, before → after.
@@ -69,12 +124,16 @@ def diff_analyses(before: AnalysisDoc, after: AnalysisDoc, *, phase: str = "deco
                          f"no rank has {phase} steps in both (phases present: {', '.join(have) or 'none'})")
     old = {_key(f): f for f in before.findings}
     new = {_key(f): f for f in after.findings}
+    cycle, source = measured_cycle(before, after, phase)
+    changed = setting_changes(before, after)
     return DiffDoc(
         servescope_version=__version__, before=before_name, after=after_name, phase=phase,
         ranks=[_rank_diff(r, a[r], b[r]) for r in common],
         ranks_only_before=sorted(set(a) - set(b)), ranks_only_after=sorted(set(b) - set(a)),
         findings_appeared=[f for k, f in new.items() if k not in old],
         findings_gone=[f for k, f in old.items() if k not in new],
+        cycle_us=cycle, cycle_source=source, settings_changed=changed,
+        predictions=check_predictions(before, phase, -cycle.delta_us, changed) if cycle is not None else [],
     )
 
 

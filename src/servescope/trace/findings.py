@@ -134,7 +134,14 @@ def _rank_values(ra: RankAnalysis, rows: Sequence[KernelRow], facts: RankFacts |
 
 
 def _steps_text(indices: Sequence[int]) -> str:
-    shown = ", ".join(str(i) for i in indices[:8]) + (f" and {len(indices) - 8} more" if len(indices) > 8 else "")
+    """``steps 0, 2–7``: the step indices, runs joined."""
+    runs: list[list[int]] = []
+    for i in sorted(indices):
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    shown = ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
     return f"step{'s' if len(indices) != 1 else ''} {shown}"
 
 
