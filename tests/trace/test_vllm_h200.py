@@ -25,7 +25,8 @@ from servescope.trace.analyze import AnalyzeRequest, analyze
 DATA = Path(__file__).resolve().parents[1] / "data" / "h200-vllm"
 CAPTURES = sorted(p for p in DATA.iterdir() if (p / "profiler_out_0.txt").is_file()) if DATA.is_dir() else []
 # the A/B pairs (issue 22): servers that differ in one setting, windows from step 20 (some still admitting at 64)
-AB = sorted(p for p in (DATA / "ab").iterdir() if (p / "profiler_out_0.txt").is_file()) if (DATA / "ab").is_dir() else []
+AB = (sorted(p for p in (DATA / "ab").iterdir() if (p / "profiler_out_0.txt").is_file())
+      if (DATA / "ab").is_dir() else [])
 # windows from the first engine step with python stacks on (plan word `admit`): prefill, mixed and decode steps
 ADMISSION = [p for p in CAPTURES if "-admit-" in p.name]
 DECODE = [p for p in CAPTURES if p not in ADMISSION]
