@@ -197,3 +197,10 @@ def test_profile_measures_the_same_batch_without_the_profiler(profiling_server: 
     by_hand_ms = (s1 - s0) / (c1 - c0) * 1000
     assert (unprofiled["itl_ms"] + profiled["itl_ms"]) / 2 == pytest.approx(by_hand_ms, rel=1e-3)
     assert unprofiled["itl_ms"] > 0 and profiled["itl_ms"] > 0
+    # the analysis takes that step as its reference, and the live process's flags as its deployment
+    doc = json.loads(result.stdout)
+    assert doc["unprofiled"]["step_us"] == pytest.approx(unprofiled["itl_ms"] * 1000, rel=1e-3)
+    tp = doc["deployment"]["tensor_parallel_size"]
+    assert tp["source"] == "server" and tp["value"] == str(profiling_server.tp)
+    assert "--tensor-parallel-size" in tp["detail"] and "/proc/" in tp["detail"]
+    assert doc["deployment"]["async_scheduling"]["source"] in ("server", "default")

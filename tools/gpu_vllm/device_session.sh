@@ -112,7 +112,7 @@ PLAN_NAME=$(echo "$@" | tr ' ' '+')
 
 need_models=""
 WANT_MODELS="llama8b-16l qwen3moe-30b-12l"
-case "$*" in *graphs*|*eager*|*admit*|*ab-*) ;; *) WANT_MODELS=llama8b-16l ;; esac
+case "$*" in *graphs*|*eager*|*admit*|*ab-*) ;; example) WANT_MODELS=qwen3moe-30b-12l ;; *) WANT_MODELS=llama8b-16l ;; esac
 for m in $WANT_MODELS; do [ -f $MODELS/$m/config.json ] || need_models="$need_models $m"; done
 if [ -n "$need_models" ]; then
   say "making models:$need_models"
@@ -304,6 +304,41 @@ PY
   [ $rc -eq 0 ] || tail -5 "$W/logs/profile-$name.out" | sed 's/^/    /' | tee -a "$LOG"
 }
 
+run_example() {   # the bundled example (issue 22): the MoE server as vLLM 0.26 runs by default (CUDA graphs, the
+  # profiler's python stacks on), `profile -o` with its unprofiled run and the live deployment, settings beside
+  if [ "$(left)" -lt 200 ]; then say "skip example: $(left)s left"; return; fi
+  local k=moe flav=example prof=$W/prof/moe-example dest=$CAP/moe-example-b16
+  MODEL[$k]=qwen3moe-30b-12l; PORT[$k]=8002
+  rm -rf "$prof" "$dest"; mkdir -p "$prof" "$dest" "$W/logs"
+  FLAGS[$k]="--max-model-len 4096 --gpu-memory-utilization 0.4 --port ${PORT[$k]} --profiler-config.profiler=torch --profiler-config.torch_profiler_dir=$prof --profiler-config.delay_iterations=$DELAY --profiler-config.max_iterations=$STEPS"
+  # shellcheck disable=SC2086
+  setsid python3 -m vllm.entrypoints.openai.api_server --model $MODELS/${MODEL[$k]} \
+    --served-model-name ${MODEL[$k]} ${FLAGS[$k]} > "$W/logs/server-$k-$flav.log" 2>&1 &
+  PID[$k]=$!; FLAV[$k]=$flav
+  say "started $k-$flav: pid ${PID[$k]}"
+  $SS health http://127.0.0.1:${PORT[$k]} --wait --timeout $(( $(left) - 120 )) --poll 2 --pid ${PID[$k]} \
+    --log "$W/logs/server-$k-$flav.log" > "$W/logs/health-$k-$flav.txt" 2>&1
+  READY[$k]=$?; say "health --wait rc=${READY[$k]}"
+  if [ "${READY[$k]}" != 0 ]; then tail -20 "$W/logs/server-$k-$flav.log"; stop_server $k; return; fi
+  $SS settings --pid ${PID[$k]} --url http://127.0.0.1:${PORT[$k]} --json > "$dest/settings.json" 2>&1
+  COLUMNS=100 timeout 200 $SS profile http://127.0.0.1:${PORT[$k]} --batch 16 --output-tokens "$TOKENS" \
+    --input-tokens $INPUT_TOKENS --trace-dir "$prof" --trace-timeout 120 -o "$dest/profile.json" \
+    > "$OUTD/profile-100.txt" 2>&1
+  say "profile rc=$?"; head -30 "$OUTD/profile-100.txt" | cut -c1-200 | tee -a "$LOG"
+  for _ in $(seq 1 20); do [ -s "$prof/profiler_out_0.txt" ] && break; sleep 0.5; done
+  sleep 1
+  for f in "$prof"/*; do [ -f "$f" ] && mv "$f" "$dest/"; done
+  ( cd "$dest" && for f in *.pt.trace.json.gz; do
+      case $f in *async_llm*) mv "$f" frontend.async_llm.pt.trace.json.gz ;; *) mv "$f" rank0.pt.trace.json.gz ;; esac
+    done ) 2>/dev/null
+  grep -E "Asynchronous scheduling|non-default args" "$W/logs/server-$k-$flav.log" | head -4 | cut -c1-600 \
+    > "$dest/server-log-lines.txt"
+  python3 "$REPO/tools/gpu_vllm/provenance.py" "$dest" "$dest/profile.json" "$flav" "$DELAY" "$STEPS" \
+    "$MODELS/${MODEL[$k]}/config.json" "${FLAGS[$k]}" >> "$LOG" 2>&1
+  COLUMNS=100 $SS analyze "$dest" > "$OUTD/analyze-100.txt" 2>&1
+  stop_server $k
+}
+
 run_bench() {   # the dense server alone, CUDA graphs: load study + restart check (plan word `bench`)
   local flav=graphs k=dense name=dense-bench url=http://127.0.0.1:8001
   if [ "$(left)" -lt 200 ]; then say "skip bench plan: $(left)s left"; return; fi
@@ -453,6 +488,7 @@ for word in "$@"; do
     ab-graphs) AB_BATCHES=${AB_BATCHES:-16 64} run_ab a llama8b-16l eager "--enforce-eager" b llama8b-16l cap32 "--max-cudagraph-capture-size 32" ;;
     ab-bf16) AB_BATCHES=${AB_BATCHES:-16 64} run_ab a llama8b-16l bf16 "" b qwen3moe-30b-12l bf16 "" ;;
     bench) run_bench ;;
+    example) run_example ;;
     scaled) run_load "${API_SERVERS:-4}" ;;
     anchor) run_load 1 ;;
     *) say "unknown plan word $word" ;;

@@ -33,6 +33,19 @@ def write_outputs(doc: object, *, json_out: Path | None, html_out: Path | None, 
 
 
 SETTINGS_REASON = "a servescope.settings document"
+ANALYSIS_REASON = "a servescope.analysis document"
+
+
+def read_reference(paths: list[Path]) -> Any:
+    """The unprofiled step of the first saved profile document among ``paths`` that has one (else None)."""
+    from servescope.core.analysis import AnalysisDoc
+    from servescope.core.document import read_document
+
+    for path in paths:
+        doc = read_document(path)
+        if isinstance(doc, AnalysisDoc) and doc.unprofiled is not None:
+            return doc.unprofiled
+    return None
 
 
 def read_settings(paths: list[Path]) -> list[Any]:
@@ -100,8 +113,11 @@ def analyze(
         # The traces start decoding in child processes now, while this one imports the analysis.
         discovery = find_traces(chosen)
         found = discovery.traces
-        # a settings document beside the traces describes their server: read as evidence, not left out
+        # a settings document beside the traces describes their server: read as evidence, not left out; so does
+        # the document `profile -o` wrote for them (its step timed without the profiler)
         beside = [p for p, why in discovery.left_out if why.startswith(SETTINGS_REASON)]
+        profiles = [p for p, why in discovery.left_out if why.startswith(ANALYSIS_REASON)]
+        beside += profiles
         # what a named directory held besides traces (the bundled example's README and side files go unsaid)
         for line in left_out_lines([(p, why) for p, why in discovery.left_out
                                     if (bundled is None or not p.is_relative_to(bundled)) and p not in beside]):
@@ -111,7 +127,9 @@ def analyze(
             from servescope.trace.analyze import analyze as run_analysis
 
             request = AnalyzeRequest(paths=found, taxonomy=taxonomy, step_gap_us=step_gap_us,
-                                     settings=read_settings([*(settings or []), *beside]))
+                                     settings=read_settings([*(settings or []),
+                                                             *(p for p in beside if p not in profiles)]),
+                                     reference=read_reference(profiles))
             doc = with_progress(as_json, lambda progress: run_analysis(request, progress=progress,
                                                                       read_ahead=read_ahead))
         encoded = None
