@@ -171,7 +171,8 @@ def _render(doc: AnalysisDoc, *, top: int = 15, phases: list[str] | None = None,
 EXPECTED_DECODE_TOP3 = """\
 servescope: 2 trace files, ranks 0, 1
 decode: 3 steps · 4.20 ms/step · 8 tokens/step · 525 µs/token · slowest rank 0
-  device time: allreduce 50% (2.00 ms) · gemm 38% (1.50 ms) · attention 12% (500 µs)  |  idle 14% of the step (600 µs)
+  device time: allreduce 50% (2.00 ms) · gemm 38% (1.50 ms) · attention 12% (500 µs)
+  idle 14% of the step (600 µs)
   bottleneck: Communication bounds the decode step on rank 0: collectives take 50.0% of its device time (2.00 ms a
 step).
 findings: none

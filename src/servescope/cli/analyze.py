@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -32,40 +32,6 @@ def write_outputs(doc: object, *, json_out: Path | None, html_out: Path | None, 
         save(html_out, render_analysis_html(doc))  # type: ignore[arg-type]
 
 
-SETTINGS_REASON = "a servescope.settings document"
-ANALYSIS_REASON = "a servescope.analysis document"
-
-
-def read_reference(paths: list[Path]) -> Any:
-    """The unprofiled step of the first saved profile document among ``paths`` that has one (else None)."""
-    from servescope.core.analysis import AnalysisDoc
-    from servescope.core.document import read_document
-
-    for path in paths:
-        doc = read_document(path)
-        if isinstance(doc, AnalysisDoc) and doc.unprofiled is not None:
-            return doc.unprofiled
-    return None
-
-
-def read_settings(paths: list[Path]) -> list[Any]:
-    """Each saved settings document as deployment evidence for the findings (one line, exit 2, for a file that
-    is not one)."""
-    from servescope.core.document import read_document
-    from servescope.core.errors import InputError
-    from servescope.core.settings import SettingsDoc
-    from servescope.trace.deployment import from_settings_doc
-
-    out = []
-    for path in dict.fromkeys(paths):
-        doc = read_document(path)
-        if not isinstance(doc, SettingsDoc):
-            raise InputError(str(path), f"a {getattr(doc, 'schema', 'other')} document, not the settings document "
-                                        "--settings takes (servescope settings --json)")
-        out.append(from_settings_doc(doc, str(path)))
-    return out
-
-
 @app.command()
 def analyze(
     paths: Annotated[list[Path] | None, typer.Argument(help="Trace files, or directories: every file in them that "
@@ -86,10 +52,10 @@ def analyze(
                                                   "bundled taxonomy.")] = None,
     step_gap_us: Annotated[float | None, typer.Option("--step-gap-us", min=0.0, help="Idle gap that separates "
                                                       "steps when a trace has no step annotations.")] = None,
-    settings: Annotated[list[Path] | None, typer.Option("--settings", help="A saved `servescope settings --json` "
-                                                        "document of the server that wrote the traces: advice is "
-                                                        "checked against its flags, environment and version. One "
-                                                        "found beside the traces is read too.",
+    settings: Annotated[list[Path] | None, typer.Option("--settings", help="The saved settings document (JSON) of "
+                                                        "the server that wrote the traces: advice is checked against "
+                                                        "its flags, environment and version. One found beside the "
+                                                        "traces is read too.",
                                                         show_default=False)] = None,
     top: Annotated[int, typer.Option("--top", min=0, help="Kernels to list.")] = 15,
 ) -> None:
@@ -99,6 +65,7 @@ def analyze(
     front-end trace is recognised), finds the steps, and breaks their device time down by category.
     """
     from servescope.cli import head_start
+    from servescope.trace.deployment import evidence_beside
     from servescope.trace.files import example_trace_dir, find_traces, left_out_lines
     from servescope.trace.readahead import ReadAhead
 
@@ -113,11 +80,9 @@ def analyze(
         # The traces start decoding in child processes now, while this one imports the analysis.
         discovery = find_traces(chosen)
         found = discovery.traces
-        # a settings document beside the traces describes their server: read as evidence, not left out; so does
-        # the document `profile -o` wrote for them (its step timed without the profiler)
-        beside = [p for p, why in discovery.left_out if why.startswith(SETTINGS_REASON)]
-        profiles = [p for p, why in discovery.left_out if why.startswith(ANALYSIS_REASON)]
-        beside += profiles
+        # settings and profile documents beside the traces describe their server: evidence, not left out
+        evidence = evidence_beside(discovery, settings or [])
+        beside = evidence.used
         # what a named directory held besides traces (the bundled example's README and side files go unsaid)
         for line in left_out_lines([(p, why) for p, why in discovery.left_out
                                     if (bundled is None or not p.is_relative_to(bundled)) and p not in beside]):
@@ -127,9 +92,7 @@ def analyze(
             from servescope.trace.analyze import analyze as run_analysis
 
             request = AnalyzeRequest(paths=found, taxonomy=taxonomy, step_gap_us=step_gap_us,
-                                     settings=read_settings([*(settings or []),
-                                                             *(p for p in beside if p not in profiles)]),
-                                     reference=read_reference(profiles))
+                                     settings=evidence.settings, reference=evidence.reference)
             doc = with_progress(as_json, lambda progress: run_analysis(request, progress=progress,
                                                                       read_ahead=read_ahead))
         encoded = None

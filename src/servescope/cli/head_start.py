@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 __all__ = ["VALUE_OPTIONS", "claim", "release", "start"]
 
-VALUE_OPTIONS = frozenset({"-o", "--output", "--html", "--taxonomy", "--step-gap-us", "--top", "--example-name"})
+VALUE_OPTIONS = frozenset({"-o", "--output", "--html", "--taxonomy", "--step-gap-us", "--settings", "--top",
+                           "--example-name"})
 """analyze's options that take a value: the argument after one is that value, not a trace
 (tests/cli/test_head_start.py keeps this equal to the command's declaration)."""
 

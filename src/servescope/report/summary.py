@@ -59,15 +59,18 @@ def _categories_line(stats: PhaseStats) -> str:
     step = stats.step_us.mean or 1.0
     top = sorted(stats.categories.items(), key=lambda nc: -nc[1].share)[:_TOP_CATEGORIES]
     shown = [f"{name} {c.share:.0%} ({_ms(c.per_step_us)})" for name, c in top]
-    line = "  device time: " + " · ".join(shown)
+    lines = ["  device time: " + " · ".join(shown)]
+    more = []
     idle = stats.idle_us_per_step / step
     if idle >= 0.05:
-        line += f"  |  idle {idle:.0%} of the step ({_ms(stats.idle_us_per_step)})"
+        more.append(f"idle {idle:.0%} of the step ({_ms(stats.idle_us_per_step)})")
     quant = stats.quant_standalone_share + stats.quant_fused_share
     if quant >= 0.01:
-        line += (f"  |  quantization/casts {quant:.0%} of device time (standalone {stats.quant_standalone_share:.0%}, "
-                 f"fused {stats.quant_fused_share:.0%})")
-    return line
+        more.append(f"quantization/casts {quant:.0%} of device time (standalone "
+                    f"{stats.quant_standalone_share:.0%}, fused {stats.quant_fused_share:.0%})")
+    if more:
+        lines.append("  " + " · ".join(more))
+    return "\n".join(lines)
 
 
 def _finding_line(finding: Finding) -> Text:

@@ -15,16 +15,21 @@ import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from servescope.core.analysis import SettingEvidence, StepRow
+from servescope.core.analysis import AnalysisDoc, SettingEvidence, StepReference, StepRow
+from servescope.core.document import read_document
+from servescope.core.errors import InputError
 from servescope.core.settings import SettingsDoc
 from servescope.deploy.drift import parse_engine_argv
+from servescope.trace.files import Discovery
 from servescope.trace.table import TraceData, distinct_ids
 
-__all__ = ["DeploymentInput", "deployment_settings", "from_settings_doc", "load_deployment_rules"]
+__all__ = ["DeploymentInput", "Evidence", "deployment_settings", "evidence_beside", "from_settings_doc",
+           "load_deployment_rules"]
 
 _ENGINE_WORDS = {"vllm": "vLLM", "sglang": "SGLang"}
 _SOURCE_WORDS = {"server": "the live server", "settings": "the settings document", "trace": "the trace",
@@ -239,3 +244,60 @@ def describe(setting: str, evidence: SettingEvidence | None) -> str:
     return f"{label_of(setting)}: {evidence.value}, from {evidence.detail}"
 
 
+
+
+class Evidence(msgspec.Struct, frozen=True):
+    """What documents beside the traces (or named by ``--settings``) tell: deployment inputs, the unprofiled
+    step, and the files used (not reported as left out)."""
+
+    settings: list[DeploymentInput]
+    reference: StepReference | None
+    used: list[Path]
+
+
+def evidence_beside(discovery: Discovery, named: Sequence[Path] = ()) -> Evidence:
+    """The settings documents named and found beside the traces, and the unprofiled step of a saved ``profile``
+    document found there.
+
+    Raises:
+        InputError: a named file is not a settings document (one line naming it).
+    """
+    inputs: list[DeploymentInput] = []
+    reference: StepReference | None = None
+    used: list[Path] = []
+    for path in named:
+        doc = read_document(path)
+        if not isinstance(doc, SettingsDoc):
+            raise InputError(str(path), f"a {getattr(doc, 'schema', 'other')} document, not the settings document "
+                                        "--settings takes (servescope settings --json)")
+        inputs.append(from_settings_doc(doc, str(path)))
+    for path, why in discovery.left_out:
+        if why.startswith(_SETTINGS_REASON):
+            inputs.append(from_settings_doc(read_document(path), str(path)))
+            used.append(path)
+        elif why.startswith(_ANALYSIS_REASON):
+            found = _profile_reference(path)
+            if found is not None:
+                reference = reference or found
+                used.append(path)
+    return Evidence(settings=inputs, reference=reference, used=used)
+
+
+def _profile_reference(path: Path) -> StepReference | None:
+    """The unprofiled step a saved ``profile -o`` document holds: its ``unprofiled`` reference, or (documents
+    written before it was stored) its ``profile.unprofiled_server`` inter-token latency."""
+    doc = read_document(path)
+    if not isinstance(doc, AnalysisDoc):
+        return None
+    if doc.unprofiled is not None:
+        return doc.unprofiled
+    timing = msgspec.json.decode(path.read_bytes()).get("profile", {}).get("unprofiled_server") or {}
+    if isinstance(timing.get("itl_ms"), (int, float)) and timing["itl_ms"] > 0:
+        return StepReference(step_us=float(timing["itl_ms"]) * 1000.0,
+                             source=f"the server's {timing.get('itl_metric')} mean over the same batch run without "
+                                    f"the profiler ({path.name})")
+    return None
+
+
+_SETTINGS_REASON = "a servescope.settings document"  # trace/files.py's word for a file that is one
+_ANALYSIS_REASON = "a servescope.analysis document"

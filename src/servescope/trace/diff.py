@@ -12,6 +12,8 @@ from servescope.core.analysis import AnalysisDoc, Finding, PhaseStats, decode_an
 from servescope.core.diff import CategoryDelta, DiffDoc, PredictionCheck, RankDiff, SettingChange
 from servescope.core.errors import InputError
 from servescope.trace.analyze import AnalyzeRequest, analyze
+from servescope.trace.deployment import evidence_beside
+from servescope.trace.files import find_traces
 from servescope.trace.steps import PHASES
 
 __all__ = ["check_predictions", "diff_analyses", "diff_paths", "load_side", "measured_cycle", "setting_changes"]
@@ -23,7 +25,10 @@ def load_side(path: Path, *, taxonomy: Path | None = None) -> AnalysisDoc:
         head = path.read_bytes()[:4096]
         if b'"servescope.analysis"' in head:
             return decode_analysis(path.read_bytes(), str(path))
-    return analyze(AnalyzeRequest(paths=[path], taxonomy=taxonomy))
+    discovery = find_traces([path])
+    evidence = evidence_beside(discovery)  # the server's settings and unprofiled step, where saved beside
+    return analyze(AnalyzeRequest(paths=discovery.traces, taxonomy=taxonomy, settings=evidence.settings,
+                                  reference=evidence.reference))
 
 
 def _delta(before: float, after: float) -> CategoryDelta:

@@ -228,6 +228,7 @@ def _phase_values(ra: RankAnalysis, phase: str, stats: PhaseStats, facts: RankFa
         })
         values["largest_gap_of_idle_pct"] = 100 * values["largest_gap_of_idle"]
     values["idle_pct"] = 100 * values.get("idle_share", values["idle_share_mean"])
+    values["idle_pct_mean"] = 100 * values["idle_share_mean"]
     values["phase_graph_share"] = facts.phase_graph_share.get(phase, 0.0) if facts is not None else None
     return values
 
