@@ -41,12 +41,13 @@ def _host(phase: str, rank: RankAnalysis, stats: PhaseStats, finding: Finding, w
           stretch: Finding | None) -> Verdict:
     ev = finding.evidence
     idle = _num(ev, "idle_share") or 0.0  # launch_bound's and cpu_overhead's metric: the median step's share
+    pct = _num(ev, "idle_pct") or 100 * idle  # as the finding's message prints it
     idle_us = _num(ev, "median_idle_us") or stats.idle_us_per_step
     step = _num(ev, "median_step_us") or stats.step_us.mean
     outside = ("the ranks spend {share} of it outside the measured operators (Python, scheduling)"
                if rank.work_kind == "cpu_op" else "the device sits idle {share} of it")
     sentence = (f"The host bounds the {_PHASE_WORDS.get(phase, phase)} step{where}: "
-                f"{outside.format(share=f'{idle:.1%}')} (median step, {_ms(idle_us)} of {_ms(step)}), more than "
+                f"{outside.format(share=f'{pct:.1f}%')} (median step, {_ms(idle_us)} of {_ms(step)}), more than "
                 "any kind of work takes.")
     unprofiled = None
     if stretch is not None and (u := _num(stretch.evidence, "idle_pct_unprofiled")) is not None:
@@ -58,9 +59,10 @@ def _host(phase: str, rank: RankAnalysis, stats: PhaseStats, finding: Finding, w
 
 def _communication(phase: str, rank: RankAnalysis, stats: PhaseStats, finding: Finding, where: str) -> Verdict:
     share = _num(finding.evidence, "comm_share") or 0.0
+    pct = _num(finding.evidence, "share_pct") or 100 * share  # as the finding's message prints it
     per_step = _num(finding.evidence, "per_step_us") or 0.0
     sentence = (f"Communication bounds the {_PHASE_WORDS.get(phase, phase)} step{where}: collectives take "
-                f"{share:.1%} of its device time ({_ms(per_step)} a step).")
+                f"{pct:.1f}% of its device time ({_ms(per_step)} a step).")
     return Verdict(phase=phase, rank=rank.rank, kind=_COMMUNICATION, what="communication", share=share,
                    base="device time", sentence=sentence, finding=finding.id, steps=stats.steps)
 
