@@ -74,3 +74,25 @@ def test_a_step_spent_in_collectives_is_named_communication_bound() -> None:
     neck = bottleneck(doc, "decode")
     assert neck is not None and neck.kind == "communication"
     assert "collectives take" in neck.sentence
+
+
+def test_the_verdict_travels_in_json_report_and_html(tmp_path: Path) -> None:
+    """analyze --json stores the verdict; report re-renders the same bottleneck line; the HTML shows it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from servescope.cli import app
+
+    saved = tmp_path / "a.json"
+    first = CliRunner().invoke(app, ["analyze", "--example", "-o", str(saved), "--html", str(tmp_path / "a.html")],
+                               env={"COLUMNS": "200"})
+    assert first.exit_code == 0, first.output
+    (verdict,) = json.loads(saved.read_text())["verdicts"]
+    assert verdict["phase"] == "decode" and verdict["sentence"]
+    again = CliRunner().invoke(app, ["report", str(saved)], env={"COLUMNS": "200"})
+    line = " ".join(f"bottleneck: {verdict['sentence']}".split())
+    assert line in " ".join(first.stdout.split()) and line in " ".join(again.stdout.split())
+    import html
+
+    assert html.escape(verdict["sentence"]) in (tmp_path / "a.html").read_text()

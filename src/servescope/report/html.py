@@ -178,6 +178,19 @@ def _across_section(doc: AnalysisDoc, cross: CrossRankStats) -> str:
             + f"<p>collective start skew: {_e(skew_text(cross.collective_start_skew_us))}</p>")
 
 
+def _verdicts_section(doc: AnalysisDoc) -> list[str]:
+    """The stored verdict per phase (the headline the text shows first), and the deployment checked against."""
+    if not doc.verdicts:
+        return []
+    out = ["<h2>Bottleneck</h2>", '<ul class="verdicts">']
+    out += [f"<li><b>{_e(v.phase)}</b>: {_e(v.sentence)}</li>" for v in doc.verdicts]
+    out.append("</ul>")
+    if doc.deployment:
+        out.append(_table(["setting", "value", "from"], [[k, v.value, f"{v.source}: {v.detail}"]
+                                                         for k, v in doc.deployment.items()]))
+    return out
+
+
 def render_analysis_html(doc: AnalysisDoc, *, top: int = 15) -> str:
     """A self-contained HTML page (charts and tables) of an analysis; plotly.js is embedded once.
 
@@ -217,6 +230,7 @@ def render_analysis_html(doc: AnalysisDoc, *, top: int = 15) -> str:
         "<h1>servescope analysis</h1>",
         f'<p class="meta">servescope {_e(doc.servescope_version)} · created {_e(doc.created_at)} · schema '
         f"{_e(doc.schema)} v{doc.schema_version}</p>",
+        *_verdicts_section(doc),
         "<h2>Inputs</h2>",
         _table(["path", "bytes"], [[f.path, f"{f.size_bytes:,}"] for f in doc.inputs], numeric=(1,)),
         _table(["trace", "rank", "role", "events", "rank source"],
