@@ -352,6 +352,23 @@ def test_service_import_keeps_every_word(tmp_path: Path) -> None:
     _each_width(run, "service import")
 
 
+@pytest.mark.needs_shared
+def test_service_lint_keeps_every_word(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The production unit's findings: each `file:line severity rule` key on one line, the prose wrapped at
+    spaces under it (the key is a path-sized token an editor reads whole: the unit named as a user would)."""
+    Path(tmp_path / "vllm-kimi-k25-int4.service").write_text(Path(KIMI_UNIT).read_text())
+    monkeypatch.chdir(tmp_path)
+    unit = "vllm-kimi-k25-int4.service"
+
+    def run(width: int) -> str:
+        return _cli(["service", "lint", unit, "--no-host"], width, code=1)
+
+    _each_width(run, "service lint")
+    for width in TOKEN_WIDTHS:
+        keys = [line for line in run(width).splitlines() if line.startswith(str(unit))]
+        assert keys and all(re.match(rf"{re.escape(str(unit))}:\d+ (info|warning|error) [a-z-]+$", k) for k in keys)
+
+
 def test_service_status_keeps_every_word(systemctl: FakeSystemctl) -> None:  # noqa: F811 (the fixture)
     systemctl.add_unit("vllm-kimi-k25-int4.service", MainPID="4242", NRestarts="3",
                   ExecMainStartTimestamp="Thu 2026-12-03 09:14:02 UTC")

@@ -96,7 +96,7 @@ def service_lint(
     if as_json:
         sys.stdout.buffer.write(encode_lint(result))
     else:
-        render_lint(result, Console(highlight=False, soft_wrap=True))
+        render_lint(result, Console(highlight=False))
     if result.errors:
         raise typer.Exit(1)
 

@@ -10,7 +10,9 @@ from typing import Any
 import msgspec
 from rich.console import Console
 from rich.markup import escape
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 from servescope.core.document import encode
 from servescope.core.service import ServiceStatus
@@ -41,9 +43,11 @@ def render_lint(result: Any, console: Console) -> None:
         console.print(f"{escape(result.source)}: no problems found")
     for f in result.findings:
         where = f"{result.source}:{f.line}" if f.line else result.source
-        console.print(f"[{_STYLE.get(f.severity, '')}]{escape(where)} {f.severity} {f.rule}[/]: {escape(f.message)}")
-        console.print(f"    found: {escape(f.detail)}")
-        console.print(f"    fix:   {escape(f.fix)}")
+        # the compiler-style key (file:line severity rule) stays one line for editors and grep; the prose under
+        # it wraps at spaces, indented
+        console.print(f"[{_STYLE.get(f.severity, '')}]{escape(where)} {f.severity} {f.rule}[/]", soft_wrap=True)
+        for label, text in (("", f.message), ("found: ", f.detail), ("fix:   ", f.fix)):
+            console.print(Padding(Text(label + text), (0, 0, 0, 4), expand=False))
     if result.topology is None:
         console.print("NCCL rules skipped: no topology (--topology nvlink|pcie|FILE, or run on the GPU box)")
 
