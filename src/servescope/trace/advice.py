@@ -10,14 +10,16 @@ pairs in ``tests/trace/test_advice_ab.py`` and ``docs/measurements.md``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import statistics
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from servescope.core.analysis import Advice, Gain, SettingEvidence
+from servescope.core.analysis import Advice, Gain, PhaseStats, RankAnalysis, SettingEvidence, StepReference
 from servescope.core.messages import format_message
 from servescope.trace.deployment import describe
+from servescope.trace.facts import RankFacts
 
-__all__ = ["advice_for", "advice_text", "checked_text"]
+__all__ = ["advice_for", "advice_text", "checked_text", "host_values"]
 
 
 def _gain(spec: Mapping[str, Any], values: Mapping[str, Any]) -> Gain | None:
@@ -69,3 +71,50 @@ def advice_text(advice: Advice) -> str:
 def checked_text(checked: list[str]) -> str:
     """``Checked: async scheduling: on, from …; CUDA graphs: on, from …``."""
     return "Checked: " + "; ".join(checked) + "." if checked else ""
+
+
+def _steps_text(indices: Sequence[int]) -> str:
+    """``steps 0, 2–7``: the step indices, runs joined."""
+    runs: list[list[int]] = []
+    for i in sorted(indices):
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    shown = ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
+    return f"step{'s' if len(indices) != 1 else ''} {shown}"
+
+
+def host_values(ra: RankAnalysis, phase: str, stats: PhaseStats, facts: RankFacts | None,
+                 reference: StepReference | None) -> dict[str, Any]:
+    """How much of the phase's step the host leaves the device waiting, with the profiler and (for decode,
+    where ``profile`` timed it) without: the basis of what async scheduling or graphs would save."""
+    rows = {r.index: r for r in ra.steps if r.phase == phase}
+    gaps = [r.gap_before_us for r in rows.values() if r.gap_before_us is not None]
+    period = stats.step_us.mean + (statistics.fmean(gaps) if gaps else 0.0)
+    busy = stats.busy_us_per_step
+    values: dict[str, Any] = {"steps_text": _steps_text(sorted(rows)), "step_indices": sorted(rows),
+                              "period_us": period, "between_steps_us": statistics.fmean(gaps) if gaps else 0.0}
+    exposed = max(period - busy, 0.0)
+    if reference is not None and phase == "decode" and reference.step_us > 0:
+        exposed = max(reference.step_us - busy, 0.0)
+        values.update({
+            "reference_step_us": reference.step_us, "reference_source": reference.source,
+            "idle_share_unprofiled": exposed / reference.step_us,
+            "idle_pct_unprofiled": 100 * exposed / reference.step_us,
+            "stretch": period / reference.step_us - 1.0, "stretch_pct": 100 * (period / reference.step_us - 1.0),
+        })
+    values["host_exposed_us"] = exposed
+    values["overlap_bound_us"] = min(exposed, busy)
+    step_gaps = facts.gaps.get(phase, []) if facts is not None else []
+    if step_gaps:
+        eager = [g.step for g in step_gaps if g.graph_us <= 0]
+        values["eager_step_share"] = len(eager) / len(step_gaps)
+        values["eager_steps_text"] = _steps_text(eager)
+        values["eager_host_exposed_us"] = exposed * len(eager) / len(step_gaps)
+        tokens = [(rows[i].prefill_tokens or 0) + (rows[i].decode_tokens or 0) for i in eager if i in rows]
+        values["eager_max_tokens"] = max(tokens) if any(tokens) else "the batch"
+    values["quant_standalone_of_quant"] = (stats.quant_standalone_us_per_step / quant
+                                           if (quant := stats.quant_standalone_us_per_step
+                                               + stats.quant_fused_us_per_step) > 0 else 0.0)
+    return values

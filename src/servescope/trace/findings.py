@@ -32,9 +32,10 @@ from servescope.core.analysis import (
     StepReference,
 )
 from servescope.core.messages import format_message
-from servescope.trace.advice import advice_for, advice_text, checked_text
+from servescope.trace.advice import advice_for, advice_text, checked_text, host_values
 from servescope.trace.facts import RankFacts
 from servescope.trace.precision import quant_facts
+from servescope.trace.snippet import taxonomy_snippet, unclassified
 
 __all__ = ["find_bottlenecks", "load_rules", "taxonomy_snippet"]
 
@@ -131,53 +132,6 @@ def _rank_values(ra: RankAnalysis, rows: Sequence[KernelRow], facts: RankFacts |
         # quant_fused_share, top_quant, top_quant_category, top_quant_pct
         **quant_facts(list(ra.phases.values())),
     }
-
-
-def _steps_text(indices: Sequence[int]) -> str:
-    """``steps 0, 2–7``: the step indices, runs joined."""
-    runs: list[list[int]] = []
-    for i in sorted(indices):
-        if runs and i == runs[-1][-1] + 1:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    shown = ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
-    return f"step{'s' if len(indices) != 1 else ''} {shown}"
-
-
-def _host_values(ra: RankAnalysis, phase: str, stats: PhaseStats, facts: RankFacts | None,
-                 reference: StepReference | None) -> dict[str, Any]:
-    """How much of the phase's step the host leaves the device waiting, with the profiler and (for decode,
-    where ``profile`` timed it) without: the basis of what async scheduling or graphs would save."""
-    rows = {r.index: r for r in ra.steps if r.phase == phase}
-    gaps = [r.gap_before_us for r in rows.values() if r.gap_before_us is not None]
-    period = stats.step_us.mean + (statistics.fmean(gaps) if gaps else 0.0)
-    busy = stats.busy_us_per_step
-    values: dict[str, Any] = {"steps_text": _steps_text(sorted(rows)), "step_indices": sorted(rows),
-                              "period_us": period, "between_steps_us": statistics.fmean(gaps) if gaps else 0.0}
-    exposed = max(period - busy, 0.0)
-    if reference is not None and phase == "decode" and reference.step_us > 0:
-        exposed = max(reference.step_us - busy, 0.0)
-        values.update({
-            "reference_step_us": reference.step_us, "reference_source": reference.source,
-            "idle_share_unprofiled": exposed / reference.step_us,
-            "idle_pct_unprofiled": 100 * exposed / reference.step_us,
-            "stretch": period / reference.step_us - 1.0, "stretch_pct": 100 * (period / reference.step_us - 1.0),
-        })
-    values["host_exposed_us"] = exposed
-    values["overlap_bound_us"] = min(exposed, busy)
-    step_gaps = facts.gaps.get(phase, []) if facts is not None else []
-    if step_gaps:
-        eager = [g.step for g in step_gaps if g.graph_us <= 0]
-        values["eager_step_share"] = len(eager) / len(step_gaps)
-        values["eager_steps_text"] = _steps_text(eager)
-        values["eager_host_exposed_us"] = exposed * len(eager) / len(step_gaps)
-        tokens = [(rows[i].prefill_tokens or 0) + (rows[i].decode_tokens or 0) for i in eager if i in rows]
-        values["eager_max_tokens"] = max(tokens) if any(tokens) else "the batch"
-    values["quant_standalone_of_quant"] = (stats.quant_standalone_us_per_step / quant
-                                           if (quant := stats.quant_standalone_us_per_step
-                                               + stats.quant_fused_us_per_step) > 0 else 0.0)
-    return values
 
 
 def _phase_values(ra: RankAnalysis, phase: str, stats: PhaseStats, facts: RankFacts | None,
@@ -340,7 +294,7 @@ def find_bottlenecks(ranks: list[RankAnalysis], across: list[CrossRankStats], ke
         rows = by_rank_kernels.get(ra.rank, [])
         names = _kernel_conditions(sorted({k.name for k in rows}), data)
         rank_values = _rank_values(ra, rows, facts.get(ra.rank), data)
-        rank_values["top_other"], rank_values["snippet"] = _unclassified(rows)
+        rank_values["top_other"], rank_values["snippet"] = unclassified(rows)
         rank_values.update(_deployment_values(deployment or {}, rank_values["graph_replay_share"]))
         for rule_id, rule in rules.items():
             if rule["scope"] == "rank":
@@ -353,7 +307,7 @@ def find_bottlenecks(ranks: list[RankAnalysis], across: list[CrossRankStats], ke
                 continue
             values = {**rank_values, **_phase_values(ra, phase, stats, facts.get(ra.rank), comm_categories,
                                                      msg_bytes.get(ra.rank) or []),
-                      **_host_values(ra, phase, stats, facts.get(ra.rank), reference)}
+                      **host_values(ra, phase, stats, facts.get(ra.rank), reference)}
             for rule_id, rule in rules.items():
                 if rule["scope"] == "phase":
                     found = _evaluate(rule_id, rule, values, names, data, rank=ra.rank, phase=phase,
@@ -542,59 +496,3 @@ def _plain(value: Any) -> float | int | str | None:
     if isinstance(value, (float, np.floating)):
         return round(float(value), 4)
     return str(value)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Unclassified kernels: the --taxonomy rule that would file them
-# ---------------------------------------------------------------------------------------------------------
-
-_HINTS = (
-    (re.compile(r"(?i)all_?reduce|allreduce"), "comm.all_reduce"),
-    (re.compile(r"(?i)all_?gather"), "comm.all_gather"),
-    (re.compile(r"(?i)all_?to_?all|dispatch|combine"), "comm.all_to_all"),
-    (re.compile(r"(?i)attn|attention"), "attention"),
-    (re.compile(r"(?i)moe|expert"), "moe"),
-    (re.compile(r"(?i)gemm|matmul|_mm\b"), "gemm"),
-    (re.compile(r"(?i)norm"), "norm"),
-    (re.compile(r"(?i)rope|rotary"), "rotary"),
-)
-
-
-def _name_stem(name: str) -> str:
-    stem = name.removeprefix("void ").strip()
-    return re.split(r"[<(\s]", stem, maxsplit=1)[0] or stem
-
-
-def _toml_string(text: str) -> str:
-    return f"'{text}'" if "'" not in text and "\n" not in text else '"' + text.replace("\\", "\\\\").replace(
-        '"', '\\"') + '"'
-
-
-def taxonomy_snippet(names: Sequence[str]) -> str:
-    """A ``--taxonomy`` file that files ``names``: one rule per name stem, with the category its name suggests
-    (a new ``user.*`` category where it suggests none)."""
-    new: dict[str, str] = {}
-    rules: list[str] = []
-    for stem in dict.fromkeys(_name_stem(n) for n in names):
-        category = next((c for p, c in _HINTS if p.search(stem)), None)
-        if category is None:
-            category = "user." + (re.sub(r"[^A-Za-z0-9_]+", "_", stem).strip("_").lower()[:40] or "kernel")
-            new[category] = "compute"
-        rules.append(f"[[rule]]\ncategory = {_toml_string(category)}\nregex = [{_toml_string('^' + re.escape(stem))}]\n"
-                     f"note = {_toml_string('filed by hand after servescope analyze: ' + stem[:60])}")
-    head = "[categories]\n" + "".join(f"{_toml_string(c)} = \"{g}\"\n" for c, g in new.items()) if new else ""
-    return head + ("\n" if head else "") + "\n\n".join(rules) + "\n"
-
-
-def _unclassified(rows: Sequence[KernelRow]) -> tuple[str | None, str | None]:
-    """The top kernels filed as ``other`` (name and share) and the taxonomy snippet that would file them."""
-    other: dict[str, float] = {}
-    for k in rows:
-        if k.category == "other":
-            other[k.name] = other.get(k.name, 0.0) + k.total_us
-    if not other:
-        return None, None
-    total = sum(k.total_us for k in rows)
-    top = sorted(other, key=lambda n: -other[n])[:3]
-    text = ", ".join(f"{n[:80]} ({100 * other[n] / total:.1f}%)" for n in top)
-    return text, taxonomy_snippet(top)
