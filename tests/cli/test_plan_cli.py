@@ -103,7 +103,7 @@ CPU = DATA / "vllm-cpu-profile"
 GLOO = DATA / "comm" / "cpu_ws2_gloo.json"  # bench comm --backend gloo on this CPU VM: device "cpu (gloo)"
 
 
-def test_cpu_capture_for_kimi_on_rtx_pro_6000_is_refused_then_forced_and_named() -> None:
+def test_cpu_capture_for_kimi_on_rtx_pro_6000_is_refused_and_force_does_not_pass_physics() -> None:
     args = ["plan", "--model", "kimi-k2.5", "--hardware", "rtx-pro-6000", "--gpus", "8", "--batch", "1,8",
             "--calibrate", str(CPU / "tp1_b4.analysis.json")]
     refused = runner.invoke(app, args)
@@ -111,12 +111,25 @@ def test_cpu_capture_for_kimi_on_rtx_pro_6000_is_refused_then_forced_and_named()
     lines = [ln for ln in refused.output.splitlines() if ln.strip()]
     assert len(lines) == 1, refused.output
     assert str(CPU / "tp1_b4.analysis.json") in lines[0] and "work kind: CPU operators" in lines[0]
-    assert "model: captured serving tiny-llama, the plan is for kimi-k2.5" in lines[0] and "--force" in lines[0]
+    assert ("model: captured serving tiny-llama (the document's profile section), the plan is for kimi-k2.5"
+            in lines[0] and "--force" in lines[0])
+    assert "TP: the capture ran TP=1 on 1 GPU, the plan is for 8" in lines[0]
+    # --force takes the provenance, not the physics: a 1.4 ms step cannot hold Kimi's weights read once
+    forced = runner.invoke(app, [*args, "--force"])
+    assert forced.exit_code == 2
+    line = forced.output.strip()
+    assert "\n" not in line and "is shorter than reading its weights once at the datasheet rate" in line
+
+
+def test_cpu_capture_forced_onto_a_gpu_plan_is_named() -> None:
+    args = ["plan", "--model", str(CPU / "tiny-llama.config.json"), "--hardware", "rtx-pro-6000", "--gpus", "1",
+            "--batch", "1,8", "--context", "48", "--calibrate", str(CPU / "tp1_b4.analysis.json")]
+    assert runner.invoke(app, args).exit_code == 2
     forced = runner.invoke(app, [*args, "--force"])
     assert forced.exit_code == 0, forced.output
     assert forced.stdout.startswith("FORCED --calibrate ") and "work kind" in forced.stdout.splitlines()[0]
     doc = json.loads(runner.invoke(app, [*args, "--force", "--json"]).stdout)
-    assert doc["notes"][0] == doc["forced"][0] and "tiny-llama" in doc["forced"][0]
+    assert doc["notes"][0] == doc["forced"][0] and "work kind: CPU operators" in doc["forced"][0]
 
 
 def test_gloo_curve_from_this_cpu_for_an_h200_plan_is_refused_then_forced_and_named() -> None:

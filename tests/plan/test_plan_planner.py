@@ -56,10 +56,15 @@ def test_recommendation_counts_wins_and_says_why() -> None:
     assert nothing["layout"] is None and "too big" in nothing["reasons"][0]
 
 
-def test_kimi_on_two_h200_recommends_nothing() -> None:
-    doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="h200", gpus=2, batches=(1,)))
-    assert not any(x["feasible"] for x in doc["layouts"])
-    assert doc["recommendation"]["layout"] is None
+def test_kimi_on_two_h200_is_refused_in_one_line() -> None:
+    # Nothing to plan (issue 24 item 5): no layout's weights fit, so no table of infeasible rows, one error.
+    with pytest.raises(InputError, match=r"no layout of kimi-k2.5 fits on 2 × .*TP=2: weights .* exceed"):
+        run_plan(PlanRequest(model="kimi-k2.5", hardware="h200", gpus=2, batches=(1,)))
+
+
+def test_gpus_that_split_nothing_are_refused() -> None:
+    with pytest.raises(InputError, match="no layout splits llama-3-70b over 1000 GPUs"):
+        run_plan(PlanRequest(model="llama-3-70b", hardware="h200", gpus=1000, batches=(1,)))
 
 
 def test_pcie_box_without_curves_says_assumed() -> None:

@@ -54,11 +54,30 @@ def test_h200_capture_on_the_h200_plan_passes_and_says_what_was_not_checked(h200
     doc = run_plan(PlanRequest(model=str(config), hardware="h200", gpus=1, batches=(16,), context=56,
                                calibrate=str(analysis)))
     assert doc["forced"] == []
-    unchecked = [n for n in doc["notes"] if "not checked against the plan" in n]
-    assert len(unchecked) == 1 and "model (" in unchecked[0] and "device" not in unchecked[0]  # device was read
+    # the device from the trace's header, the model's shape from the provenance.json beside it: all checked
+    assert not [n for n in doc["notes"] if "not checked against the plan" in n]
 
 
-def test_h200_capture_for_another_gpu_is_refused_naming_the_device(h200_capture: tuple[Path, Path]) -> None:
+def test_capture_of_another_model_is_refused_by_its_shape(h200_capture: tuple[Path, Path]) -> None:
+    """The analysis names no model; the provenance.json beside its trace gives the shape (issue 24 item 5)."""
+    analysis, _ = h200_capture
+    with pytest.raises(InputError) as err:
+        run_plan(PlanRequest(model="llama-3-70b", hardware="h200", gpus=1, batches=(16,), context=56,
+                             calibrate=str(analysis)))
+    assert "model: captured serving llama8b-16l" in err.value.problem
+    assert "hidden 4096 ≠ 8192, layers 16 ≠ 80" in err.value.problem
+
+
+def test_tp1_capture_for_an_eight_gpu_plan_is_refused(h200_capture: tuple[Path, Path]) -> None:
+    """PP=8 has TP=1, which let a one-GPU capture through before (issue 24)."""
+    analysis, config = h200_capture
+    with pytest.raises(InputError, match="TP: the capture ran TP=1 on 1 GPU, the plan is for 8"):
+        run_plan(PlanRequest(model=str(config), hardware="h200", gpus=8, batches=(16,), context=56,
+                             calibrate=str(analysis)))
+
+
+def test_h200_capture_for_another_gpu_is_refused_naming_the_device(h200_capture: tuple[Path, Path],
+                                                                   tmp_path: Path) -> None:
     analysis, config = h200_capture
     request = PlanRequest(model=str(config), hardware="rtx-pro-6000", gpus=1, batches=(16,), context=56,
                           calibrate=str(analysis))
@@ -66,7 +85,13 @@ def test_h200_capture_for_another_gpu_is_refused_naming_the_device(h200_capture:
         run_plan(request)
     assert err.value.source == str(analysis)
     assert "device: captured on NVIDIA H200" in err.value.problem and "work kind" not in err.value.problem
-    doc = run_plan(PlanRequest(**{**request.__dict__, "force": True}))
+    # forced onto the RTX PRO 6000 (1792 GB/s) the H200's 4.0 ms step reads 7.2 GB faster than that card can
+    with pytest.raises(InputError, match=r"decode step \(3992 µs\) is shorter than reading its weights"):
+        run_plan(PlanRequest(**{**request.__dict__, "force": True}))
+    # forced onto a faster device (a profile of our own that does not describe an H200) it is used and named
+    fast = tmp_path / "fast.toml"
+    fast.write_text('name = "fast"\nmatch = ["B200"]\nmemory_gb = 180\nhbm_gbps = 8000\n', encoding="utf-8")
+    doc = run_plan(PlanRequest(**{**request.__dict__, "hardware": str(fast), "force": True}))
     assert len(doc["forced"]) == 1 and "NVIDIA H200" in doc["forced"][0] and doc["notes"][0] == doc["forced"][0]
 
 
@@ -75,7 +100,7 @@ def test_capture_at_a_tp_no_layout_has_is_refused() -> None:
     with pytest.raises(InputError) as err:
         run_plan(PlanRequest(model=str(CPU / "tiny-llama.config.json"), hardware="h200", gpus=1, batches=(4,),
                              context=48, calibrate=str(CPU / "tp2_b4.analysis.json")))
-    assert "TP: the capture ran TP=2, the planned layouts have TP 1" in err.value.problem
+    assert "TP: the capture ran TP=2 on 2 GPUs, the plan is for 1" in err.value.problem
     assert "model:" not in err.value.problem  # tiny-llama served, tiny-llama planned
 
 

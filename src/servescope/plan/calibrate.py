@@ -90,6 +90,13 @@ note says so. (The real vLLM MoE captures of ``tests/data/h200-vllm`` ran 8 expe
 as 82 and 126 experts, calibrated at 16 the planner fitted an HBM efficiency of 2.9, and from batch 1 it predicted
 16 and 64 at +52% and +90% once the host time was no longer a floor.)
 
+**Physics.** A fit is refused (``InputError``, one line with the numbers; ``--force`` does not pass it) when no real
+run of this model on this device could have given it: the capture's decode step shorter than reading the weights
+one GPU holds on a token's path once at the datasheet HBM rate; a fitted ``hbm_efficiency`` or
+``attention_efficiency`` above 1 (the part ran faster than the datasheet allows); a negative fixed time,
+per-request cost, scale or call count; a collective scale of 0 or less. Before 2026-12-05 such fits were used
+(a Qwen3-30B-A3B capture gave a 70B model ``hbm_efficiency`` 40 and 0.09 ms of weight reads a step).
+
 No number from a capture at another batch enters the fit; the hardware profile's floors come from
 ``tools/bench_kernel_floor.py``, a separate benchmark on the same kind of GPU.
 """
@@ -105,7 +112,7 @@ from typing import Any
 from servescope.core.analysis import AnalysisDoc, KernelRow, PhaseStats, RankAnalysis, StepRow, decode_analysis
 from servescope.core.errors import InputError
 from servescope.plan.collectives import CommCosts
-from servescope.plan.cost import layout_memory, predict_point
+from servescope.plan.cost import PointCost, layout_memory, predict_point
 from servescope.plan.factors import Factors
 from servescope.plan.hardware import HardwareProfile
 from servescope.plan.layouts import Layout
@@ -457,15 +464,43 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
         fitted["host_step_us"] = phase.step_us.mean
         notes.append(f"launch-bound capture: the device idled {phase.idle_us_per_step:.0f} of "
                      f"{phase.step_us.mean:.0f} µs per step; the step is held at least that long (host_step_us)")
-    if fitted.get("hbm_efficiency", 0.0) > 1.0:
-        notes.append("hbm_efficiency above 1: the capture read weights faster than the profile's HBM rate "
-                     "(another device, or a cache-resident model)")
     measured["other"] = measured_other
+    _check_physics(source, hw, fitted, step_us=phase.step_us.mean,
+                   floor=predict_point(arch, layout, hw, unit, batch=batch, context=ctx, memory=memory),
+                   measured_us=measured)
     return Calibration(path=source, rank=rank.rank, tp=tp, batch=batch, context=ctx, mode=mode,
                        measured_ms={k: v / 1e3 for k, v in measured.items()},
                        modelled_ms={**{k: at_batch[k] / 1e3 for k in ("weights", "attention", "collectives")},
                                     "other": base_other / 1e3}, fitted=fitted, routing=routing,
                        points=points, notes=notes)
+
+
+def _check_physics(source: str, hw: HardwareProfile, fitted: dict[str, float], *, step_us: float,
+                   floor: PointCost, measured_us: dict[str, float]) -> None:
+    """Refuse a fit that no real run of this model on this device can give (module doc, "Physics").
+
+    Raises:
+        InputError: one line naming the first impossibility and its numbers.
+    """
+    read_us = floor.weight_bytes / (hw.hbm_gbps * 1e3)
+    if hw.hbm_gbps > 0 and step_us < read_us:
+        raise InputError(source, f"the capture's decode step ({step_us:.0f} µs) is shorter than reading its "
+                         f"weights once at the datasheet rate ({floor.weight_bytes / 1e9:.2f} GB per GPU at "
+                         f"{hw.hbm_gbps:.0f} GB/s = {read_us:.0f} µs): not this model on this device")
+    for name in ("hbm_efficiency", "attention_efficiency"):
+        value = fitted.get(name)
+        if value is not None and value > 1.0:
+            part = "weights" if name == "hbm_efficiency" else "attention"
+            raise InputError(source, f"{name} {value:.2f} fitted: the capture's {part} "
+                             f"({measured_us[part]:.0f} µs a step) ran faster than the datasheet's "
+                             f"{hw.hbm_gbps:.0f} GB/s allows; not this model on this device")
+    for name in ("weights_fixed_us", "attention_fixed_us", "us_per_request", "other_scale", "other_calls",
+                 "host_step_us"):
+        value = fitted.get(name)
+        if value is not None and value < 0:
+            raise InputError(source, f"{name} {value:.2f} fitted: a negative time is not a cost")
+    if fitted.get("collective_scale", 1.0) <= 0:
+        raise InputError(source, f"collective_scale {fitted['collective_scale']:.3f} fitted: collectives take time")
 
 
 def apply_calibration(factors: Factors, calibration: Calibration) -> Factors:

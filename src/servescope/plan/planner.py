@@ -261,12 +261,15 @@ def run_plan(request: PlanRequest) -> dict[str, Any]:
     for s in sources:
         if s.doc.interconnect not in (hw.interconnect, "unknown"):
             notes.append(f"{s.path}: measured over {s.doc.interconnect}, the profile says {hw.interconnect}")
+    if not layouts:
+        raise InputError("--gpus", f"no layout splits {arch.name} over {request.gpus} GPUs: "
+                         f"{'; '.join(skipped[:3])}{'; …' if len(skipped) > 3 else ''}")
     comm = CommCosts(hw, factors, sources, graph=request.graph)
     calibration = None
     if request.calibrate is not None:
         source, capture, raw = read_capture(request.calibrate)
         diffs, unchecked = calibration_differences(capture, raw, arch, hw, tp=capture_tp(capture),
-                                                   planned_tp={x.tp for x in layouts})
+                                                   planned_tp={x.tp for x in layouts}, gpus=request.gpus)
         admit(source, "--calibrate", diffs)
         if unchecked:
             notes.append(f"{source}: not checked against the plan: {', '.join(unchecked)}")
@@ -298,6 +301,10 @@ def run_plan(request: PlanRequest) -> dict[str, Any]:
         "points": [_point_json(p) for p in ev.points],
     } for ev in evaluated]
     feasible = [ev for ev in evaluated if ev.memory.feasible]
+    if not feasible:
+        why = "; ".join(f"{ev.layout.name}: {ev.memory.reason}" for ev in evaluated[:3])
+        raise InputError("--gpus", f"no layout of {arch.name} fits on {request.gpus} × {hw.gpu or hw.name} at "
+                         f"context {request.context:,}: {why}{'; …' if len(evaluated) > 3 else ''}")
 
     def step_at(i: int, batch: int) -> float:
         ev = feasible[i]

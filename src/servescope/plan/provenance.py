@@ -7,11 +7,16 @@ A calibration (``--calibrate``, an ``analyze --json`` document) is checked again
 - *device*: the analysis document does not record the device, so it is read from the ``deviceProperties`` of
   the traces it names (``inputs``), when they are on this machine; the name must contain one of the
   hardware profile's ``match`` strings. Traces not at hand: not checked, said in the notes;
-- *model*: the served model's name (``profile.model``, present in ``profile --json`` documents) against the
-  planned model's name, both reduced to lower-case letters and digits (``moonshotai/Kimi-K2.5`` = ``kimi-k2.5``;
-  a config file by its file or folder name). No ``profile`` section: not checked, said in the notes;
-- *TP*: the capture's tensor-parallel size (its ranks or world size) must be the TP of one of the planned
-  layouts (a fit from TP=2 says nothing about the collectives or per-rank shares of a plan without TP=2).
+- *model*: by its shape when one is known: the ``model_shape`` (a HF config) of a ``provenance.json`` beside the
+  worker traces, compared field by field (width, layers, heads, KV heads, MLP widths, experts, vocabulary) with
+  the planned model; else by name: the served model's name (``profile.model`` of a ``profile --json``
+  document, or of a ``profile.json`` beside the traces; the ``--served-model-name`` / ``--model`` of the command
+  line in a ``settings.json`` beside them) against the planned model's name, both reduced to lower-case letters
+  and digits (``moonshotai/Kimi-K2.5`` = ``kimi-k2.5``; a config file by its file or folder name). Neither:
+  not checked, said in the notes;
+- *TP*: the capture's tensor-parallel size (its ranks or world size) must be the plan's GPU count and the TP of
+  one of the planned layouts (a fit from TP=1 on one GPU says nothing about the collectives or per-rank shares of
+  eight GPUs; before 2026-12-05 a TP=1 capture passed for an 8-GPU plan because PP=8 has TP=1).
 
 A collective curve given with ``--comm`` is checked for its *device* (the curve's ``device`` must contain one
 of the profile's ``match`` strings) and its *backend* (a GPU plan needs a GPU collective library: nccl or
@@ -24,16 +29,24 @@ differs) unless ``--force``; with it the input is used and named in the headline
 from __future__ import annotations
 
 import gzip
+import json
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
 from servescope.core.analysis import AnalysisDoc
 from servescope.core.comm import CurveDoc
+from servescope.core.errors import InputError
 from servescope.plan.hardware import HardwareProfile
-from servescope.plan.model import ModelArch
+from servescope.plan.model import ModelArch, arch_from_hf_config
 
-__all__ = ["GPU_BACKENDS", "calibration_differences", "curve_differences", "model_key", "trace_device"]
+__all__ = ["GPU_BACKENDS", "calibration_differences", "capture_model", "curve_differences", "model_key",
+           "shape_differences", "trace_device"]
+
+# Fields of the architecture whose difference makes a capture another model (shape comparison).
+SHAPE_FIELDS = ("hidden", "layers", "heads", "kv_heads", "intermediate", "moe_intermediate", "experts", "top_k",
+                "vocab")
 
 GPU_BACKENDS = ("nccl", "rccl")
 _HEAD_BYTES = 1 << 16  # deviceProperties sits in the trace's header, before traceEvents
@@ -65,8 +78,72 @@ def _describes(hw: HardwareProfile, device: str) -> bool:
     return any(m and m.lower() in device.lower() for m in hw.match)
 
 
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def _command_model(settings: Any) -> str | None:
+    """The served model name (or the ``--model``) of the command line in a ``settings`` document."""
+    groups = settings.get("groups") if isinstance(settings, dict) else None
+    for group in groups if isinstance(groups, list) else []:
+        for item in group.get("settings", []) if isinstance(group, dict) else []:
+            if isinstance(item, dict) and item.get("key") == "command line" and isinstance(item.get("value"), str):
+                try:
+                    words = shlex.split(item["value"])
+                except ValueError:
+                    words = item["value"].split()
+                found: dict[str, str] = {}
+                for i, word in enumerate(words):
+                    for flag in ("--served-model-name", "--model"):
+                        if word == flag and i + 1 < len(words):
+                            found[flag] = words[i + 1]
+                        elif word.startswith(flag + "="):
+                            found[flag] = word.split("=", 1)[1]
+                return found.get("--served-model-name") or found.get("--model")
+    return None
+
+
+def capture_model(doc: AnalysisDoc, raw: Any) -> tuple[str | None, ModelArch | None, str]:
+    """(served model name, model shape, where they were read) of a calibration capture (module doc)."""
+    name: str | None = None
+    where = ""
+    prof = raw.get("profile") if isinstance(raw, dict) else None
+    if isinstance(prof, dict) and isinstance(prof.get("model"), str) and prof["model"]:
+        name, where = prof["model"], "the document's profile section"
+    folders = sorted({Path(t.path).parent for t in doc.traces if t.role == "worker"})
+    for folder in folders:
+        prov = _read_json(folder / "provenance.json")
+        shape = prov.get("model_shape") if isinstance(prov, dict) else None
+        if isinstance(shape, dict):
+            label = str(prov.get("model") or folder.name)
+            try:
+                return name or label, arch_from_hf_config(shape, name=label, source=str(folder / "provenance.json")), \
+                    str(folder / "provenance.json")
+            except InputError:
+                pass
+        if name is None:
+            profile = _read_json(folder / "profile.json")
+            inner = profile.get("profile") if isinstance(profile, dict) else None
+            if isinstance(inner, dict) and isinstance(inner.get("model"), str) and inner["model"]:
+                name, where = inner["model"], str(folder / "profile.json")
+        if name is None:
+            served = _command_model(_read_json(folder / "settings.json"))
+            if served:
+                name, where = served, str(folder / "settings.json")
+    return name, None, where
+
+
+def shape_differences(captured: ModelArch, arch: ModelArch) -> list[str]:
+    """``field captured ≠ planned`` for each :data:`SHAPE_FIELDS` field that differs."""
+    return [f"{f} {getattr(captured, f)} ≠ {getattr(arch, f)}" for f in SHAPE_FIELDS
+            if getattr(captured, f) != getattr(arch, f)]
+
+
 def calibration_differences(doc: AnalysisDoc, raw: Any, arch: ModelArch, hw: HardwareProfile, *, tp: int,
-                            planned_tp: set[int]) -> tuple[list[str], list[str]]:
+                            planned_tp: set[int], gpus: int | None = None) -> tuple[list[str], list[str]]:
     """(what differs from the plan, what could not be checked) for a calibration document (module doc)."""
     diffs: list[str] = []
     unchecked: list[str] = []
@@ -82,14 +159,21 @@ def calibration_differences(doc: AnalysisDoc, raw: Any, arch: ModelArch, hw: Har
                          f"(profile {hw.name} matches {', '.join(hw.match) or 'no device name'})")
     else:
         unchecked.append("device (the analysis does not record it and its traces are not here)")
-    prof = raw.get("profile") if isinstance(raw, dict) else None
-    served = prof.get("model") if isinstance(prof, dict) else None
-    if isinstance(served, str) and served:
+    served, shape, where = capture_model(doc, raw)
+    if shape is not None:
+        differ = shape_differences(shape, arch)
+        if differ:
+            diffs.append(f"model: captured serving {served} ({where}), whose shape is not {arch.name}'s: "
+                         f"{', '.join(differ)}")
+    elif served:
         if model_key(served) != model_key(arch.name):
-            diffs.append(f"model: captured serving {served}, the plan is for {arch.name}")
+            diffs.append(f"model: captured serving {served} ({where}), the plan is for {arch.name}")
     else:
-        unchecked.append("model (the analysis has no profile section naming it)")
-    if planned_tp and tp not in planned_tp:
+        unchecked.append("model (no profile section, and no provenance.json, profile.json or settings.json "
+                         "beside its traces names it)")
+    if gpus is not None and tp != gpus:
+        diffs.append(f"TP: the capture ran TP={tp} on {tp} GPU{'s' if tp != 1 else ''}, the plan is for {gpus}")
+    elif planned_tp and tp not in planned_tp:
         diffs.append(f"TP: the capture ran TP={tp}, the planned layouts have TP "
                      f"{', '.join(map(str, sorted(planned_tp)))}")
     return diffs, unchecked
