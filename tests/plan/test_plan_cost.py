@@ -128,7 +128,8 @@ def test_feasibility_flips_with_memory(tmp_path: Path) -> None:
 def test_point_parts_by_hand() -> None:
     layout, batch, context = Layout(kind="tp", tp=4), 8, 1000
     mem = layout_memory(LLAMA, layout, H200, FACTORS, context=context)
-    point = predict_point(LLAMA, layout, H200, CommCosts(H200, FACTORS, []), batch=batch, context=context,
+    comm = CommCosts(H200, FACTORS, [], engine=None)
+    point = predict_point(LLAMA, layout, H200, comm, batch=batch, context=context,
                           memory=mem)
     read = (80 * (2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672) + 128256 * 8192) * 2 / 4  # no embedding
     assert point.weight_bytes == pytest.approx(read)
@@ -178,7 +179,7 @@ def test_alike_requests_route_to_top_k_experts_at_any_batch() -> None:
     alike = independent.replaced("calibrated", routing="alike")
 
     def read(factors: Factors, batch: int) -> float:
-        comm = CommCosts(hw, factors, [])
+        comm = CommCosts(hw, factors, [], engine=None)
         memory = layout_memory(arch, layout, hw, factors, context=1024)
         return predict_point(arch, layout, hw, comm, batch=batch, context=1024, memory=memory).weight_bytes
 

@@ -96,7 +96,7 @@ def _curve_file(path: Path, *, world: int, points: list[tuple[int, float]], op: 
 def test_user_curve_is_used_for_its_world_size_only(tmp_path: Path) -> None:
     hw = load_hardware("h200")
     path = _curve_file(tmp_path / "c.json", world=8, points=[(1024, 10.0), (4096, 40.0)])
-    comm = CommCosts(hw, FACTORS, [user_curves(path)])
+    comm = CommCosts(hw, FACTORS, [user_curves(path)], engine=None)
     assert comm.time_us("all_reduce", 8, 1024) == (10.0, "measured curve")
     t, origin = comm.time_us("all_reduce", 8, 2048)  # halfway in log bytes: geometric mean of the times
     assert origin == "measured curve" and t == pytest.approx(math.sqrt(10.0 * 40.0))
@@ -111,15 +111,15 @@ def test_graph_curve_preferred_and_scale_applied(tmp_path: Path) -> None:
     eager = user_curves(_curve_file(tmp_path / "e.json", world=2, points=[(1024, 20.0)]))
     graph = user_curves(_curve_file(tmp_path / "g.json", world=2, points=[(1024, 5.0)], graph=True,
                                     source="published"))
-    comm = CommCosts(hw, FACTORS, [eager, graph])
+    comm = CommCosts(hw, FACTORS, [eager, graph], engine=None)
     assert comm.time_us("all_reduce", 2, 512) == (20.0, "measured curve")  # first file wins, its eager curve
-    comm = CommCosts(hw, FACTORS.replaced("calibrated", collective_scale=2.0), [graph, eager])
+    comm = CommCosts(hw, FACTORS.replaced("calibrated", collective_scale=2.0), [graph, eager], engine=None)
     assert comm.time_us("all_reduce", 2, 512) == (10.0, "published curve")
 
 
 def test_real_world_size_one_file_loads_and_single_gpu_costs_nothing() -> None:
     hw = load_hardware("h200")
-    comm = CommCosts(hw, FACTORS, [user_curves(DATA / "comm" / "h200_ws1_nccl.json")])
+    comm = CommCosts(hw, FACTORS, [user_curves(DATA / "comm" / "h200_ws1_nccl.json")], engine=None)
     assert comm.time_us("all_reduce", 1, 1 << 20) == (0.0, "assumed")
     assert comm.curve_for("all_reduce", 8) is None
 

@@ -32,6 +32,10 @@ def plan(
     force: Annotated[bool, typer.Option("--force", help="Use a --comm curve or --calibrate capture from another "
                                         "device, backend, work kind, model or TP instead of refusing it "
                                         "(named in the headline and the notes).")] = False,
+    env: Annotated[list[str] | None, typer.Option("--env", help="The serving unit's environment, KEY=VALUE, "
+                                                  "repeatable (NCCL_PROTO, NCCL_ALGO, NCCL_P2P_LEVEL, "
+                                                  "VLLM_ALLREDUCE_USE_SYMM_MEM, …): the all-reduce path vLLM "
+                                                  "takes and the NCCL curve used.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan document as JSON.")] = False,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the JSON document here.")] = None,
     html_out: Annotated[Path | None, typer.Option("--html", help="Write an HTML report with a chart here.")] = None,
@@ -45,10 +49,16 @@ def plan(
         for flag, path in (("--comm", comm), ("--calibrate", calibrate)):
             if path is not None and not path.is_file():
                 raise InputError(str(path), f"no such file ({flag})")
+        pairs: dict[str, str] = {}
+        for item in env or []:
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise InputError("--env", f"expected KEY=VALUE, got {item!r}")
+            pairs[key.strip()] = value.strip()
         request = PlanRequest(model=model, hardware=hardware, gpus=gpus, batches=parse_batches(batch),
                               context=context, comm=None if comm is None else str(comm),
                               calibrate=None if calibrate is None else str(calibrate), graph=not eager,
-                              force=force)
+                              force=force, env=pairs)
         doc = run_plan(request)
         text = plan_to_json(doc)
         if output is not None:

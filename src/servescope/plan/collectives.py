@@ -14,6 +14,16 @@ Sources, first match wins for a (op, group size):
    nccl-tests' bus factors (all_reduce 2(n−1)/n, the others (n−1)/n, send_recv 1). On PCIe this is the
    "one x16 link per GPU, no multicast" picture: an all_to_all pushes (n−1)/n of its buffer through it.
 
+Since issue 24 an all-reduce first takes the path the engine takes (:func:`servescope.plan.paths.allreduce_path`:
+vLLM 0.26's custom all-reduce one-shot / two-shot, torch symmetric memory, or NCCL) and is priced on it, in this
+order: the user's ``--comm`` curve (NCCL only), an ``in-situ`` point (a kernel in a real trace:
+``data/comm/points.toml``), a ``published`` point (a microbenchmark of that implementation), a bundled curve
+(NCCL only, the variant timed with the unit's ``NCCL_ALGO`` / ``NCCL_PROTO`` / ``NCCL_NVLS_ENABLE`` where one
+exists), the α-β estimate (one hop for a one-shot kernel, two for a two-shot). A figure not measured in a real
+step gets the wait for the last rank added (``Factors.wait_us``, ``data/plan.toml`` ``[comm.wait]``), kept apart
+in :class:`Priced`. ``NCCL_PROTO=LL`` counts the bandwidth term twice on the NCCL path
+(:func:`servescope.plan.paths.nccl_env_effects`).
+
 A curve file is used only for its own world size: its numbers say nothing about another group size.
 Within a file the ``default`` variant is used, replayed from a CUDA graph when the file has it (vLLM
 decodes inside CUDA graphs), else eager. ``bytes`` follow nccl-tests' *size* (core/comm.py): all_reduce
@@ -31,11 +41,35 @@ from servescope.core.comm import OPS, CurveDoc, OpCurve, bus_factor, curve_doc_f
 from servescope.core.files import read_json
 from servescope.plan.factors import Factors
 from servescope.plan.hardware import HardwareProfile
+from servescope.plan.paths import PathChoice, Point, allreduce_path, load_points, nccl_env_effects, point_time_us
 
-__all__ = ["ALL_OPS", "CommCosts", "CurveSource", "bundled_curves", "estimate_us", "user_curves"]
+__all__ = ["ALL_OPS", "CommCosts", "CurveSource", "Priced", "bundled_curves", "estimate_us", "user_curves"]
 
 ALL_OPS = (*OPS, "send_recv")
 MEASURED, PUBLISHED, ASSUMED = "measured curve", "published curve", "assumed"
+IN_SITU, PUBLISHED_POINT = "in-situ", "published point"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Priced:
+    """One collective call as priced: ``us`` = transfer (with ``collective_scale``) + ``wait_us``.
+
+    Attributes:
+        us: the whole call, µs.
+        wait_us: the part that is the wait for the last rank added to a microbenchmark figure (0 for in-situ).
+        origin: where the transfer figure came from (``in-situ``, ``published point``, ``published curve``,
+            ``measured curve``, ``assumed``).
+        impl: the implementation (``paths.IMPLS``; ``nccl`` for every op but a routed all-reduce).
+        why: the path rule that chose it.
+        source: the document or file behind the figure.
+    """
+
+    us: float
+    wait_us: float
+    origin: str
+    impl: str
+    why: str
+    source: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,40 +137,92 @@ class CommCosts:
     """Collective times for one hardware profile, from curves where they exist, else the α-β estimate.
 
     Args:
-        hw: the hardware profile (link bandwidth and kind for the estimate).
+        hw: the hardware profile (link bandwidth and kind for the estimate; what the path rules read).
         factors: ``link_efficiency``, ``comm_alpha`` and ``collective_scale``.
         sources: curve documents in order of preference.
         graph: prefer curves timed inside a CUDA graph.
+        env: the serving unit's environment (``NCCL_*``, ``VLLM_*``): the path and the curve variant.
+        points: per-call points (default: ``data/comm/points.toml``).
+        user_path: the ``--comm`` file's path: its curve is preferred over any point.
+        engine: ``"vllm"`` (the path of :mod:`servescope.plan.paths`, points, the wait term) or ``None``: every op
+            as plain NCCL from the curves or the α-β estimate, no wait (the curve machinery on its own).
     """
 
     def __init__(self, hw: HardwareProfile, factors: Factors, sources: list[CurveSource], *,
-                 graph: bool = True) -> None:
+                 graph: bool = True, env: dict[str, str] | None = None, points: list[Point] | None = None,
+                 user_path: str | None = None, engine: str | None = "vllm") -> None:
         self.hw, self.factors, self.sources, self.graph = hw, factors, sources, graph
+        self.user_path, self.engine = user_path, engine
+        self.env = dict(env or {})
+        self.points = load_points() if points is None else points
+        self.nccl_env = nccl_env_effects(self.env)
 
     def curve_for(self, op: str, group: int) -> tuple[OpCurve, CurveSource] | None:
         """The curve used for ``op`` over ``group`` GPUs and its source, ``None`` when the estimate is used."""
         if op not in OPS or group <= 1:
             return None
+        prefer = {k: v.lower() for k, v in self.nccl_env.prefer.items()}
         for source in self.sources:
             if source.doc.world_size != group:
                 continue
+            if prefer:  # a variant timed under the unit's NCCL_ALGO / NCCL_PROTO / NCCL_NVLS_ENABLE
+                for c in source.doc.curves:
+                    if (c.op == op and c.points and all(c.env.get(k, "").lower() == v for k, v in prefer.items())):
+                        return c, source
             for graph in ((True, False) if self.graph else (False, True)):
                 curve = source.doc.curve(op, variant="default", graph=graph)
                 if curve is not None and curve.points:
                     return curve, source
         return None
 
+    def _point(self, op: str, impl: str, group: int, origin: str) -> Point | None:
+        for p in self.points:
+            if (p.op == op and p.impl == impl and p.group == group and p.origin == origin
+                    and self.hw.name in p.profiles):
+                return p
+        return None
+
+    def price(self, op: str, group: int, nbytes: float) -> Priced:
+        """One call of ``op`` over ``group`` GPUs at ``nbytes`` on the engine's path (module doc)."""
+        if group <= 1:
+            return Priced(us=0.0, wait_us=0.0, origin=ASSUMED, impl="none", why="one GPU", source="")
+        if self.engine is None:
+            found = self.curve_for(op, group)
+            if found is None:
+                t = estimate_us(op, group, nbytes, self.hw, self.factors)
+                return Priced(us=t * self.factors.collective_scale, wait_us=0.0, origin=ASSUMED, impl="nccl",
+                              why="plain NCCL (no engine path)", source="α-β estimate")
+            return Priced(us=time_us_at(found[0], nbytes) * self.factors.collective_scale, wait_us=0.0,
+                          origin=found[1].origin, impl="nccl", why="plain NCCL (no engine path)",
+                          source=found[1].path)
+        path = (allreduce_path(int(nbytes), group, self.hw, self.env) if op == "all_reduce" else
+                PathChoice(impl="nccl", why="NCCL (pynccl): vLLM 0.26 runs every collective but the TP all-reduce "
+                                            "through it (cuda_communicator.py)"))
+        scale = self.factors.collective_scale
+        wait = self.factors.wait_us
+        found = self.curve_for(op, group) if path.impl == "nccl" else None
+        if found is not None and found[1].path == self.user_path:
+            t, origin, source = time_us_at(found[0], nbytes), found[1].origin, found[1].path
+        elif (point := self._point(op, path.impl, group, "in-situ")) is not None:
+            return Priced(us=point_time_us(point, nbytes) * scale, wait_us=0.0, origin=IN_SITU, impl=path.impl,
+                          why=path.why, source=point.source)
+        elif (point := self._point(op, path.impl, group, "published")) is not None:
+            t, origin, source = point_time_us(point, nbytes), PUBLISHED_POINT, point.source
+        elif found is not None:
+            t, origin, source = time_us_at(found[0], nbytes), found[1].origin, found[1].path
+        else:
+            est_op = {"custom_1stage": "send_recv", "custom_2stage": "reduce_scatter"}.get(path.impl, op)
+            t, origin, source = estimate_us(est_op, group, nbytes, self.hw, self.factors), ASSUMED, "α-β estimate"
+        if path.impl == "nccl" and self.nccl_env.ll_only and op != "send_recv":
+            t += bus_factor(op, group) * nbytes / (self.hw.p2p_gbps * self.factors.link_efficiency * 1e3)
+        return Priced(us=t * scale + wait, wait_us=wait, origin=origin, impl=path.impl, why=path.why, source=source)
+
     def time_us(self, op: str, group: int, nbytes: float) -> tuple[float, str]:
         """(time of one op in µs including ``collective_scale``, origin of the figure)."""
-        if group <= 1:
-            return 0.0, ASSUMED
-        found = self.curve_for(op, group)
-        if found is None:
-            t, origin = estimate_us(op, group, nbytes, self.hw, self.factors), ASSUMED
-        else:
-            t, origin = time_us_at(found[0], nbytes), found[1].origin
-        return t * self.factors.collective_scale, origin
+        priced = self.price(op, group, nbytes)
+        return priced.us, priced.origin
 
     def with_factors(self, factors: Factors) -> CommCosts:
         """The same sources under other factors."""
-        return CommCosts(self.hw, factors, self.sources, graph=self.graph)
+        return CommCosts(self.hw, factors, self.sources, graph=self.graph, env=self.env, points=self.points,
+                         user_path=self.user_path, engine=self.engine)

@@ -83,6 +83,10 @@ class PointCost:
         kv_read_bytes: KV-cache bytes one GPU reads per step.
         compute_bound: whether GEMM FLOPs, not weight reads, set the weights part.
         fits_kv: whether the KV cache holds ``batch × context`` tokens.
+        collective_wait_ms: per op kind, the part of ``collective_ms`` that is the assumed wait for the last
+            rank (figures not measured in a real step).
+        collective_paths: per collective of the step, the path it takes and its figure: ``{op, what, count,
+            bytes_each, group, impl, why, origin, us_each, wait_us_each, source}``.
     """
 
     batch: int
@@ -95,6 +99,8 @@ class PointCost:
     kv_read_bytes: float
     compute_bound: bool
     fits_kv: bool
+    collective_wait_ms: dict[str, float] = field(default_factory=dict)
+    collective_paths: list[dict[str, object]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -220,11 +226,17 @@ def predict_point(arch: ModelArch, layout: Layout, hw: HardwareProfile, comm: Co
     colls = collectives_per_step(arch, layout, batch)
     coll_ms: dict[str, float] = {}
     coll_origins: list[str] = []
+    wait_ms: dict[str, float] = {}
+    paths: list[dict[str, object]] = []
     for c in colls:
-        t, origin = comm.time_us(c.op, c.group, c.bytes_each)
-        coll_ms[c.op] = coll_ms.get(c.op, 0.0) + c.count * t / 1e3
-        if origin not in coll_origins:
-            coll_origins.append(origin)
+        priced = comm.price(c.op, c.group, c.bytes_each)
+        coll_ms[c.op] = coll_ms.get(c.op, 0.0) + c.count * priced.us / 1e3
+        wait_ms[c.op] = wait_ms.get(c.op, 0.0) + c.count * priced.wait_us / 1e3
+        paths.append({"op": c.op, "what": c.what, "count": c.count, "bytes_each": c.bytes_each, "group": c.group,
+                      "impl": priced.impl, "why": priced.why, "origin": priced.origin, "us_each": priced.us,
+                      "wait_us_each": priced.wait_us, "source": priced.source})
+        if priced.origin not in coll_origins:
+            coll_origins.append(priced.origin)
     if colls and f.origins.get("collective_scale") == "calibrated":
         coll_origins.append("calibrated")
     other_us = (f.us_per_step + f.us_per_layer * arch.layers) * f.other_scale + f.us_per_request * attn_requests
@@ -250,4 +262,5 @@ def predict_point(arch: ModelArch, layout: Layout, hw: HardwareProfile, comm: Co
     return PointCost(
         batch=batch, step_ms=sum(parts.values()), parts_ms=parts, collectives=colls, collective_ms=coll_ms,
         origins=origins, weight_bytes=read, kv_read_bytes=kv_read, compute_bound=flops_us > bytes_us,
-        fits_kv=per_gpu_requests * context <= memory.kv_tokens_per_gpu)
+        fits_kv=per_gpu_requests * context <= memory.kv_tokens_per_gpu, collective_wait_ms=wait_ms,
+        collective_paths=paths)

@@ -51,6 +51,8 @@ class Factors:
         memory_utilization: share of a GPU's memory the engine may use.
         reserve_gib: activations, graphs and buffers per GPU, GiB.
         kv_bytes: bytes per KV-cache element.
+        wait_us: the wait for the last rank added to a collective call priced from a microbenchmark, µs
+            (``data/plan.toml`` ``[comm.wait]``).
         comm_alpha: per interconnect kind, ``(base_us, hop_us)`` of the α-β estimate.
         origins: per attribute name, ``assumed`` or ``calibrated``.
     """
@@ -72,6 +74,7 @@ class Factors:
     memory_utilization: float
     reserve_gib: float
     kv_bytes: float
+    wait_us: float = 0.0
     comm_alpha: dict[str, tuple[float, float]] = field(default_factory=dict)
     origins: dict[str, str] = field(default_factory=dict)
 
@@ -103,14 +106,15 @@ def default_factors() -> Factors:
     data = tomllib.loads(files("servescope").joinpath("data", "plan.toml").read_text(encoding="utf-8"))
     eff, over, mem = data["efficiency"], data["overhead"], data["memory"]
     routing = str(data.get("workload", {}).get("routing", "independent"))
-    alpha = {kind: (float(v["base_us"]), float(v["hop_us"])) for kind, v in data["comm"].items()}
+    alpha = {kind: (float(v["base_us"]), float(v["hop_us"])) for kind, v in data["comm"].items() if kind != "wait"}
+    wait = data["comm"].get("wait", {})
     values = dict(
         hbm_efficiency=float(eff["hbm"]), attention_efficiency=float(eff["attention"]),
         tflops_efficiency=float(eff["tflops"]), link_efficiency=float(eff["link"]),
         us_per_layer=float(over["us_per_layer"]), us_per_step=float(over["us_per_step"]),
         us_per_request=float(over.get("us_per_request", 0.0)),
         memory_utilization=float(mem["utilization"]), reserve_gib=float(mem["reserve_gib"]),
-        kv_bytes=float(mem["kv_bytes"]))
+        kv_bytes=float(mem["kv_bytes"]), wait_us=float(wait.get("us", 0.0)))
     return Factors(**values, routing=routing, comm_alpha=alpha,
                    origins=dict.fromkeys([*values, "routing", "collective_scale", "other_scale", "weights_fixed_us",
                                            "attention_fixed_us", "host_step_us", "other_calls"], "assumed"))

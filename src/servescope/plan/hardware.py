@@ -30,7 +30,11 @@ Fields read (top level unless a table is named):
   linearly, outside them held at the nearest; without the table it is ``kernel_floor_us.other`` at every
   batch.
 
-Other keys (``p2p``, ``nvlink_multicast``, ``pcie_gen``, ``tdp_w``, …) are ignored.
+- ``p2p`` (bool, default true), ``nvlink_multicast`` (bool, default false), ``compute_capability`` (str, e.g.
+  ``"9.0"``, default empty), ``platform`` (``"cuda"`` or ``"rocm"``, default ``"cuda"``): what decides the
+  all-reduce path vLLM takes (:mod:`servescope.plan.paths`).
+
+Other keys (``pcie_gen``, ``tdp_w``, …) are ignored.
 
 Example:
     >>> load_hardware("h200").hbm_gbps
@@ -80,6 +84,8 @@ class HardwareProfile:
         kernel_floor_source: where the floors were measured.
         other_floor_by_batch_us: batch size → mean duration of a decoder layer's small kernels, µs; empty
             when not measured.
+        p2p, nvlink_multicast, compute_capability, platform: GPU peer-to-peer, NVLink SHARP multicast, the CUDA
+            compute capability and the platform, as the engine's all-reduce choice reads them.
     """
 
     name: str
@@ -100,6 +106,10 @@ class HardwareProfile:
     kernel_floor_us: dict[str, float] = field(default_factory=dict)
     kernel_floor_source: str = ""
     other_floor_by_batch_us: dict[int, float] = field(default_factory=dict)
+    p2p: bool = True
+    nvlink_multicast: bool = False
+    compute_capability: str = ""
+    platform: str = "cuda"
 
     def other_floor_us(self, batch: int) -> float | None:
         """The duration of one small "other" kernel at ``batch`` requests, µs; ``None`` when not measured.
@@ -225,4 +235,14 @@ def _profile_from_text(text: str, where: str, *, default_name: str) -> HardwareP
         dense_tflops=tflops, interconnect=kind, p2p_gbps=p2p, p2p_origin=p2p_origin,
         base_us=_number(link, "base_us", inner) if "base_us" in link else None,
         hop_us=_number(link, "hop_us", inner) if "hop_us" in link else None,
+        p2p=_flag(data, "p2p", where, True), nvlink_multicast=_flag(data, "nvlink_multicast", where, False),
+        compute_capability=_text(data, "compute_capability", where, ""),
+        platform=_text(data, "platform", where, "cuda"),
     )
+
+
+def _flag(data: dict[str, Any], key: str, where: str, default: bool) -> bool:
+    value = data.get(key, default)
+    if not isinstance(value, bool):
+        raise InputError(where, f"{key}: expected true or false, got {value!r}")
+    return value

@@ -61,6 +61,9 @@ class PlanRequest:
         graph: prefer collective curves timed inside CUDA graphs.
         force: use a curve or calibration whose provenance differs from the plan
             (:mod:`servescope.plan.provenance`) instead of refusing it; it is named in ``forced`` and ``notes``.
+        env: the serving unit's environment (``NCCL_PROTO``, ``NCCL_ALGO``, ``NCCL_P2P_LEVEL``,
+            ``VLLM_ALLREDUCE_USE_SYMM_MEM``, …): the all-reduce path and the NCCL curve variant
+            (:mod:`servescope.plan.paths`).
     """
 
     model: str
@@ -72,6 +75,7 @@ class PlanRequest:
     calibrate: str | None = None
     graph: bool = True
     force: bool = False
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -203,10 +207,13 @@ def _point_json(p: PointCost) -> dict[str, Any]:
     colls: dict[str, dict[str, Any]] = {}
     for c in p.collectives:
         entry = colls.setdefault(c.op, {"count": 0, "bytes": 0, "bytes_each": [], "group": c.group,
-                                        "ms": p.collective_ms.get(c.op, 0.0)})
+                                        "ms": p.collective_ms.get(c.op, 0.0),
+                                        "wait_ms": p.collective_wait_ms.get(c.op, 0.0), "paths": []})
         entry["count"] += c.count
         entry["bytes"] += c.count * c.bytes_each
         entry["bytes_each"].append({"count": c.count, "bytes": c.bytes_each, "what": c.what})
+    for path in p.collective_paths:
+        colls[str(path["op"])]["paths"].append(path)
     step = p.step_ms
     return {"batch": p.batch, "step_ms": step, "tokens_per_s": p.batch / step * 1e3 if step else None,
             "parts_ms": p.parts_ms, "origins": p.origins,
@@ -264,7 +271,9 @@ def run_plan(request: PlanRequest) -> dict[str, Any]:
     if not layouts:
         raise InputError("--gpus", f"no layout splits {arch.name} over {request.gpus} GPUs: "
                          f"{'; '.join(skipped[:3])}{'; …' if len(skipped) > 3 else ''}")
-    comm = CommCosts(hw, factors, sources, graph=request.graph)
+    comm = CommCosts(hw, factors, sources, graph=request.graph, env=request.env,
+                     user_path=sources[0].path if request.comm is not None else None)
+    notes += comm.nccl_env.notes
     calibration = None
     if request.calibrate is not None:
         source, capture, raw = read_capture(request.calibrate)
@@ -319,7 +328,7 @@ def run_plan(request: PlanRequest) -> dict[str, Any]:
         "inputs": {"model": request.model, "hardware": request.hardware, "gpus": request.gpus,
                    "batches": list(request.batches), "context": request.context,
                    "comm": _file_info(request.comm), "calibrate": _file_info(request.calibrate),
-                   "graph": request.graph},
+                   "graph": request.graph, "env": dict(request.env)},
         "model": _model_json(arch), "hardware": _hardware_json(hw), "gpus": request.gpus,
         "context": request.context, "batches": list(request.batches),
         "factors": factors.table(),
