@@ -182,6 +182,21 @@ class CommCosts:
                 return p
         return None
 
+    def _from_point(self, point: Point, op: str, group: int, nbytes: float,
+                    curve: tuple[OpCurve, CurveSource] | None) -> float:
+        """The point's time within its measured sizes; past its largest, that time carried on by the shape of
+        the NCCL curve (else the α-β estimate) from there: a point's own slope, fitted on a few small sizes,
+        is not extended to messages many times larger."""
+        top = max(point.bytes)
+        if nbytes <= top:
+            return point_time_us(point, nbytes)
+        if curve is not None:
+            ratio = time_us_at(curve[0], nbytes) / max(time_us_at(curve[0], top), 1e-9)
+        else:
+            ratio = (estimate_us(op, group, nbytes, self.hw, self.factors)
+                     / max(estimate_us(op, group, top, self.hw, self.factors), 1e-9))
+        return point_time_us(point, top) * max(ratio, 1.0)
+
     def price(self, op: str, group: int, nbytes: float) -> Priced:
         """One call of ``op`` over ``group`` GPUs at ``nbytes`` on the engine's path (module doc)."""
         if group <= 1:
@@ -204,10 +219,10 @@ class CommCosts:
         if found is not None and found[1].path == self.user_path:
             t, origin, source = time_us_at(found[0], nbytes), found[1].origin, found[1].path
         elif (point := self._point(op, path.impl, group, "in-situ")) is not None:
-            return Priced(us=point_time_us(point, nbytes) * scale, wait_us=0.0, origin=IN_SITU, impl=path.impl,
-                          why=path.why, source=point.source)
+            return Priced(us=self._from_point(point, op, group, nbytes, found) * scale, wait_us=0.0, origin=IN_SITU,
+                          impl=path.impl, why=path.why, source=point.source)
         elif (point := self._point(op, path.impl, group, "published")) is not None:
-            t, origin, source = point_time_us(point, nbytes), PUBLISHED_POINT, point.source
+            t, origin, source = self._from_point(point, op, group, nbytes, found), PUBLISHED_POINT, point.source
         elif found is not None:
             t, origin, source = time_us_at(found[0], nbytes), found[1].origin, found[1].path
         else:
