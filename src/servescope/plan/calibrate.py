@@ -39,7 +39,10 @@ The step model (:mod:`servescope.plan.cost`) writes each of weights, attention a
   several batch sizes by ``tools/bench_kernel_floor.py``). Those kernels move activation-sized bytes, far
   below what HBM moves in a floor's time, so their time follows the floor curve and not the request count;
   the fits below see other *less* ``other_calls × floor(batch)`` (written *other′*);
-- collectives: ``collective_scale = measured / modelled`` (curve or α-β times at the capture's sizes).
+- collectives: the capture's own per-call times at its message sizes and group size (``Calibration.comm_points``,
+  origin ``calibrated``, :mod:`servescope.plan.captured`), used for every layout's collectives of the same op,
+  group size and path; only a capture whose collectives give no point (none it could size) still fits
+  ``collective_scale = measured / modelled`` (curve or α-β times at the capture's sizes).
 
 Two unknowns per part cannot come from one number, so what is fitted depends on what the capture shows
 (``Calibration.mode``):
@@ -111,12 +114,14 @@ from typing import Any
 
 from servescope.core.analysis import AnalysisDoc, KernelRow, PhaseStats, RankAnalysis, StepRow, decode_analysis
 from servescope.core.errors import InputError
+from servescope.plan.captured import captured_points
 from servescope.plan.collectives import CommCosts
 from servescope.plan.cost import PointCost, layout_memory, predict_point
 from servescope.plan.factors import Factors
 from servescope.plan.hardware import HardwareProfile
 from servescope.plan.layouts import Layout
 from servescope.plan.model import ModelArch
+from servescope.plan.paths import Point
 
 __all__ = ["GRAPH_REPLAYED", "MIN_GROUP_STEPS", "WEIGHT_CATEGORIES", "Calibration", "apply_calibration", "calibrate",
            "capture_tp", "read_capture"]
@@ -148,6 +153,7 @@ class Calibration:
         routing: how the capture's tokens picked their experts (``Factors.routing``, "independent" for a
             dense model); the predictions keep it (they are for the capture's workload at other batches).
         points: per batch group the fit used, ``{batch, steps, measured_ms}``.
+        comm_points: the capture's collectives as per-call points (origin ``calibrated``).
         notes: what was kept as assumed, and why.
     """
 
@@ -162,6 +168,7 @@ class Calibration:
     fitted: dict[str, float]
     routing: str = "independent"
     points: list[dict[str, Any]] = field(default_factory=list)
+    comm_points: list[Point] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -455,7 +462,11 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
     if hw.other_floor_us(1) is not None:
         fitted["other_calls"] = calls["other"]
     m, p = measured["collectives"], at_batch["collectives"]
-    if m > 0 and p > 0:
+    comm_points, comm_notes = captured_points(doc, rank, arch, hw, comm.env, tp=tp, batch=batch, source=source)
+    notes += comm_notes
+    if comm_points:  # the capture's own per-call times price its collectives; no scale on the others
+        notes.append("collective_scale: kept as assumed (the capture's collectives are priced from its own calls)")
+    elif m > 0 and p > 0:
         fitted["collective_scale"] = m / p
     else:
         notes.append(f"collective_scale: kept as assumed (the {'capture' if m <= 0 else 'model'} has no "
@@ -472,7 +483,7 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
                        measured_ms={k: v / 1e3 for k, v in measured.items()},
                        modelled_ms={**{k: at_batch[k] / 1e3 for k in ("weights", "attention", "collectives")},
                                     "other": base_other / 1e3}, fitted=fitted, routing=routing,
-                       points=points, notes=notes)
+                       points=points, comm_points=comm_points, notes=notes)
 
 
 def _check_physics(source: str, hw: HardwareProfile, fitted: dict[str, float], *, step_us: float,

@@ -16,7 +16,8 @@ Sources, first match wins for a (op, group size):
 
 Since issue 24 an all-reduce first takes the path the engine takes (:func:`servescope.plan.paths.allreduce_path`:
 vLLM 0.26's custom all-reduce one-shot / two-shot, torch symmetric memory, or NCCL) and is priced on it, in this
-order: the user's ``--comm`` curve (NCCL only), an ``in-situ`` point (a kernel in a real trace:
+order: a ``calibrated`` point (the user's own capture, ``--calibrate``: :mod:`servescope.plan.captured`), the
+user's ``--comm`` curve (NCCL only), an ``in-situ`` point (a kernel in a real trace:
 ``data/comm/points.toml``), a ``published`` point (a microbenchmark of that implementation), a bundled curve
 (NCCL only, the variant timed with the unit's ``NCCL_ALGO`` / ``NCCL_PROTO`` / ``NCCL_NVLS_ENABLE`` where one
 exists), the α-β estimate (one hop for a one-shot kernel, two for a two-shot). A figure not measured in a real
@@ -47,7 +48,7 @@ __all__ = ["ALL_OPS", "CommCosts", "CurveSource", "Priced", "bundled_curves", "e
 
 ALL_OPS = (*OPS, "send_recv")
 MEASURED, PUBLISHED, ASSUMED = "measured curve", "published curve", "assumed"
-IN_SITU, PUBLISHED_POINT = "in-situ", "published point"
+IN_SITU, PUBLISHED_POINT, CALIBRATED = "in-situ", "published point", "calibrated"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,13 +147,17 @@ class CommCosts:
         user_path: the ``--comm`` file's path: its curve is preferred over any point.
         engine: ``"vllm"`` (the path of :mod:`servescope.plan.paths`, points, the wait term) or ``None``: every op
             as plain NCCL from the curves or the α-β estimate, no wait (the curve machinery on its own).
+        calibrated: per-call points measured in the user's own capture (``--calibrate``,
+            :mod:`servescope.plan.captured`): first of all for their op, group size and implementation.
     """
 
     def __init__(self, hw: HardwareProfile, factors: Factors, sources: list[CurveSource], *,
                  graph: bool = True, env: dict[str, str] | None = None, points: list[Point] | None = None,
-                 user_path: str | None = None, engine: str | None = "vllm") -> None:
+                 user_path: str | None = None, engine: str | None = "vllm",
+                 calibrated: list[Point] | None = None) -> None:
         self.hw, self.factors, self.sources, self.graph = hw, factors, sources, graph
         self.user_path, self.engine = user_path, engine
+        self.calibrated = list(calibrated or [])
         self.env = dict(env or {})
         self.points = load_points() if points is None else points
         self.nccl_env = nccl_env_effects(self.env)
@@ -176,7 +181,7 @@ class CommCosts:
         return None
 
     def _point(self, op: str, impl: str, group: int, origin: str) -> Point | None:
-        for p in self.points:
+        for p in (self.calibrated if origin == CALIBRATED else self.points):
             if (p.op == op and p.impl == impl and p.group == group and p.origin == origin
                     and self.hw.name in p.profiles):
                 return p
@@ -216,6 +221,9 @@ class CommCosts:
         scale = self.factors.collective_scale
         wait = self.factors.wait_us
         found = self.curve_for(op, group) if path.impl == "nccl" else None
+        if (point := self._point(op, path.impl, group, CALIBRATED)) is not None:
+            return Priced(us=self._from_point(point, op, group, nbytes, found) * scale, wait_us=0.0,
+                          origin=CALIBRATED, impl=path.impl, why=path.why, source=point.source)
         if found is not None and found[1].path == self.user_path:
             t, origin, source = time_us_at(found[0], nbytes), found[1].origin, found[1].path
         elif (point := self._point(op, path.impl, group, "in-situ")) is not None:
@@ -240,4 +248,9 @@ class CommCosts:
     def with_factors(self, factors: Factors) -> CommCosts:
         """The same sources under other factors."""
         return CommCosts(self.hw, factors, self.sources, graph=self.graph, env=self.env, points=self.points,
-                         user_path=self.user_path, engine=self.engine)
+                         user_path=self.user_path, engine=self.engine, calibrated=self.calibrated)
+
+    def with_calibrated(self, points: list[Point]) -> CommCosts:
+        """The same sources and factors, with the user's capture's per-call points first."""
+        return CommCosts(self.hw, self.factors, self.sources, graph=self.graph, env=self.env, points=self.points,
+                         user_path=self.user_path, engine=self.engine, calibrated=points)

@@ -284,7 +284,7 @@ def run_plan(request: PlanRequest) -> dict[str, Any]:
             notes.append(f"{source}: not checked against the plan: {', '.join(unchecked)}")
         calibration = calibrate(request.calibrate, arch, hw, comm, context=request.context)
         factors = apply_calibration(factors, calibration)
-        comm = comm.with_factors(factors)
+        comm = comm.with_factors(factors).with_calibrated(calibration.comm_points)
         notes += calibration.notes
         notes += _extrapolation_notes(calibration.batch, request.batches)
     evaluated = []
