@@ -45,7 +45,7 @@ _BLOCKED = ("import sys\nfor m in ('torch', 'transformers'): sys.modules[m] = No
 @pytest.mark.parametrize(("argv", "extra"), [
     (["bench", "comm", "--ops", "all_reduce", "--sizes", "1K"], "bench"),
     (["bench", "gemm", "--model", "llama-3-70b", "--tp", "8", "--batch", "1"], "bench"),
-    (["capture", "decode", "--model", "dense"], "capture"),
+    (["capture", "decode", "--model", "dense", "--out", "/tmp/servescope-never-written"], "capture"),
 ], ids=lambda v: v if isinstance(v, str) else " ".join(v[:2]))
 def test_a_missing_extra_is_one_line_naming_it_and_exit_2(argv: list[str], extra: str) -> None:
     proc = subprocess.run([sys.executable, "-c", _BLOCKED, *argv], capture_output=True, text=True, timeout=120)

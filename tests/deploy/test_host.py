@@ -79,9 +79,10 @@ def test_lint_flags_every_exec_program_this_host_lacks(tmp_path: Path) -> None:
     assert result.exit_code == 1
     missing = [line for line in result.stdout.splitlines() if "missing-executable" in line]
     assert [line.split()[0] for line in missing] == [f"{unit}:{n}" for n in (6, 8, 9)], result.stdout
-    assert "ExecStartPre /usr/local/bin/servescope: no such file on this host" in result.stdout
-    assert "ExecStartPost servescope-not-installed-here: not found in systemd's PATH" in result.stdout
-    assert f"ExecStop {not_exec}: not an executable file" in result.stdout
+    prose = " ".join(result.stdout.split())  # the finding's prose wraps at spaces under its key
+    assert "ExecStartPre /usr/local/bin/servescope: no such file on this host" in prose
+    assert "ExecStartPost servescope-not-installed-here: not found in systemd's PATH" in prose
+    assert f"ExecStop {not_exec}: not an executable file" in prose
     # /bin/sh is there: not flagged; and --no-host leaves the check out for a unit meant for another machine
     assert "ExecStart /bin/sh" not in result.stdout
     other = CliRunner().invoke(app, ["service", "lint", str(unit), "--topology", "pcie", "--no-host"])

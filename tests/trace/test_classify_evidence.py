@@ -74,8 +74,9 @@ def test_a_wait_on_a_functional_collective_is_that_collectives_time() -> None:
 def test_the_fallback_is_named_and_the_fix_offered() -> None:
     doc = analyze(AnalyzeRequest(paths=[FALLBACK]))
     comm = [f for f in doc.findings if f.id == "communication_bound"]
-    assert len(comm) == 1
-    assert "VLLM_CPU_OMP_THREADS_BIND" in comm[0].message and "torch.distributed" in comm[0].message
+    assert comm and len({f.phase for f in comm}) == len(comm)  # one per phase it holds in
+    for f in comm:
+        assert "VLLM_CPU_OMP_THREADS_BIND" in f.message and "torch.distributed" in f.message
 
 
 @pytest.mark.needs_shared
