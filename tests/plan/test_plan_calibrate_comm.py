@@ -147,3 +147,17 @@ def test_a_capture_of_another_device_is_refused(tp8: tuple[Path, float]) -> None
     with pytest.raises(InputError, match=f"device: captured on {DEVICE}"):
         run_plan(PlanRequest(model="kimi-k2.5", hardware="h200", gpus=8, batches=(1,), context=1032,
                              calibrate=str(capture)))
+
+
+def test_the_text_says_the_all_reduce_is_the_captures(tp8: tuple[Path, float]) -> None:
+    from typer.testing import CliRunner
+
+    from servescope.cli import app
+    capture, _ = tp8
+    result = CliRunner().invoke(app, ["plan", "--model", "kimi-k2.5", "--hardware", "rtx-pro-6000", "--gpus", "8",
+                                      "--batch", "1", "--context", "1032", "--calibrate", str(capture)],
+                                env={"COLUMNS": "100"}, terminal_width=100)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert ("all_reduce over 8, 14 KiB: NCCL (custom: not on > 2 PCIe-only GPUs); calibrated: capture.profile.json"
+            in text)

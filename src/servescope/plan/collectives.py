@@ -63,6 +63,8 @@ class Priced:
         impl: the implementation (``paths.IMPLS``; ``nccl`` for every op but a routed all-reduce).
         why: the path rule that chose it.
         source: the document or file behind the figure.
+        path: the path in a few words, for the screen (``PathChoice.label``, with the unit's NCCL_ALGO /
+            NCCL_PROTO on the NCCL path).
     """
 
     us: float
@@ -71,6 +73,7 @@ class Priced:
     impl: str
     why: str
     source: str
+    path: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,8 +194,15 @@ class CommCosts:
                     curve: tuple[OpCurve, CurveSource] | None) -> float:
         """The point's time within its measured sizes; past its largest, that time carried on by the shape of
         the NCCL curve (else the α-β estimate) from there: a point's own slope, fitted on a few small sizes,
-        is not extended to messages many times larger."""
-        top = max(point.bytes)
+        is not extended to messages many times larger. Below a one-size point, the same shape down from it."""
+        top, bottom = max(point.bytes), min(point.bytes)
+        if nbytes < bottom and len(point.bytes) == 1:  # one size: below it, the curve's (else estimate's) shape
+            if curve is not None:
+                ratio = time_us_at(curve[0], nbytes) / max(time_us_at(curve[0], bottom), 1e-9)
+            else:
+                ratio = (estimate_us(op, group, nbytes, self.hw, self.factors)
+                         / max(estimate_us(op, group, bottom, self.hw, self.factors), 1e-9))
+            return point_time_us(point, bottom) * min(ratio, 1.0)
         if nbytes <= top:
             return point_time_us(point, nbytes)
         if curve is not None:
@@ -205,30 +215,35 @@ class CommCosts:
     def price(self, op: str, group: int, nbytes: float) -> Priced:
         """One call of ``op`` over ``group`` GPUs at ``nbytes`` on the engine's path (module doc)."""
         if group <= 1:
-            return Priced(us=0.0, wait_us=0.0, origin=ASSUMED, impl="none", why="one GPU", source="")
+            return Priced(us=0.0, wait_us=0.0, origin=ASSUMED, impl="none", why="one GPU", source="",
+                          path="none (one GPU)")
         if self.engine is None:
             found = self.curve_for(op, group)
             if found is None:
                 t = estimate_us(op, group, nbytes, self.hw, self.factors)
                 return Priced(us=t * self.factors.collective_scale, wait_us=0.0, origin=ASSUMED, impl="nccl",
-                              why="plain NCCL (no engine path)", source="α-β estimate")
+                              why="plain NCCL (no engine path)", source="α-β estimate", path="NCCL")
             return Priced(us=time_us_at(found[0], nbytes) * self.factors.collective_scale, wait_us=0.0,
                           origin=found[1].origin, impl="nccl", why="plain NCCL (no engine path)",
-                          source=found[1].path)
+                          source=found[1].path, path="NCCL")
         path = (allreduce_path(int(nbytes), group, self.hw, self.env) if op == "all_reduce" else
                 PathChoice(impl="nccl", why="NCCL (pynccl): vLLM 0.26 runs every collective but the TP all-reduce "
-                                            "through it (cuda_communicator.py)"))
+                                            "through it (cuda_communicator.py)", label="NCCL"))
+        label = path.label
+        if path.impl == "nccl":
+            knobs = [f"{k}={self.env[k]}" for k in ("NCCL_ALGO", "NCCL_PROTO") if k in self.env]
+            label = ", ".join([label, *knobs])
         scale = self.factors.collective_scale
         wait = self.factors.wait_us
         found = self.curve_for(op, group) if path.impl == "nccl" else None
         if (point := self._point(op, path.impl, group, CALIBRATED)) is not None:
             return Priced(us=self._from_point(point, op, group, nbytes, found) * scale, wait_us=0.0,
-                          origin=CALIBRATED, impl=path.impl, why=path.why, source=point.source)
+                          origin=CALIBRATED, impl=path.impl, why=path.why, source=point.source, path=label)
         if found is not None and found[1].path == self.user_path:
             t, origin, source = time_us_at(found[0], nbytes), found[1].origin, found[1].path
         elif (point := self._point(op, path.impl, group, "in-situ")) is not None:
             return Priced(us=self._from_point(point, op, group, nbytes, found) * scale, wait_us=0.0, origin=IN_SITU,
-                          impl=path.impl, why=path.why, source=point.source)
+                          impl=path.impl, why=path.why, source=point.source, path=label)
         elif (point := self._point(op, path.impl, group, "published")) is not None:
             t, origin, source = self._from_point(point, op, group, nbytes, found), PUBLISHED_POINT, point.source
         elif found is not None:
@@ -238,7 +253,8 @@ class CommCosts:
             t, origin, source = estimate_us(est_op, group, nbytes, self.hw, self.factors), ASSUMED, "α-β estimate"
         if path.impl == "nccl" and self.nccl_env.ll_only and op != "send_recv":
             t += bus_factor(op, group) * nbytes / (self.hw.p2p_gbps * self.factors.link_efficiency * 1e3)
-        return Priced(us=t * scale + wait, wait_us=wait, origin=origin, impl=path.impl, why=path.why, source=source)
+        return Priced(us=t * scale + wait, wait_us=wait, origin=origin, impl=path.impl, why=path.why, source=source,
+                      path=label)
 
     def time_us(self, op: str, group: int, nbytes: float) -> tuple[float, str]:
         """(time of one op in µs including ``collective_scale``, origin of the figure)."""

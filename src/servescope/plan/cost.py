@@ -86,7 +86,8 @@ class PointCost:
         collective_wait_ms: per op kind, the part of ``collective_ms`` that is the assumed wait for the last
             rank (figures not measured in a real step).
         collective_paths: per collective of the step, the path it takes and its figure: ``{op, what, count,
-            bytes_each, group, impl, why, origin, us_each, wait_us_each, source}``.
+            bytes_each, group, impl, path, why, origin, us_each, wait_us_each, source}`` (``path``: the
+            implementation in a few words, ``PathChoice.label``).
     """
 
     batch: int
@@ -233,7 +234,8 @@ def predict_point(arch: ModelArch, layout: Layout, hw: HardwareProfile, comm: Co
         coll_ms[c.op] = coll_ms.get(c.op, 0.0) + c.count * priced.us / 1e3
         wait_ms[c.op] = wait_ms.get(c.op, 0.0) + c.count * priced.wait_us / 1e3
         paths.append({"op": c.op, "what": c.what, "count": c.count, "bytes_each": c.bytes_each, "group": c.group,
-                      "impl": priced.impl, "why": priced.why, "origin": priced.origin, "us_each": priced.us,
+                      "impl": priced.impl, "path": priced.path, "why": priced.why, "origin": priced.origin,
+                      "us_each": priced.us,
                       "wait_us_each": priced.wait_us, "source": priced.source})
         if priced.origin not in coll_origins:
             coll_origins.append(priced.origin)

@@ -30,10 +30,12 @@ NCCL_KEYS = ("NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_LEVEL", "NCCL_P2P_DISABLE", "N
 
 @dataclass(frozen=True, kw_only=True)
 class PathChoice:
-    """The implementation one all-reduce runs as, and why (rule and source)."""
+    """The implementation one all-reduce runs as, why (rule and source), and a short label for the screen
+    (``custom all-reduce one-shot: NVLink, below 512 KiB``; ``NCCL (custom: not on > 2 PCIe-only GPUs)``)."""
 
     impl: str
     why: str
+    label: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,25 +80,31 @@ def allreduce_path(nbytes: int, group: int, hw: HardwareProfile, env: dict[str, 
     rules = engine_rules()
     where = f"vLLM {rules['version']}"
     if group <= 1:
-        return PathChoice(impl="none", why="one GPU: no all-reduce")
+        return PathChoice(impl="none", why="one GPU: no all-reduce", label="none (one GPU)")
     cap = hw.compute_capability
     if _on(env, rules["nccl_symm_mem"]["env"], bool(rules["nccl_symm_mem"]["default"])):
         return PathChoice(impl="nccl_symm_mem", why=f"{rules['nccl_symm_mem']['env']}=1: NCCL symmetric memory "
-                          f"({where} all_reduce_utils.py should_nccl_symm_mem_allreduce)")
+                          f"({where} all_reduce_utils.py should_nccl_symm_mem_allreduce)",
+                          label=f"NCCL symmetric memory ({rules['nccl_symm_mem']['env']}=1)")
     if hw.platform == rules["quick_reduce"]["platform"]:
-        return PathChoice(impl="quick_reduce", why=f"ROCm: quick reduce is tried first ({where} cuda_communicator.py)")
+        return PathChoice(impl="quick_reduce", why=f"ROCm: quick reduce is tried first ({where} cuda_communicator.py)",
+                          label="quick reduce (ROCm)")
     custom = rules["custom"]
     symm = rules["symm_mem"]
     symm_on = (_on(env, symm["env"], bool(symm["default"])) and hw.platform == "cuda" and hw.nvlink_multicast
                and cap in symm["max_bytes"] and str(group) in symm["max_bytes"][cap] and dtype == "bfloat16")
     why_not: list[str] = []
+    short = ""
     if group not in custom["world_sizes"]:
         why_not.append(f"custom all-reduce supports {', '.join(map(str, custom['world_sizes']))} GPUs, not {group}")
+        short = f"custom: not on {group} GPUs"
     elif not hw.p2p:
         why_not.append("custom all-reduce needs GPU P2P, which this profile lacks")
+        short = "custom: no GPU P2P"
     elif hw.interconnect != "nvlink" and group > custom["pcie_max_world"]:
         why_not.append(f"custom all-reduce is off on more than {custom['pcie_max_world']} PCIe-only GPUs "
                        f"({where} custom_all_reduce.py)")
+        short = f"custom: not on > {custom['pcie_max_world']} PCIe-only GPUs"
     else:
         limit = int(custom["max_bytes"])
         caps = custom["max_bytes_with_symm_mem"]
@@ -106,14 +114,22 @@ def allreduce_path(nbytes: int, group: int, hw: HardwareProfile, env: dict[str, 
             shot = custom["one_shot"]
             one = group == shot["always_at_world"] or any(group <= w and nbytes < b for w, b in shot["below_bytes"])
             kind = "one-shot (cross_device_reduce_1stage)" if one else "two-shot (cross_device_reduce_2stage)"
+            shot_limit = (min(limit, next((b for w, b in shot["below_bytes"] if group <= w), limit))
+                          if one and group != shot["always_at_world"] else limit)
+            links = "NVLink" if hw.interconnect == "nvlink" else "P2P"
             return PathChoice(impl="custom_1stage" if one else "custom_2stage",
+                              label=f"custom all-reduce {'one' if one else 'two'}-shot: {links}, below "
+                                    f"{_size(shot_limit)}",
                               why=f"custom all-reduce {kind}: {nbytes:,} B below its {limit:,} B limit on {group} "
                                   f"{'NVLink' if hw.interconnect == 'nvlink' else 'P2P'} GPUs ({where} "
                                   f"custom_all_reduce.py, csrc/custom_all_reduce.cuh)")
         why_not.append(f"{nbytes:,} B is not below the custom all-reduce limit {limit:,} B")
+        short = f"custom: {_size(limit)} and above"
     if symm_on and nbytes <= int(symm["max_bytes"][cap][str(group)]) and nbytes % 4 == 0:
         multi = group in symm["multimem_world_sizes"].get(cap, [])
         return PathChoice(impl="symm_mem_multimem" if multi else "symm_mem_two_shot",
+                          label=f"torch symmetric memory {'multimem' if multi else 'two-shot'}: NVLink multicast, "
+                                f"up to {_size(int(symm['max_bytes'][cap][str(group)]))}",
                           why=f"torch symmetric memory {'multimem' if multi else 'two-shot'}: "
                               f"{'; '.join(why_not)}; NVLink multicast on sm_{cap.replace('.', '')} "
                               f"({where} symm_mem.py)")
@@ -121,7 +137,16 @@ def allreduce_path(nbytes: int, group: int, hw: HardwareProfile, env: dict[str, 
         sm = cap.replace(".", "") or "?"
         why_not.append("no torch symmetric memory (it needs NVLink multicast, bf16 and a listed capability: "
                        f"this is sm_{sm}, multicast {'on' if hw.nvlink_multicast else 'off'})")
-    return PathChoice(impl="nccl", why=f"NCCL (pynccl): {'; '.join(why_not)} ({where} cuda_communicator.py)")
+    return PathChoice(impl="nccl", why=f"NCCL (pynccl): {'; '.join(why_not)} ({where} cuda_communicator.py)",
+                      label=f"NCCL ({short})" if short else "NCCL")
+
+
+def _size(nbytes: int) -> str:
+    """``512 KiB``, ``8 MiB``: a power-of-two size as the source writes it."""
+    for unit, div in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= div and nbytes % div == 0:
+            return f"{nbytes // div} {unit}"
+    return f"{nbytes:,} B"
 
 
 def nccl_env_effects(env: dict[str, str]) -> NcclEnv:

@@ -294,10 +294,16 @@ def run_plan(request: PlanRequest) -> dict[str, Any]:
         ev.points = [predict_point(arch, layout, hw, comm, batch=b, context=request.context, memory=memory)
                      for b in request.batches]
         evaluated.append(ev)
-    groups = sorted({c.group for ev in evaluated for p in ev.points for c in p.collectives})
-    for g in groups:
-        if not any(comm.curve_for(op, g) for op in ("all_reduce", "all_to_all")):
-            notes.append(f"no collective curve for {g} GPUs: the α-β estimate (assumed) is used; "
+    estimated: dict[int, list[str]] = {}  # group size -> ops priced by the α-β estimate
+    for ev in evaluated:
+        for p in ev.points:
+            for path in p.collective_paths:
+                ops = estimated.setdefault(int(str(path["group"])), [])
+                if path["source"] == "α-β estimate" and path["op"] not in ops:
+                    ops.append(str(path["op"]))
+    for g, ops in sorted(estimated.items()):
+        if ops:
+            notes.append(f"no collective curve for {g} GPUs: {', '.join(ops)} priced by the α-β estimate (assumed); "
                          f"`servescope bench comm --gpus {g}` measures one")
     layouts_json = [{
         "name": ev.layout.name, "kind": ev.layout.kind, "tp": ev.layout.tp, "ep": ev.layout.ep,

@@ -7,6 +7,8 @@ layout; infeasible layouts dotted).
 
 from __future__ import annotations
 
+import re
+import textwrap
 from typing import Any
 
 from rich import box
@@ -20,11 +22,72 @@ from servescope.core.plan import plan_document
 from servescope.report.page import escape as _e
 from servescope.report.page import page
 
-__all__ = ["plan_to_json", "render_plan", "render_plan_headline", "render_plan_html"]
+__all__ = ["collective_sources", "plan_to_json", "render_plan", "render_plan_headline", "render_plan_html"]
 
 _PARTS = ("weights", "attention", "collectives", "other")
 _SHORT = {"measured curve": "measured", "published curve": "published", "datasheet": "datasheet",
           "assumed": "assumed", "calibrated": "calibrated"}
+_NBSP = "\u00a0"
+_COLLECTIVES_TITLE = "collectives: the path each takes and where its figure comes from"
+
+
+def _size(nbytes: float) -> str:
+    for unit, div in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= div:
+            return f"{nbytes / div:.3g} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def _short_source(source: str) -> str:
+    """A figure's source in a few words: a file's name, a pull request's repository and number."""
+    head = source.split(" (", 1)[0].split(": ", 1)[0].split(", ", 1)[0]
+    return head.rsplit("/", 1)[-1] if " " not in head and "/" in head else head
+
+
+def collective_sources(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per collective figure of the plan (op, group size, path, origin, source, wait): the layouts that
+    use it, its message sizes and times a call (from each point's ``collectives_per_step.OP.paths``)."""
+    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for layout in doc["layouts"]:
+        for p in layout["points"]:
+            for op, entry in p["collectives_per_step"].items():
+                for path in entry.get("paths", []):
+                    key = (op, path["group"], path.get("path") or path["impl"], path["origin"], path["source"],
+                           round(path["wait_us_each"], 6))
+                    row = rows.setdefault(key, {
+                        "op": op, "group": path["group"], "path": path.get("path") or path["impl"],
+                        "impl": path["impl"], "whys": [], "origin": path["origin"], "source": path["source"],
+                        "wait_us": path["wait_us_each"], "layouts": [], "bytes": [], "us": []})
+                    if path["why"] not in row["whys"]:
+                        row["whys"].append(path["why"])
+                    if layout["name"] not in row["layouts"]:
+                        row["layouts"].append(layout["name"])
+                    row["bytes"].append(path["bytes_each"])
+                    row["us"].append(path["us_each"])
+    return list(rows.values())
+
+
+def _span(values: list[float], fmt: Any) -> str:
+    lo, hi = min(values), max(values)
+    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)}–{fmt(hi)}"
+
+
+def _collective_entries(doc: dict[str, Any]) -> list[str]:
+    """One line of text per (path, origin, source, wait): the collectives priced so, each with its group size and
+    message sizes, then the path and where the figure comes from."""
+    merged: dict[tuple[str, str, str, float], list[str]] = {}
+    for row in collective_sources(doc):
+        key = (row["path"], row["origin"], row["source"], round(row["wait_us"], 6))
+        item = f"{row['op']} over {row['group']}, {_span(row['bytes'], _size)}"
+        merged.setdefault(key, []).append(item.replace(" ", _NBSP))  # an item is never broken over lines
+    out = [f"{', '.join(items)}: {path}; {_figure_from({'origin': origin, 'source': source, 'wait_us': wait})}"
+           for (path, origin, source, wait), items in merged.items()]
+    return [re.sub(r" (?=[KM]iB\b| B\b|µs\b)", _NBSP, line) for line in out]  # a size stays with its unit
+
+
+def _figure_from(row: dict[str, Any]) -> str:
+    wait = f" + {row['wait_us']:.1f} µs wait (assumed)" if row["wait_us"] else ""
+    return f"{row['origin']}: {_short_source(row['source'])}{wait}"
 
 
 def plan_to_json(doc: dict[str, Any]) -> str:
@@ -88,6 +151,13 @@ def render_plan(doc: dict[str, Any], console: Console) -> None:
             console.print(part)
     console.print(f"✗ does not fit; !kv the KV cache cannot hold batch × context. Figures from: "
                   f"{', '.join(sorted(marks))}", markup=False)
+    entries = _collective_entries(doc)
+    if entries:
+        console.print(f"{_COLLECTIVES_TITLE}:", markup=False)
+        for entry in entries:
+            for line in textwrap.wrap(entry, width=max(40, console.width - 1), initial_indent="  ",
+                                      subsequent_indent="      ", break_on_hyphens=False):
+                console.print(line.replace(_NBSP, " "), markup=False)
     mem = Table(box=box.SIMPLE_HEAD, title="memory per GPU (GiB)")
     for col in ("layout", "weights", "KV cache", "KV tokens/GPU"):  # the reason wraps at spaces, nothing else
         mem.add_column(col, justify="left" if col == "layout" else "right", no_wrap=True)
@@ -165,6 +235,9 @@ def render_plan_html(doc: dict[str, Any]) -> str:
            for x in doc["layouts"]]
     factors = [[k, f"{v['value']:.4g}" if isinstance(v["value"], int | float) else str(v["value"]), v["origin"]]
                for k, v in doc["factors"].items()]
+    colls = [[r["op"], str(r["group"]), ", ".join(r["layouts"]), _span(r["bytes"], _size),
+              _span(r["us"], lambda v: f"{v:.1f}"), f"{r['wait_us']:.1f}", r["path"], r["origin"], r["source"],
+              " · ".join(r["whys"])] for r in collective_sources(doc)]
     rec = doc["recommendation"]
     parts = [
         "<h1>servescope plan</h1>",
@@ -178,6 +251,9 @@ def render_plan_html(doc: dict[str, Any]) -> str:
         _table(["layout", "batch", "step ms", *(f"{k} ms" for k in _PARTS), "tok/s", "collectives per step", "from"],
                rows),
         '<p class="meta">✗ does not fit; !kv the KV cache cannot hold batch × context.</p>',
+        f"<h2>{_e(_COLLECTIVES_TITLE.capitalize())}</h2>",
+        _table(["collective", "GPUs", "layouts", "message", "µs a call", "wait µs", "path", "origin", "source",
+                "why this path"], colls) if colls else "<p>none</p>",
         "<h2>Memory per GPU</h2>",
         _table(["layout", "fits", "weights GiB", "KV cache GiB", "KV tokens per GPU", "why"], mem),
         "<h2>Crossovers</h2>",
