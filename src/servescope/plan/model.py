@@ -306,12 +306,16 @@ def _preset_from_text(text: str, where: str) -> ModelArch:
     return _checked(ModelArch(**data), where)
 
 
+_HF_DEFAULT_EXPERTS = {"qwen3_moe": 128, "qwen2_moe": 60}
+
+
 def arch_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) -> ModelArch:
     """The architecture described by a parsed HF ``config.json``.
 
     A multimodal config (Kimi-K2.5, Qwen-VL style) is read through its ``text_config``. Quantization comes from
     ``quantization_config`` (the text model's or the top level's): ``fp8`` with a weight block
-    (DeepSeek-V3: every linear layer at one byte plus a float32 scale per block), ``compressed-tensors`` integer
+    (DeepSeek-V3: every linear layer at one byte plus a float32 scale per block) or without (per-tensor scales, as
+    vLLM's ``--quantization fp8`` quantizes a bf16 checkpoint when it loads: one byte), ``compressed-tensors`` integer
     groups (Kimi-K2-Thinking, K2.5: routed experts only when the config lists an ``ignore`` set), or
     GPTQ/AWQ-style ``bits`` / ``group_size``.
 
@@ -341,7 +345,10 @@ def arch_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) ->
         raise InputError(where, "hidden_size, num_hidden_layers and num_attention_heads must be positive")
     kv_heads = get_int("num_key_value_heads", heads)
 
-    experts = get_int("n_routed_experts", 0, keys=("num_experts", "num_local_experts"))
+    # A config that leaves a field out gets its transformers class's default, as vLLM reads it: Qwen3MoeConfig's
+    # num_experts is 128 (transformers/models/qwen3_moe/configuration_qwen3_moe.py; Qwen2MoeConfig: 60).
+    experts = get_int("n_routed_experts", _HF_DEFAULT_EXPERTS.get(str(cfg.get("model_type", "")), 0),
+                      keys=("num_experts", "num_local_experts"))
     top_k = get_int("num_experts_per_tok", 0) if experts else 0
     if experts and not 0 < top_k <= experts:
         raise InputError(where, f"num_experts_per_tok: expected 1..{experts}, got {top_k}")
@@ -404,7 +411,9 @@ def _quantized(quant: Any, dtype: str, where: str) -> tuple[tuple[str, float], t
         raise InputError(where, "quantization_config: expected an object")
     method = quant.get("quant_method")
     if method == "fp8":
-        block = quant.get("weight_block_size") or [1, 1]
+        if quant.get("weight_block_size") is None:  # per-tensor scales (vLLM's --quantization fp8 of a bf16
+            return ("fp8", 1.0), ("fp8", 1.0)         # checkpoint, fp8.py Fp8LinearMethod): one float per matrix
+        block = quant.get("weight_block_size")
         if not (isinstance(block, list) and len(block) == 2 and all(type(b) is int and b > 0 for b in block)):
             raise InputError(where, f"quantization_config.weight_block_size: expected [n, k], got {block!r}")
         fp8 = (f"fp8-b{block[0]}", 1.0 + 4.0 / (block[0] * block[1]))  # float32 scale_inv per block
