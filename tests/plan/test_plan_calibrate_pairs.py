@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from servescope.core.errors import InputError
 from servescope.plan.model import arch_from_hf_config
 from servescope.plan.planner import PlanRequest, run_plan
 from servescope.report.profile import encode_profile
@@ -141,3 +142,25 @@ def test_the_misses_are_the_hosts_preparation() -> None:
     busy_n, idle_n = parts("ab/dense-noasync-b1", 1)
     print(f"dense b1: device {busy_a:.2f} / {busy_n:.2f} ms, the rest {idle_a:.2f} / {idle_n:.2f} ms (async / not)")
     assert abs(busy_a / busy_n - 1) < 0.02 and idle_a - idle_n > 0.5
+
+
+def test_an_fp8_capture_for_a_bf16_model_is_refused(tmp_path: Path) -> None:
+    """The server read one byte a weight (--quantization fp8 in provenance.json's server_flags): a bf16 plan of
+    the same shape would fit twice the efficiency. Refused in one line; with --force, by the physics guard."""
+    trace = DATA / "dense-fp8-b16" / "rank0.pt.trace.json.gz"
+    prov = _prov("dense-fp8-b16")
+    capture = tmp_path / "fp8.profile.json"
+    capture.write_bytes(encode_profile(analyze(AnalyzeRequest(paths=[trace])), [trace], capture={
+        "model": prov["model"], "batch": 16, "input_tokens": 32, "output_tokens": 42, "prompts": "distinct"}))
+    config = tmp_path / "llama8b-16l" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(prov["model_shape"]), encoding="utf-8")
+    request = {"model": str(config), "hardware": "h200", "gpus": 1, "batches": (1,), "context": 53,
+               "calibrate": str(capture)}
+    with pytest.raises(InputError, match=r"quantization: the captured server ran --quantization fp8 .*provenance"
+                                         r"\.json\), the plan's .*config\.json has bfloat16 weights"):
+        run_plan(PlanRequest(**request))  # type: ignore[arg-type]
+    # forced, the physics guard refuses the fit: bf16 bytes read in the fp8 weights' time beat the datasheet
+    with pytest.raises(InputError, match=r"hbm_efficiency 1\.\d+ fitted: the capture's weights .* ran faster than the "
+                                         r"datasheet's 4800 GB/s allows"):
+        run_plan(PlanRequest(**request, force=True))  # type: ignore[arg-type]

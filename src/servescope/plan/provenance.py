@@ -14,6 +14,10 @@ A calibration (``--calibrate``, an ``analyze --json`` document) is checked again
   line in a ``settings.json`` beside them) against the planned model's name, both reduced to lower-case letters
   and digits (``moonshotai/Kimi-K2.5`` = ``kimi-k2.5``; a config file by its file or folder name). Neither:
   not checked, said in the notes;
+- *quantization*: a server started with ``--quantization M`` (the ``server_flags`` of a ``provenance.json`` beside
+  the traces, else the command line of a ``settings.json``) against the planned model's weight dtypes: ``fp8``
+  needs fp8 weights (a ``quantization_config`` with ``quant_method: fp8``), any other method quantized ones; a fit
+  of bf16 bytes to a server that read one byte a weight doubles the efficiency it finds;
 - *TP*: the capture's tensor-parallel size (its ranks or world size) must be the plan's GPU count and the TP of
   one of the planned layouts (a fit from TP=1 on one GPU says nothing about the collectives or per-rank shares of
   eight GPUs; before 2026-12-05 a TP=1 capture passed for an 8-GPU plan because PP=8 has TP=1).
@@ -41,8 +45,8 @@ from servescope.core.errors import InputError
 from servescope.plan.hardware import HardwareProfile
 from servescope.plan.model import ModelArch, arch_from_hf_config
 
-__all__ = ["GPU_BACKENDS", "calibration_differences", "capture_model", "curve_differences", "model_key",
-           "shape_differences", "trace_device"]
+__all__ = ["GPU_BACKENDS", "calibration_differences", "capture_model", "capture_quantization",
+           "curve_differences", "model_key", "shape_differences", "trace_device"]
 
 # Fields of the architecture whose difference makes a capture another model (shape comparison).
 SHAPE_FIELDS = ("hidden", "layers", "heads", "kv_heads", "intermediate", "moe_intermediate", "experts", "top_k",
@@ -85,24 +89,50 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def _command_model(settings: Any) -> str | None:
-    """The served model name (or the ``--model``) of the command line in a ``settings`` document."""
+def _command_words(settings: Any) -> list[str] | None:
+    """The words of the command line in a ``settings`` document, ``None`` when it has none."""
     groups = settings.get("groups") if isinstance(settings, dict) else None
     for group in groups if isinstance(groups, list) else []:
         for item in group.get("settings", []) if isinstance(group, dict) else []:
             if isinstance(item, dict) and item.get("key") == "command line" and isinstance(item.get("value"), str):
                 try:
-                    words = shlex.split(item["value"])
+                    return shlex.split(item["value"])
                 except ValueError:
-                    words = item["value"].split()
-                found: dict[str, str] = {}
-                for i, word in enumerate(words):
-                    for flag in ("--served-model-name", "--model"):
-                        if word == flag and i + 1 < len(words):
-                            found[flag] = words[i + 1]
-                        elif word.startswith(flag + "="):
-                            found[flag] = word.split("=", 1)[1]
-                return found.get("--served-model-name") or found.get("--model")
+                    return list(item["value"].split())
+    return None
+
+
+def _flag(words: list[str], flag: str) -> str | None:
+    """The value of ``flag`` (``--flag V`` or ``--flag=V``) in ``words``, the last one given."""
+    found = None
+    for i, word in enumerate(words):
+        if word == flag and i + 1 < len(words):
+            found = words[i + 1]
+        elif word.startswith(flag + "="):
+            found = word.split("=", 1)[1]
+    return found
+
+
+def _command_model(settings: Any) -> str | None:
+    """The served model name (or the ``--model``) of the command line in a ``settings`` document."""
+    words = _command_words(settings)
+    if words is None:
+        return None
+    return _flag(words, "--served-model-name") or _flag(words, "--model")
+
+
+def capture_quantization(doc: AnalysisDoc) -> tuple[str, str] | None:
+    """(the ``--quantization`` the captured server ran with, where it was read): the ``server_flags`` of a
+    ``provenance.json`` beside the worker traces, else the command line of a ``settings.json`` there."""
+    for folder in sorted({Path(t.path).parent for t in doc.traces if t.role == "worker"}):
+        prov = _read_json(folder / "provenance.json")
+        flags = prov.get("server_flags") if isinstance(prov, dict) else None
+        words = ([str(w) for w in flags] if isinstance(flags, list)
+                 else _command_words(_read_json(folder / "settings.json")))
+        where = str(folder / ("provenance.json" if isinstance(flags, list) else "settings.json"))
+        method = _flag(words, "--quantization") if words else None
+        if method:
+            return method, where
     return None
 
 
@@ -171,6 +201,15 @@ def calibration_differences(doc: AnalysisDoc, raw: Any, arch: ModelArch, hw: Har
     else:
         unchecked.append("model (no profile section, and no provenance.json, profile.json or settings.json "
                          "beside its traces names it)")
+    quant = capture_quantization(doc)
+    if quant is not None:
+        method, qwhere = quant
+        dtypes = {arch.weight_dtype, arch.expert_weight_dtype if arch.moe_layers else arch.weight_dtype}
+        plain = arch.weight_dtype == arch.dtype and (not arch.moe_layers or arch.expert_weight_dtype == arch.dtype)
+        if (method == "fp8" and not any(d.startswith("fp8") for d in dtypes)) or (method != "fp8" and plain):
+            diffs.append(f"quantization: the captured server ran --quantization {method} ({qwhere}), the plan's "
+                         f"{arch.name} has {', '.join(sorted(dtypes))} weights (give its config.json the "
+                         f"quantization_config the server used)")
     if gpus is not None and tp != gpus:
         diffs.append(f"TP: the capture ran TP={tp} on {tp} GPU{'s' if tp != 1 else ''}, the plan is for {gpus}")
     elif planned_tp and tp not in planned_tp:
