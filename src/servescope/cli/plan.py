@@ -25,12 +25,13 @@ def plan(
     comm: Annotated[Path | None, typer.Option("--comm", help="A `bench comm` curve file for this box.")] = None,
     calibrate: Annotated[Path | None, typer.Option("--calibrate", help="An `analyze --json` of a real capture "
                                                    "(TP run of this model) to fit the step model to: fixed "
-                                                   "times, per-request costs, efficiencies.")]
+                                                   "times, per-request costs, efficiencies, and its collectives' "
+                                                   "own times a call for every layout of its group size.")]
         = None,
     eager: Annotated[bool, typer.Option("--eager", help="Use eager collective curves, not CUDA-graph ones.")]
         = False,
     force: Annotated[bool, typer.Option("--force", help="Use a --comm curve or --calibrate capture from another "
-                                        "device, backend, work kind, model or TP instead of refusing it "
+                                        "device, backend, work kind, model, quantization or TP instead of refusing it "
                                         "(named in the headline and the notes).")] = False,
     env: Annotated[list[str] | None, typer.Option("--env", help="The serving unit's environment, KEY=VALUE, "
                                                   "repeatable (NCCL_PROTO, NCCL_ALGO, NCCL_P2P_LEVEL, "
