@@ -27,15 +27,18 @@ FACTOR_N2 = {"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5, "all_t
 LLAMA_70B_HIDDEN = 8192   # Llama-3-70B config.json hidden_size
 
 
-def _workers_alive() -> list[str]:
+def _workers_alive(tag: str | None = None) -> list[str]:
+    """Worker processes still running; with ``tag``, only those started under it (``SERVESCOPE_TEST_TAG`` in
+    their environment), so that another run on the same machine (a concurrent suite) does not count."""
     alive = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                env = Path(f"/proc/{pid}/environ").read_bytes() if tag is not None else b""
             except OSError:
                 continue
-            if WORKER in cmd:
+            if WORKER in cmd and (tag is None or f"SERVESCOPE_TEST_TAG={tag}".encode() in env):
                 alive.append(f"{pid} {cmd}")
     return alive
 
@@ -174,10 +177,12 @@ def test_worker_failure_is_one_line_keeps_finished_variants_and_leaves_no_proces
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_stops_workers_and_keeps_finished_variants(tmp_path: Path, sig: signal.Signals) -> None:
     out = tmp_path / "c.json"
+    tag = f"{os.getpid()}-{sig.name}-{time.monotonic_ns()}"
     proc = subprocess.Popen([sys.executable, "-m", "servescope", "bench", "comm", "--backend", "gloo", "--gpus",
                              "2", "--ops", "all_reduce", "--sizes", "1K,4K", "--iters", "5000", "--variant",
                              "GLOO_DEVICE_TRANSPORT=TCP", "--variant", "GLOO_DEVICE_TRANSPORT=UV", "-o", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_signals)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_signals,
+                            env={**os.environ, "SERVESCOPE_TEST_TAG": tag})
     deadline = time.monotonic() + 60
     while not out.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -191,7 +196,7 @@ def test_ctrl_c_stops_workers_and_keeps_finished_variants(tmp_path: Path, sig: s
     assert kept["curves"] and kept["curves"][0]["variant"] == "default"
     assert len(kept["curves"]) < 3
     time.sleep(1.0)
-    assert _workers_alive() == []
+    assert _workers_alive(tag) == []
 
 
 def test_progress_says_what_it_measures_and_each_op_and_variant_as_they_finish(tmp_path: Path) -> None:

@@ -61,6 +61,7 @@ def test_corpus_names_read_as_binutils_reads_them(path: Path) -> None:
         assert demangle(name) == mine[name]
 
 
+@pytest.mark.needs_shared
 def test_rocm_names_the_system_demangler_missed() -> None:
     """The names issue 23 saw stay mangled: aiter's and CK-tile's (``DF16b``), sgl_hip's (``Tn``)."""
     names = mangled(SOURCES[1]) + mangled(SOURCES[2])
@@ -81,6 +82,7 @@ def test_rocm_names_the_system_demangler_missed() -> None:
     assert not any(demangle(n).startswith("_Z") for n in names)
 
 
+@pytest.mark.needs_shared
 @needs_cxxfilt
 def test_binutils_reads_what_llvm_cannot_in_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
     names = mangled(SOURCES[0])
@@ -108,6 +110,7 @@ def test_a_name_no_demangler_reads_is_shown_as_recorded(monkeypatch: pytest.Monk
     assert demangle("rocm_kernel") == "rocm_kernel"
 
 
+@pytest.mark.needs_shared
 def test_analyze_of_a_rocm_trace_shows_no_mangled_name() -> None:
     doc = analyze(AnalyzeRequest(paths=[SOURCES[1]]))
     assert any(k.name.startswith("_ZN5aiter") for k in doc.kernels)  # the document keeps the recorded name
