@@ -161,6 +161,21 @@ stop_server() {  # SIGINT to the API server, then the whole session
   say "stopped $k (pid $p)"; PID[$k]=""
 }
 
+take_window() {   # take_window PROF DEST keep|drop: once vLLM's table is written, move the window's files from the
+  # profiler dir into DEST as rank0.pt.trace.json.gz (+ frontend.async_llm.pt.trace.json.gz, or dropped for size)
+  local prof=$1 dest=$2 frontend=$3 f
+  # vLLM writes profiler_out_0.txt after the traces; wait for it to settle, then take every file of this window
+  for _ in $(seq 1 20); do [ -s "$prof/profiler_out_0.txt" ] && break; sleep 0.5; done
+  sleep 1
+  for f in "$prof"/*; do [ -f "$f" ] && mv "$f" "$dest/"; done
+  ( cd "$dest" && for f in *.pt.trace.json.gz; do
+      case $f in
+        *async_llm*) if [ "$frontend" = keep ]; then mv "$f" frontend.async_llm.pt.trace.json.gz; else rm -f "$f"; fi ;;
+        *) mv "$f" rank0.pt.trace.json.gz ;;
+      esac
+    done ) 2>/dev/null
+}
+
 capture() {   # capture KEY FLAVOUR BATCH TOKENS
   local k=$1 flav=$2 b=$3 n=$4 name=$1-$2-b$3 prof=$W/prof/$1-$2
   local dest=$CAP/$name
@@ -169,13 +184,7 @@ capture() {   # capture KEY FLAVOUR BATCH TOKENS
   timeout 150 $SS profile http://127.0.0.1:${PORT[$k]} --batch "$b" --output-tokens "$n" --input-tokens $INPUT_TOKENS \
     --trace-dir "$prof" --trace-timeout 90 --json -o "$W/logs/profile-$name.json" > "$W/logs/profile-$name.out" 2>&1
   local rc=$?
-  # vLLM writes profiler_out_0.txt after the traces; wait for it to settle, then take every file of this window
-  for _ in $(seq 1 20); do [ -s "$prof/profiler_out_0.txt" ] && break; sleep 0.5; done
-  sleep 1
-  for f in "$prof"/*; do [ -f "$f" ] && mv "$f" "$dest/"; done
-  ( cd "$dest" && for f in *.pt.trace.json.gz; do
-      case $f in *async_llm*) mv "$f" frontend.async_llm.pt.trace.json.gz ;; *) mv "$f" rank0.pt.trace.json.gz ;; esac
-    done ) 2>/dev/null
+  take_window "$prof" "$dest" keep
   cp "$W/logs/settings-$k-$flav.json" "$dest/settings.json" 2>/dev/null
   grep -m 20 -E "Asynchronous scheduling|async|cudagraph|CUDA graph|quantiz|Chunked|max_num" "$W/logs/server-$k-$flav.log" \
     | cut -c1-400 > "$dest/server-log-lines.txt" 2>/dev/null
@@ -281,12 +290,7 @@ capture_ab() {   # capture_ab KEY FLAVOUR BATCH: the capture folder is named MOD
   timeout 150 $SS profile http://127.0.0.1:${PORT[$k]} --batch "$b" --output-tokens "$TOKENS" --input-tokens $INPUT_TOKENS \
     --trace-dir "$prof" --trace-timeout 90 --json -o "$W/logs/profile-$name.json" > "$W/logs/profile-$name.out" 2>&1
   local rc=$?
-  for _ in $(seq 1 20); do [ -s "$prof/profiler_out_0.txt" ] && break; sleep 0.5; done
-  sleep 1
-  for f in "$prof"/*; do [ -f "$f" ] && mv "$f" "$dest/"; done
-  ( cd "$dest" && for f in *.pt.trace.json.gz; do
-      case $f in *async_llm*) rm -f "$f" ;; *) mv "$f" rank0.pt.trace.json.gz ;; esac
-    done ) 2>/dev/null
+  take_window "$prof" "$dest" drop
   cp "$W/logs/settings-$k-$flav.json" "$dest/settings.json" 2>/dev/null
   grep -E "Asynchronous scheduling|async_scheduling|cudagraph_capture_sizes|max_cudagraph|quantization|chunked|enforce_eager" \
     "$W/logs/server-$k-$flav.log" | head -8 | cut -c1-600 > "$dest/server-log-lines.txt" 2>/dev/null
@@ -325,12 +329,7 @@ run_example() {   # the bundled example (issue 22): the MoE server as vLLM 0.26 
     --input-tokens $INPUT_TOKENS --trace-dir "$prof" --trace-timeout 120 -o "$dest/profile.json" \
     > "$OUTD/profile-100.txt" 2>&1
   say "profile rc=$?"; head -30 "$OUTD/profile-100.txt" | cut -c1-200 | tee -a "$LOG"
-  for _ in $(seq 1 20); do [ -s "$prof/profiler_out_0.txt" ] && break; sleep 0.5; done
-  sleep 1
-  for f in "$prof"/*; do [ -f "$f" ] && mv "$f" "$dest/"; done
-  ( cd "$dest" && for f in *.pt.trace.json.gz; do
-      case $f in *async_llm*) mv "$f" frontend.async_llm.pt.trace.json.gz ;; *) mv "$f" rank0.pt.trace.json.gz ;; esac
-    done ) 2>/dev/null
+  take_window "$prof" "$dest" keep
   grep -E "Asynchronous scheduling|non-default args" "$W/logs/server-$k-$flav.log" | head -4 | cut -c1-600 \
     > "$dest/server-log-lines.txt"
   python3 "$REPO/tools/gpu_vllm/provenance.py" "$dest" "$dest/profile.json" "$flav" "$DELAY" "$STEPS" \
