@@ -197,20 +197,18 @@ class CommCosts:
         is not extended to messages many times larger. Below a one-size point, the same shape down from it."""
         top, bottom = max(point.bytes), min(point.bytes)
         if nbytes < bottom and len(point.bytes) == 1:  # one size: below it, the curve's (else estimate's) shape
-            if curve is not None:
-                ratio = time_us_at(curve[0], nbytes) / max(time_us_at(curve[0], bottom), 1e-9)
-            else:
-                ratio = (estimate_us(op, group, nbytes, self.hw, self.factors)
-                         / max(estimate_us(op, group, bottom, self.hw, self.factors), 1e-9))
-            return point_time_us(point, bottom) * min(ratio, 1.0)
+            return point_time_us(point, bottom) * min(self._shape(op, group, curve, nbytes, bottom), 1.0)
         if nbytes <= top:
             return point_time_us(point, nbytes)
+        return point_time_us(point, top) * max(self._shape(op, group, curve, nbytes, top), 1.0)
+
+    def _shape(self, op: str, group: int, curve: tuple[OpCurve, CurveSource] | None, nbytes: float,
+               ref: float) -> float:
+        """How much longer a call of ``nbytes`` takes than one of ``ref``: by the NCCL curve, else the estimate."""
         if curve is not None:
-            ratio = time_us_at(curve[0], nbytes) / max(time_us_at(curve[0], top), 1e-9)
-        else:
-            ratio = (estimate_us(op, group, nbytes, self.hw, self.factors)
-                     / max(estimate_us(op, group, top, self.hw, self.factors), 1e-9))
-        return point_time_us(point, top) * max(ratio, 1.0)
+            return time_us_at(curve[0], nbytes) / max(time_us_at(curve[0], ref), 1e-9)
+        return (estimate_us(op, group, nbytes, self.hw, self.factors)
+                / max(estimate_us(op, group, ref, self.hw, self.factors), 1e-9))
 
     def price(self, op: str, group: int, nbytes: float) -> Priced:
         """One call of ``op`` over ``group`` GPUs at ``nbytes`` on the engine's path (module doc)."""
