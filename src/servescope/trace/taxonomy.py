@@ -94,6 +94,20 @@ class Rule(msgspec.Struct, frozen=True):
 
 
 @cache
+
+def _check_regex(text: str, flags: int, source: str, where: str) -> None:
+    """One line naming the rule when ``text`` is not a Python regex, or sets flags inline.
+
+    Raises:
+        InputError: it does not compile, or it sets inline flags.
+    """
+    try:
+        compiled = re.compile(text, flags)
+    except re.error as exc:
+        raise InputError(source, f"{where}bad regex {text!r}: {exc}") from None
+    if compiled.flags & _INLINE_FLAGS & ~flags:
+        raise InputError(source, f"{where}bad regex {text!r}: {_NO_INLINE_FLAGS}")
+
 def _joined(patterns: tuple[str, ...], flags: int) -> re.Pattern[str]:
     return re.compile("|".join(f"(?:{text})" for text in patterns), flags)
 
@@ -323,12 +337,7 @@ def _parse_precision(document: Mapping[str, Any], source: str, categories: Mappi
             raise InputError(source, f"{where}note: a short note on the kernel family is required")
         flags = re.IGNORECASE if ignore_case else 0
         for text in (*patterns, *requires):
-            try:
-                compiled = re.compile(text, flags)
-            except re.error as exc:
-                raise InputError(source, f"{where}bad regex {text!r}: {exc}") from None
-            if compiled.flags & _INLINE_FLAGS & ~flags:
-                raise InputError(source, f"{where}bad regex {text!r}: {_NO_INLINE_FLAGS}")
+            _check_regex(text, flags, source, where)
         rules.append(PrecisionRule(role, patterns, requires, on, ignore_case, note, source, index))
     return tuple(rules), (frozenset(standalone) if standalone is not None else None)
 
@@ -484,14 +493,8 @@ def _compile_rule(raw: _RawRule, source: str, categories: Mapping[str, str]) -> 
         raise InputError(source, f"{where}category {raw.category!r} is not declared in [categories]")
     flags = re.IGNORECASE if raw.ignore_case else 0
     for text in raw.patterns:
-        if _is_literal(text):
-            continue
-        try:
-            compiled = re.compile(text, flags)
-        except re.error as exc:
-            raise InputError(source, f"{where}bad regex {text!r}: {exc}") from None
-        if compiled.flags & _INLINE_FLAGS & ~flags:
-            raise InputError(source, f"{where}bad regex {text!r}: {_NO_INLINE_FLAGS}")
+        if not _is_literal(text):
+            _check_regex(text, flags, source, where)
     if source != _BUILTIN_SOURCE:  # a user's patterns must also join into one regex
         try:
             _joined(raw.patterns, flags)
