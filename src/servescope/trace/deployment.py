@@ -126,9 +126,11 @@ def _from_input(inp: DeploymentInput, rules: Mapping[str, Any]) -> dict[str, Set
     return out
 
 
-def _names_matching(data: TraceData, ids: Iterable[int], patterns: Sequence[str]) -> list[str]:
+def _first_match(traces: Sequence[TraceData], ids: Sequence[Iterable[int]], patterns: Sequence[str]) -> str | None:
+    """The first name (of the traces' ``ids``) that one of ``patterns`` matches, else None."""
     compiled = [re.compile(p) for p in patterns]
-    return [data.names[i] for i in ids if any(p.search(data.names[i]) for p in compiled)]
+    return next((d.names[i] for d, each in zip(traces, ids, strict=True) for i in each
+                 if any(p.search(d.names[i]) for p in compiled)), None)
 
 
 def _from_trace(traces: Sequence[TraceData], steps: Sequence[Sequence[StepRow]],
@@ -142,17 +144,14 @@ def _from_trace(traces: Sequence[TraceData], steps: Sequence[Sequence[StepRow]],
             patterns = spec.get(f"frames_{state}")
             if not patterns or sid in out:
                 continue
-            hits = [n for d, ids in zip(traces, frame_ids, strict=True) for n in _names_matching(d, ids, patterns)]
-            if hits:
+            frame = _first_match(traces, frame_ids, patterns)
+            if frame is not None:
                 out[sid] = SettingEvidence(value=state, source="trace",
-                                           detail=f"the trace's python frames ({hits[0].split(': ')[-1]} in "
-                                                  f"{hits[0].split('(')[0]})")
-        if "kernels" in spec:
-            hits = [n for d, ids in zip(traces, kernel_ids, strict=True)
-                    for n in _names_matching(d, ids, spec["kernels"])]
-            if hits:
-                out[sid] = SettingEvidence(value=spec["kernels_value"], source="trace",
-                                           detail=f"the trace's kernels ({hits[0][:60]})")
+                                           detail=f"the trace's python frames ({frame.split(': ')[-1]} in "
+                                                  f"{frame.split('(')[0]})")
+        if "kernels" in spec and (kernel := _first_match(traces, kernel_ids, spec["kernels"])) is not None:
+            out[sid] = SettingEvidence(value=spec["kernels_value"], source="trace",
+                                       detail=f"the trace's kernels ({kernel[:60]})")
     every = [s for rank in steps for s in rank]
     graphed = [s for rank, idx in zip(steps, replayed, strict=True) for s in rank if s.index in idx]
     if graphed:
