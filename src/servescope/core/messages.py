@@ -6,7 +6,7 @@ import string
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["format_message"]
+__all__ = ["format_message", "step_time"]
 
 
 class _Values(dict[str, Any]):
@@ -29,3 +29,8 @@ _FORMATTER = _Formatter()
 def format_message(template: str, values: Mapping[str, Any]) -> str:
     """``template`` (a ``str.format`` template) over ``values``; missing or None fields print as N/A."""
     return _FORMATTER.vformat(template, (), _Values(values))
+
+
+def step_time(us: float) -> str:
+    """A time a message quotes: ``3.74 ms`` from a millisecond up, else ``854 µs``."""
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.0f} µs"

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.text import Text
 
 from servescope.core.analysis import AnalysisDoc, Finding, PhaseStats, RankAnalysis, Verdict
+from servescope.core.messages import step_time
 
 __all__ = ["bottleneck", "render_summary"]
 
@@ -21,10 +22,6 @@ _PHASE_ORDER = ("decode", "mixed", "prefill", "unknown", "empty")
 _TOP_CATEGORIES = 4
 _TOP_FINDINGS = 3
 _SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "info": "dim"}
-
-
-def _ms(us: float) -> str:
-    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.0f} µs"
 
 
 def _slowest(doc: AnalysisDoc, phase: str) -> tuple[RankAnalysis, PhaseStats] | None:
@@ -40,14 +37,14 @@ def bottleneck(doc: AnalysisDoc, phase: str) -> Verdict | None:
 
 
 def _phase_line(phase: str, rank: RankAnalysis, stats: PhaseStats, many_ranks: bool) -> str:
-    parts = [f"{phase}: {stats.steps} step{'s' if stats.steps != 1 else ''}", f"{_ms(stats.step_us.mean)}/step"]
+    parts = [f"{phase}: {stats.steps} step{'s' if stats.steps != 1 else ''}", f"{step_time(stats.step_us.mean)}/step"]
     if stats.tokens_per_step is not None:
         tokens = f"{stats.tokens_per_step:.1f}".removesuffix(".0")
         if stats.prompt_tokens_per_step is not None:  # a step with prompt work: the tokens in, and out
             tokens = f"{stats.prompt_tokens_per_step:.1f}".removesuffix(".0") + f" in + {tokens} out"
         parts.append(f"{tokens} tokens/step")
     if stats.us_per_output_token is not None and stats.prompt_tokens_per_step is None:
-        parts.append(f"{_ms(stats.us_per_output_token)}/token")
+        parts.append(f"{step_time(stats.us_per_output_token)}/token")
     if many_ranks:
         parts.append(f"slowest rank {rank.rank}")
     return " · ".join(parts)
@@ -58,12 +55,12 @@ def _categories_line(stats: PhaseStats) -> str:
     however streams overlap), then the idle time as a share of the step's wall time: each says its base."""
     step = stats.step_us.mean or 1.0
     top = sorted(stats.categories.items(), key=lambda nc: -nc[1].share)[:_TOP_CATEGORIES]
-    shown = [f"{name} {c.share:.0%} ({_ms(c.per_step_us)})" for name, c in top]
+    shown = [f"{name} {c.share:.0%} ({step_time(c.per_step_us)})" for name, c in top]
     lines = ["  device time: " + " · ".join(shown)]
     more = []
     idle = stats.idle_us_per_step / step
     if idle >= 0.05:
-        more.append(f"idle {idle:.0%} of the step ({_ms(stats.idle_us_per_step)})")
+        more.append(f"idle {idle:.0%} of the step ({step_time(stats.idle_us_per_step)})")
     quant = stats.quant_standalone_share + stats.quant_fused_share
     if quant >= 0.01:
         more.append(f"quantization/casts {quant:.0%} of device time (standalone "

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from servescope.core.analysis import Advice, Gain, PhaseStats, RankAnalysis, SettingEvidence, StepReference
-from servescope.core.messages import format_message
+from servescope.core.messages import format_message, step_time
 from servescope.trace.deployment import describe
 from servescope.trace.facts import RankFacts
 
@@ -54,17 +54,13 @@ def advice_for(spec: Mapping[str, Any], values: Mapping[str, Any],
                   gain=_gain(spec, values)), checked
 
 
-def _ms(us: float) -> str:
-    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.0f} µs"
-
-
 def advice_text(advice: Advice) -> str:
     """One piece of advice as the message shows it: the change, what it would save, whether it may be on."""
     text = advice.text
     if advice.gain is not None:
         g = advice.gain
-        text += (f" [expected: saves {_ms(g.low_us)}–{_ms(g.high_us)} of the {_ms(g.step_us)} step cycle "
-                 f"({g.low_us / g.step_us:.0%}–{g.high_us / g.step_us:.0%}): {g.basis}]")
+        text += (f" [expected: saves {step_time(g.low_us)}–{step_time(g.high_us)} of the {step_time(g.step_us)} "
+                 f"step cycle ({g.low_us / g.step_us:.0%}–{g.high_us / g.step_us:.0%}): {g.basis}]")
     return text
 
 

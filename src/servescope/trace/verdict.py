@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from servescope.core.analysis import Finding, PhaseStats, RankAnalysis, Verdict
+from servescope.core.messages import step_time
 
 __all__ = ["PHASE_ORDER", "decide_verdicts"]
 
@@ -21,10 +22,6 @@ _CATEGORY_WORDS = {"gemm": "GEMMs", "attention": "attention", "moe": "MoE expert
                    "rotary": "rotary embedding", "activation": "activations", "elementwise": "elementwise kernels",
                    "memcpy": "memory copies", "other": "unclassified kernels"}
 _COMMUNICATION = "communication"
-
-
-def _ms(us: float) -> str:
-    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.0f} µs"
 
 
 def _num(evidence: Mapping[str, Any], key: str) -> float | None:
@@ -47,8 +44,8 @@ def _host(phase: str, rank: RankAnalysis, stats: PhaseStats, finding: Finding, w
     outside = ("the ranks spend {share} of it outside the measured operators (Python, scheduling)"
                if rank.work_kind == "cpu_op" else "the device sits idle {share} of it")
     sentence = (f"The host bounds the {_PHASE_WORDS.get(phase, phase)} step{where}: "
-                f"{outside.format(share=f'{pct:.1f}%')} (median step, {_ms(idle_us)} of {_ms(step)}), more than "
-                "any kind of work takes.")
+                f"{outside.format(share=f'{pct:.1f}%')} (median step, {step_time(idle_us)} of {step_time(step)}), "
+                "more than any kind of work takes.")
     unprofiled = None
     if stretch is not None and (u := _num(stretch.evidence, "idle_pct_unprofiled")) is not None:
         unprofiled = f"holds without the profiler: the device idles {u:.0f}% of the unprofiled step"
@@ -62,7 +59,7 @@ def _communication(phase: str, rank: RankAnalysis, stats: PhaseStats, finding: F
     pct = _num(finding.evidence, "share_pct") or 100 * share  # as the finding's message prints it
     per_step = _num(finding.evidence, "per_step_us") or 0.0
     sentence = (f"Communication bounds the {_PHASE_WORDS.get(phase, phase)} step{where}: collectives take "
-                f"{pct:.1f}% of its device time ({_ms(per_step)} a step).")
+                f"{pct:.1f}% of its device time ({step_time(per_step)} a step).")
     return Verdict(phase=phase, rank=rank.rank, kind=_COMMUNICATION, what="communication", share=share,
                    base="device time", sentence=sentence, finding=finding.id, steps=stats.steps)
 
@@ -76,7 +73,7 @@ def _largest(phase: str, rank: RankAnalysis, stats: PhaseStats, categories: Mapp
     step = stats.step_us.mean
     idle = stats.idle_us_per_step / step if step > 0 else 0.0
     sentence = (f"{words[0].upper()}{words[1:]} take the most device time in the {_PHASE_WORDS.get(phase, phase)} "
-                f"step{where}: {top.share:.1%} of it ({_ms(top.per_step_us)} a step)")
+                f"step{where}: {top.share:.1%} of it ({step_time(top.per_step_us)} a step)")
     unprofiled = None
     if stretch is not None and (u := _num(stretch.evidence, "idle_pct_unprofiled")) is not None:
         unprofiled = f"the trace's idle {idle:.0%} is the profiler's: without it the device idles {u:.0f}%"
