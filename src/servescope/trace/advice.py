@@ -14,12 +14,12 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from servescope.core.analysis import Advice, Gain, PhaseStats, RankAnalysis, SettingEvidence, StepReference
+from servescope.core.analysis import Advice, Gain, PhaseStats, RankAnalysis, SettingEvidence, StepReference, StepRow
 from servescope.core.messages import format_message, step_time
 from servescope.trace.deployment import describe
 from servescope.trace.facts import RankFacts
 
-__all__ = ["advice_for", "advice_text", "checked_text", "host_values"]
+__all__ = ["advice_for", "advice_text", "checked_text", "host_values", "step_cycle_us"]
 
 
 def _gain(spec: Mapping[str, Any], values: Mapping[str, Any]) -> Gain | None:
@@ -81,16 +81,24 @@ def _steps_text(indices: Sequence[int]) -> str:
     return f"step{'s' if len(indices) != 1 else ''} {shown}"
 
 
+def step_cycle_us(rows: Sequence[StepRow]) -> float:
+    """A phase's step cycle (µs): its steps' mean span plus the mean host gap before each (between steps, the
+    device waits for the host too). What a gain is predicted on and what ``diff`` measures; 0 without steps."""
+    if not rows:
+        return 0.0
+    gaps = [r.gap_before_us for r in rows if r.gap_before_us is not None]
+    return statistics.fmean(r.span_us for r in rows) + (statistics.fmean(gaps) if gaps else 0.0)
+
+
 def host_values(ra: RankAnalysis, phase: str, stats: PhaseStats, facts: RankFacts | None,
                  reference: StepReference | None) -> dict[str, Any]:
     """How much of the phase's step the host leaves the device waiting, with the profiler and (for decode,
     where ``profile`` timed it) without: the basis of what async scheduling or graphs would save."""
     rows = {r.index: r for r in ra.steps if r.phase == phase}
-    gaps = [r.gap_before_us for r in rows.values() if r.gap_before_us is not None]
-    period = stats.step_us.mean + (statistics.fmean(gaps) if gaps else 0.0)
+    period = step_cycle_us(list(rows.values()))
     busy = stats.busy_us_per_step
     values: dict[str, Any] = {"steps_text": _steps_text(sorted(rows)), "step_indices": sorted(rows),
-                              "period_us": period, "between_steps_us": statistics.fmean(gaps) if gaps else 0.0}
+                              "period_us": period, "between_steps_us": period - stats.step_us.mean}
     exposed = max(period - busy, 0.0)
     if reference is not None and phase == "decode" and reference.step_us > 0:
         exposed = max(reference.step_us - busy, 0.0)

@@ -11,6 +11,7 @@ from servescope import __version__
 from servescope.core.analysis import AnalysisDoc, Finding, PhaseStats, decode_analysis
 from servescope.core.diff import CategoryDelta, DiffDoc, PredictionCheck, RankDiff, SettingChange
 from servescope.core.errors import InputError
+from servescope.trace.advice import step_cycle_us
 from servescope.trace.analyze import AnalyzeRequest, analyze
 from servescope.trace.deployment import evidence_beside
 from servescope.trace.files import find_traces
@@ -59,15 +60,8 @@ def _key(f: Finding) -> tuple[str, int | None, str | None]:
 
 def _cycle(doc: AnalysisDoc, phase: str) -> float | None:
     """The phase's mean step plus the host gap before the next, on the slowest rank (µs)."""
-    best = None
-    for r in doc.ranks:
-        rows = [s for s in r.steps if s.phase == phase]
-        if not rows:
-            continue
-        gaps = [s.gap_before_us for s in rows if s.gap_before_us is not None]
-        value = sum(s.span_us for s in rows) / len(rows) + (sum(gaps) / len(gaps) if gaps else 0.0)
-        best = value if best is None else max(best, value)
-    return best
+    cycles = [step_cycle_us(rows) for r in doc.ranks if (rows := [s for s in r.steps if s.phase == phase])]
+    return max(cycles) if cycles else None
 
 
 def measured_cycle(before: AnalysisDoc, after: AnalysisDoc, phase: str) -> tuple[CategoryDelta | None, str | None]:
