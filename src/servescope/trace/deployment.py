@@ -24,7 +24,6 @@ from servescope.core.analysis import AnalysisDoc, SettingEvidence, StepReference
 from servescope.core.document import read_document
 from servescope.core.errors import InputError
 from servescope.core.settings import SettingsDoc
-from servescope.deploy.drift import parse_engine_argv
 from servescope.trace.files import Discovery
 from servescope.trace.table import TraceData, distinct_ids
 
@@ -89,6 +88,10 @@ def _version_tuple(text: str | None) -> tuple[int, ...] | None:
 
 def _from_input(inp: DeploymentInput, rules: Mapping[str, Any]) -> dict[str, SettingEvidence]:
     """Each setting the command line, environment or reported fields tell; else the version's default."""
+    # the command-line parser (and the unit linter it imports) only where there is a command line: analyze's
+    # start-up does not pay for it
+    from servescope.deploy.drift import parse_engine_argv
+
     args = parse_engine_argv(inp.argv) if inp.argv else None
     values = args.values() if args is not None else {}
     engine = (args.engine if args is not None else None) or inp.engine
