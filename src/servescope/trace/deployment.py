@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from servescope.core.analysis import AnalysisDoc, SettingEvidence, StepReference, StepRow
+from servescope.core.document import decode as decode_document
 from servescope.core.document import read_document
 from servescope.core.errors import InputError
 from servescope.core.settings import SettingsDoc
@@ -288,12 +289,16 @@ def evidence_beside(discovery: Discovery, named: Sequence[Path] = ()) -> Evidenc
 def _profile_reference(path: Path) -> StepReference | None:
     """The unprofiled step a saved ``profile -o`` document holds: its ``unprofiled`` reference, or (documents
     written before it was stored) its ``profile.unprofiled_server`` inter-token latency."""
-    doc = read_document(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(str(path), exc.strerror or "cannot read") from None
+    doc = decode_document(data, str(path))
     if not isinstance(doc, AnalysisDoc):
         return None
     if doc.unprofiled is not None:
         return doc.unprofiled
-    timing = msgspec.json.decode(path.read_bytes()).get("profile", {}).get("unprofiled_server") or {}
+    timing = msgspec.json.decode(data).get("profile", {}).get("unprofiled_server") or {}
     if isinstance(timing.get("itl_ms"), (int, float)) and timing["itl_ms"] > 0:
         return StepReference(step_us=float(timing["itl_ms"]) * 1000.0,
                              source=f"the server's {timing.get('itl_metric')} mean over the same batch run without "
