@@ -486,6 +486,12 @@ for word in "$@"; do
     ab-fp8) run_ab a llama8b-16l fp8 "--quantization fp8" b qwen3moe-30b-12l fp8 "--quantization fp8" ;;
     ab-graphs) AB_BATCHES=${AB_BATCHES:-16 64} run_ab a llama8b-16l eager "--enforce-eager" b llama8b-16l cap32 "--max-cudagraph-capture-size 32" ;;
     ab-bf16) AB_BATCHES=${AB_BATCHES:-16 64} run_ab a llama8b-16l bf16 "" b qwen3moe-30b-12l bf16 "" ;;
+    # The same A/B servers with the window in steady state (issue 24, plan --calibrate pairs): with distinct prompts
+    # and python stacks the front end admits 16 requests over more than 20 steps, so a window from step 20 held
+    # mixed steps and decode steps still carrying the new requests' host work; from step 64 every one is settled.
+    steady-dense) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" STACK_A=true STACK_B=true run_ab a llama8b-16l async "" b llama8b-16l noasync "--no-async-scheduling" ;;
+    steady-moe) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" STACK_A=true STACK_B=true run_ab a qwen3moe-30b-12l async "" b qwen3moe-30b-12l noasync "--no-async-scheduling" ;;
+    steady-fp8) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" STACK_A=true STACK_B=true run_ab a llama8b-16l fp8 "--quantization fp8" b qwen3moe-30b-12l fp8 "--quantization fp8" ;;
     bench) run_bench ;;
     example) run_example ;;
     scaled) run_load "${API_SERVERS:-4}" ;;
