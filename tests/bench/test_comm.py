@@ -268,6 +268,7 @@ def test_table_renders_from_the_document() -> None:
     from rich.console import Console
 
     from servescope.core.comm import CurveDoc, CurvePoint, OpCurve
+    from servescope.core.comm_result import CommResultDoc
     from servescope.report.comm import render_comm
 
     point = CurvePoint(bytes=2048, time_us=10.0, algbw_gbps=0.2048, busbw_gbps=0.2048, iters=5)
@@ -276,7 +277,9 @@ def test_table_renders_from_the_document() -> None:
                    world_size=2, dtype="bfloat16",
                    curves=(OpCurve(op="all_reduce", variant="default", env={}, graph=False, points=(point,)),))
     buf = io.StringIO()
-    render_comm(doc, [], ["Environment=A=1"], ["x: broke"], Console(file=buf, width=80, color_system=None))
+    result = CommResultDoc(curves=doc, best_at_decode=[], environment=["Environment=A=1"], failures=["x: broke"],
+                           output=None)
+    render_comm(result, Console(file=buf, width=80, color_system=None))
     lines = buf.getvalue().splitlines()
     assert lines[1].strip() == "all_reduce"
     assert lines[:1] + lines[2:] == [

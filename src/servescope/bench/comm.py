@@ -21,23 +21,20 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from servescope.core.atomic import write_text_atomic
 from servescope.core.comm import OPS, CurveDoc, CurvePoint, OpCurve, bus_factor, curve_doc_to_json, time_us_at
+from servescope.core.comm_result import CommResultDoc, DecodeChoiceRow
 from servescope.core.errors import InputError, require_extra
-
-if TYPE_CHECKING:
-    from servescope.core.comm_result import CommResultDoc
 
 __all__ = [
     "DTYPES",
     "ELEM_BYTES",
     "CommBenchResult",
     "CommRequest",
-    "DecodeChoice",
     "Variant",
     "bench_comm",
     "best_at_decode",
@@ -83,18 +80,6 @@ class CommRequest:
     output: Path | None = None
     timeout_s: float = 900.0
     keep_going: bool = False
-
-
-@dataclass(frozen=True, kw_only=True)
-class DecodeChoice:
-    """The fastest all_reduce curve at one decode message size (``hidden × batch × elem`` bytes)."""
-
-    batch: int
-    bytes: int
-    variant: str
-    graph: bool
-    time_us: float
-    default_time_us: float | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -410,7 +395,7 @@ def _failure_line(raw_path: Path, log_path: Path, rc: int) -> str:
     return f"torchrun exited {rc}" + (f": {lines[-1][:300]}" if lines else "")
 
 
-def best_at_decode(doc: CurveDoc, *, hidden: int, batches: Sequence[int]) -> list[DecodeChoice]:
+def best_at_decode(doc: CurveDoc, *, hidden: int, batches: Sequence[int]) -> list[DecodeChoiceRow]:
     """Per batch, the all_reduce curve (variant, eager/graph) fastest at ``hidden × batch × elem`` bytes.
 
     Times at sizes between measured points follow :func:`servescope.core.comm.time_us_at`.
@@ -424,13 +409,13 @@ def best_at_decode(doc: CurveDoc, *, hidden: int, batches: Sequence[int]) -> lis
             break
         best = min(curves, key=lambda c: time_us_at(c, nbytes))
         default = doc.curve("all_reduce", variant="default", graph=best.graph)
-        out.append(DecodeChoice(batch=b, bytes=nbytes, variant=best.variant, graph=best.graph,
-                                time_us=time_us_at(best, nbytes),
-                                default_time_us=time_us_at(default, nbytes) if default else None))
+        out.append(DecodeChoiceRow(batch=b, bytes=nbytes, variant=best.variant, graph=best.graph,
+                                   time_us=time_us_at(best, nbytes),
+                                   default_time_us=time_us_at(default, nbytes) if default else None))
     return out
 
 
-def environment_lines(doc: CurveDoc, choices: Sequence[DecodeChoice]) -> list[str]:
+def environment_lines(doc: CurveDoc, choices: Sequence[DecodeChoiceRow]) -> list[str]:
     """systemd ``Environment=`` lines for the variant that wins most decode batches (ties: the smaller total)."""
     if not choices:
         return []
@@ -479,8 +464,6 @@ def bench_comm(*, ops: Sequence[str] = OPS, sizes: str = "1K:64M", variants: Seq
         ...                  batches=[1, 8])                                   # doctest: +SKIP
         >>> doc.best_at_decode[0].variant                                       # doctest: +SKIP
     """
-    from servescope.core.comm_result import CommResultDoc, DecodeChoiceRow
-
     op_list = tuple(o.strip() for o in ops if o.strip())
     bad = [o for o in op_list if o not in OPS]
     if bad or not op_list:
@@ -512,6 +495,6 @@ def bench_comm(*, ops: Sequence[str] = OPS, sizes: str = "1K:64M", variants: Seq
                       keep_going=keep_going)
     result = run_comm_bench(req, progress)
     choices = best_at_decode(result.doc, hidden=hidden, batches=batches) if hidden else []
-    return CommResultDoc(curves=result.doc, best_at_decode=[DecodeChoiceRow(**asdict(c)) for c in choices],
+    return CommResultDoc(curves=result.doc, best_at_decode=choices,
                          environment=environment_lines(result.doc, choices) if choices else [],
                          failures=list(result.failures), output=result.output)

@@ -22,7 +22,7 @@ def write_outputs(doc: object, *, json_out: Path | None, html_out: Path | None, 
     """Write the analysis as JSON (``encoded`` when already made) and as HTML, each atomically."""
     if json_out is not None:
         if encoded is None:
-            from servescope.report.jsonout import encode_analysis
+            from servescope.core.document import encode as encode_analysis
 
             encoded = encode_analysis(doc)
         save(json_out, encoded)
@@ -97,7 +97,7 @@ def analyze(
                                                                       read_ahead=read_ahead))
         encoded = None
         if as_json or output is not None:
-            from servescope.report.jsonout import encode_analysis
+            from servescope.core.document import encode as encode_analysis
 
             encoded = encode_analysis(doc)
         write_outputs(doc, json_out=output, html_out=html, encoded=encoded)

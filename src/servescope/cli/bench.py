@@ -125,7 +125,7 @@ def bench_comm(
     if as_json:
         sys.stdout.buffer.write(encode(doc))
     else:
-        render_comm(doc.curves, doc.best_at_decode, doc.environment, doc.failures, Console(highlight=False))
+        render_comm(doc, Console(highlight=False))
     if doc.failures:
         fail(f"{len(doc.failures)} failed: {doc.failures[0]}")
 

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
-import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from servescope.core.comm import CurveDoc
-from servescope.core.comm_result import CommResultDoc, DecodeChoiceRow
+from servescope.core.comm_result import CommResultDoc
 
-__all__ = ["comm_result_document", "render_comm"]
+__all__ = ["render_comm"]
 
 
 def _size(nbytes: int) -> str:
@@ -22,9 +17,10 @@ def _size(nbytes: int) -> str:
     return str(nbytes)
 
 
-def render_comm(doc: CurveDoc, choices: Sequence[Any], env_lines: Sequence[str], failures: Sequence[str],
-                console: Console) -> None:
-    """One table per op (size, variant, µs, algbw, busbw), then the decode-size winners and unit env lines."""
+def render_comm(result: CommResultDoc, console: Console) -> None:
+    """One table per op (size, variant, µs, algbw, busbw), then the decode-size winners, the unit's env lines and
+    what failed."""
+    doc = result.curves
     backend = " ".join(filter(None, (doc.backend, doc.versions.get("nccl"))))
     console.print(f"{doc.device} · {backend} · torch {doc.versions['torch']}"
                   f" · {doc.world_size} ranks · {doc.interconnect} · {doc.date}")
@@ -37,24 +33,16 @@ def render_comm(doc: CurveDoc, choices: Sequence[Any], env_lines: Sequence[str],
                 table.add_row(_size(p.bytes), curve.label, f"{p.time_us:.1f}", f"{p.algbw_gbps:.2f}",
                               f"{p.busbw_gbps:.2f}")
         console.print(table)
-    if choices:
+    if result.best_at_decode:
         table = Table(title="best all_reduce at decode sizes (hidden × batch × 2 bytes)", box=None)
         for col in ("batch", "bytes", "best variant", "µs", "default µs"):
             table.add_column(col, justify="left" if col == "best variant" else "right")
-        for c in choices:
+        for c in result.best_at_decode:
             label = f"{c.variant}{' [graph]' if c.graph else ''}"
             table.add_row(str(c.batch), str(c.bytes), label, f"{c.time_us:.1f}",
                           "N/A" if c.default_time_us is None else f"{c.default_time_us:.1f}")
         console.print(table)
-    for line in env_lines:
+    for line in result.environment:
         console.print(line, markup=False)
-    for f in failures:
+    for f in result.failures:
         console.print(f"failed: {f}", markup=False)
-
-
-def comm_result_document(doc: CurveDoc, choices: Sequence[Any], env_lines: Sequence[str], failures: Sequence[str],
-                         output: str | None) -> CommResultDoc:
-    """The ``--json`` document: curves (the curve file), best_at_decode, environment, failures, output."""
-    return CommResultDoc(curves=doc, best_at_decode=[msgspec.convert(c, DecodeChoiceRow, from_attributes=True)
-                                                     for c in choices],
-                         environment=list(env_lines), failures=list(failures), output=output)

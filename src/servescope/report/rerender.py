@@ -56,7 +56,7 @@ def render_text(doc: Any, console: Console, *, top: int = 15) -> None:
     elif schema == "servescope.bench_comm":
         from servescope.report.comm import render_comm
 
-        render_comm(doc.curves, doc.best_at_decode, doc.environment, doc.failures, console)
+        render_comm(doc, console)
     elif schema == "servescope.bench_gemm":
         from servescope.report.gpu import render_gemm
 
