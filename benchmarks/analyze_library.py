@@ -27,9 +27,9 @@ def main(argv: list[str]) -> None:
 
         doc = analyze(AnalyzeRequest(paths=found), read_ahead=read_ahead)
     from servescope.core.atomic import write_bytes_atomic
-    from servescope.report.jsonout import encode_analysis
+    from servescope.core.document import encode
 
-    encoded = encode_analysis(doc)
+    encoded = encode(doc)
     write_bytes_atomic(Path(argv[4]), encoded)
     sys.stdout.buffer.write(encoded + b"\n")
     sys.stdout.flush()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import msgspec
 
-from servescope.gpu.records import GpuInfo, GpuSnapshot
+from servescope.core.gpu import GpuInfo, GpuSnapshot
 from servescope.gpu.smi import parse_compute_apps_csv, parse_query_gpu_csv, parse_topo_matrix, parse_topo_p2p
 from tracefiles import SHARED
 

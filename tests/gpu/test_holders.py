@@ -16,10 +16,10 @@ import pytest
 from fake_pynvml import load_recording, make_fake_pynvml
 from gpu_inputs import RECORDING, holding_snapshot, plain_numbers, recorded_file, shared_file
 
+from servescope.core.gpu import GpuInfo, GpuProcess, GpuSnapshot
 from servescope.gpu import inventory, nvml
 from servescope.gpu.errors import GpuUnavailable
 from servescope.gpu.holders import find_gpu_holders, proc_owner, read_gpu_holders
-from servescope.gpu.records import GpuInfo, GpuProcess, GpuSnapshot
 
 SECRET = "s3cr3t-value-1234"
 

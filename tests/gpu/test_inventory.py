@@ -8,10 +8,10 @@ import pytest
 from fake_pynvml import load_recording, make_fake_pynvml
 from gpu_inputs import RECORDING, holding_snapshot, plain_numbers, shared_file
 
+from servescope.core.gpu import GpuSnapshot
 from servescope.gpu import inventory
 from servescope.gpu.errors import GpuUnavailable
 from servescope.gpu.inventory import WaitResult, gpu_memory_holders, take_snapshot, wait_until_gpu_memory_free
-from servescope.gpu.records import GpuSnapshot
 from servescope.gpu.smi import parse_query_gpu_csv
 
 

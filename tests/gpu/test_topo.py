@@ -16,9 +16,9 @@ import pytest
 from fake_pynvml import load_recording, make_fake_pynvml, with_two_gpus
 from gpu_inputs import RECORDING, TOPO, fake_nvidia_smi, shared_file, snapshot_of, topo_text, two_gpu_xml
 
+from servescope.core.gpu import GpuInfo, GpuSnapshot
 from servescope.gpu import inventory, nvml
 from servescope.gpu.errors import GpuQueryError
-from servescope.gpu.records import GpuInfo, GpuSnapshot
 from servescope.gpu.smi import parse_topo_matrix, parse_topo_p2p, smi_snapshot
 from servescope.gpu.topology import nccl_verdict, pci_affinity, read_topology, topology_report
 

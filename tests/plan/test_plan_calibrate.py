@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from servescope.core.document import encode
 from servescope.core.errors import InputError
 from servescope.plan.calibrate import calibrate
 from servescope.plan.collectives import CommCosts
@@ -28,7 +29,6 @@ from servescope.plan.hardware import load_hardware
 from servescope.plan.layouts import Layout
 from servescope.plan.model import load_model_arch
 from servescope.plan.planner import PlanRequest, run_plan
-from servescope.report.jsonout import encode_analysis
 from servescope.trace.analyze import AnalyzeRequest, analyze
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -280,7 +280,7 @@ def h200_captures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             for batch in batches:
                 analysis = analyze(AnalyzeRequest(paths=[H200 / f"{kind}_b{batch}{mode}_rank0.pt.trace.json.gz"]))
                 path = folder / f"{kind}{mode}_b{batch}.analysis.json"
-                path.write_bytes(encode_analysis(analysis))
+                path.write_bytes(encode(analysis))
                 out[f"{kind}{mode}_b{batch}"] = (path, _decode(json.loads(path.read_bytes())))
         truth = json.loads((H200 / f"{kind}_b1_graphs_rank0.truth.json").read_text(encoding="utf-8"))
         config = folder / f"{kind}.config.json"
@@ -327,7 +327,7 @@ def test_h200_eager_step_is_the_hosts_and_moves_between_runs(h200_captures: dict
     kind = name.split("_")[0]
     original, (batch, first_ms) = h200_captures[name]
     path = tmp_path / f"{repeat}.analysis.json"
-    path.write_bytes(encode_analysis(analyze(AnalyzeRequest(paths=[H200 / f"{repeat}_rank0.pt.trace.json.gz"]))))
+    path.write_bytes(encode(analyze(AnalyzeRequest(paths=[H200 / f"{repeat}_rank0.pt.trace.json.gz"]))))
     again_batch, again_ms = _decode(json.loads(path.read_bytes()))
     phases = [json.loads(p.read_bytes())["ranks"][0]["phases"]["decode"] for p in (original, path)]
     truths = [json.loads((H200 / f"{stem}_rank0.truth.json").read_text(encoding="utf-8")) for stem in (name, repeat)]

@@ -34,8 +34,8 @@ from typing import Any
 
 import pytest
 
+from servescope.core.document import encode
 from servescope.plan.planner import PlanRequest, run_plan
-from servescope.report.jsonout import encode_analysis
 from servescope.report.profile import encode_profile
 from servescope.trace.analyze import AnalyzeRequest, analyze
 
@@ -110,7 +110,7 @@ def captures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 trace = DATA / name / "rank0.pt.trace.json.gz"
                 doc = analyze(AnalyzeRequest(paths=[trace]))
                 analysis = folder / f"{name}.analysis.json"
-                analysis.write_bytes(encode_analysis(doc))
+                analysis.write_bytes(encode(doc))
                 profile = folder / f"{name}.profile.json"
                 profile.write_bytes(encode_profile(doc, [trace], capture={
                     "model": prov["model"], "batch": prov["batch"], "input_tokens": prov["input_tokens"],

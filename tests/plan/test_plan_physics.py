@@ -22,11 +22,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from servescope.core.document import encode
 from servescope.core.errors import InputError
 from servescope.plan.hardware import list_hardware_profiles, load_hardware
 from servescope.plan.model import arch_from_hf_config, gemm_shapes, load_model_arch
 from servescope.plan.planner import PlanRequest, run_plan
-from servescope.report.jsonout import encode_analysis
 from servescope.trace.analyze import AnalyzeRequest, analyze
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h200-vllm"
@@ -96,7 +96,7 @@ def _capture() -> tuple[str, str]:
     folder = Path("/tmp/servescope-physics-capture")
     folder.mkdir(exist_ok=True)
     analysis = folder / "dense-graphs-b16.analysis.json"
-    analysis.write_bytes(encode_analysis(analyze(AnalyzeRequest(paths=[CAPTURE / "rank0.pt.trace.json.gz"]))))
+    analysis.write_bytes(encode(analyze(AnalyzeRequest(paths=[CAPTURE / "rank0.pt.trace.json.gz"]))))
     prov = json.loads((CAPTURE / "provenance.json").read_text(encoding="utf-8"))
     config = folder / "llama8b-16l.json"
     config.write_text(json.dumps(prov["model_shape"]), encoding="utf-8")

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from servescope.core.comm import load_curves
+from servescope.core.document import encode
 from servescope.core.errors import InputError
 from servescope.plan.hardware import load_hardware
 from servescope.plan.planner import PlanRequest, run_plan
 from servescope.plan.provenance import curve_differences, model_key, trace_device
-from servescope.report.jsonout import encode_analysis
 from servescope.trace.analyze import AnalyzeRequest, analyze
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -29,7 +29,7 @@ def h200_capture(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(analysis of the real H200 dense b16 capture, the model's config from its provenance)."""
     folder = tmp_path_factory.mktemp("prov")
     analysis = folder / "dense-graphs-b16.analysis.json"
-    analysis.write_bytes(encode_analysis(analyze(AnalyzeRequest(paths=[H200_TRACE]))))
+    analysis.write_bytes(encode(analyze(AnalyzeRequest(paths=[H200_TRACE]))))
     prov = json.loads((H200_TRACE.parent / "provenance.json").read_text(encoding="utf-8"))
     config = folder / "llama8b-16l.config.json"
     config.write_text(json.dumps(prov["model_shape"]), encoding="utf-8")

@@ -28,8 +28,7 @@ from typer.testing import CliRunner
 from deploy.conftest import FakeSystemctl, systemctl  # noqa: F401 (systemctl: the deploy tests' fixture)
 from gpu.gpu_inputs import RECORDING, fake_nvidia_smi
 from servescope.cli import app
-from servescope.core.document import read_document
-from servescope.report.jsonout import encode_analysis
+from servescope.core.document import encode, read_document
 from servescope.report.rerender import render_document
 from servescope.report.tables import render_analysis
 from servescope.trace.analyze import AnalyzeRequest, analyze
@@ -94,7 +93,7 @@ def _block(lines: Sequence[str], start: str, *, end: str | None = None) -> list[
 def _analysis(path: Path) -> tuple[Any, dict[str, Any]]:
     """The document (rendered by the tests) and its JSON read back plain (where the expected cells come from)."""
     doc = analyze(AnalyzeRequest(paths=[path]))
-    return doc, json.loads(encode_analysis(doc))
+    return doc, json.loads(encode(doc))
 
 
 def _analysis_lines(path: Path, width: int) -> list[str]:

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
+from servescope.core.redact import redact
 from servescope.server.client import ApiKey, ServerClient, normalize_base_url, resolve_api_key
 from servescope.server.errors import EndpointNotFound, NotOpenAICompatible, ServerTimeout
 from servescope.server.health import check_health
-from servescope.server.redact import redact
 
 from .conftest import LiveServer
 

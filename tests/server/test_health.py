@@ -211,7 +211,7 @@ def _recorded_memory_snapshots() -> tuple[object, object, int, int]:
     import re
 
     from gpu.gpu_inputs import holding_snapshot, shared_file
-    from servescope.gpu.records import GpuSnapshot
+    from servescope.core.gpu import GpuSnapshot
     from servescope.gpu.smi import parse_smi_xml
 
     xml = shared_file("nvidia-smi-q.xml")

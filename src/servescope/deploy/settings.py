@@ -82,7 +82,7 @@ _MIN_SECRET_CHARS = 4  # shorter values would mask unrelated text and are no sec
 
 
 class GpuLike(Protocol):
-    """The fields of one GPU settings shows (``gpu.records.GpuInfo`` has them)."""
+    """The fields of one GPU settings shows (``core.gpu.GpuInfo`` has them)."""
 
     @property
     def index(self) -> int: ...

@@ -5,6 +5,7 @@ NVML (nvidia-ml-py) first, nvidia-smi parsing as the fallback; both give the sam
 
 from __future__ import annotations
 
+from servescope.core.gpu import GpuInfo, GpuProcess, GpuSnapshot, Topology
 from servescope.gpu.errors import GpuQueryError, GpuUnavailable
 from servescope.gpu.holders import GpuHolders, Holder, HoldersReport, find_gpu_holders, read_gpu_holders
 from servescope.gpu.inventory import (
@@ -14,7 +15,6 @@ from servescope.gpu.inventory import (
     take_snapshot,
     wait_until_gpu_memory_free,
 )
-from servescope.gpu.records import GpuInfo, GpuProcess, GpuSnapshot, Topology
 from servescope.gpu.topology import GpuLinks, GpuPair, TopologyReport, read_topology, topology_report
 
 __all__ = [

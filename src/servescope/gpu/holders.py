@@ -10,10 +10,10 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from servescope.core.gpu import GpuProcess, GpuSnapshot
 from servescope.core.redact import redact
 from servescope.gpu.errors import GpuUnavailable
 from servescope.gpu.inventory import gpu_memory_holders, take_snapshot
-from servescope.gpu.records import GpuProcess, GpuSnapshot
 
 __all__ = ["GpuHolders", "Holder", "HoldersReport", "find_gpu_holders", "proc_owner", "read_gpu_holders"]
 

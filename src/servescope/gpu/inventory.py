@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from servescope.core.gpu import GpuProcess, GpuSnapshot
 from servescope.gpu.errors import GpuUnavailable
 from servescope.gpu.nvml import nvml_snapshot
-from servescope.gpu.records import GpuProcess, GpuSnapshot
 from servescope.gpu.smi import smi_snapshot
 
 __all__ = ["PREFER", "GpuMemoryUse", "WaitResult", "gpu_memory_holders", "memory_used_probe", "take_snapshot",

@@ -14,8 +14,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from servescope.core.gpu import GpuInfo, GpuProcess, GpuSnapshot, Topology
 from servescope.gpu.errors import GpuQueryError, GpuUnavailable
-from servescope.gpu.records import GpuInfo, GpuProcess, GpuSnapshot, Topology
 
 __all__ = ["nvml_snapshot"]
 

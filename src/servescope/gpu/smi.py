@@ -16,8 +16,8 @@ from typing import Any
 
 import msgspec
 
+from servescope.core.gpu import GpuInfo, GpuProcess, GpuSnapshot, Topology
 from servescope.gpu.errors import GpuQueryError, GpuUnavailable
-from servescope.gpu.records import GpuInfo, GpuProcess, GpuSnapshot, Topology
 
 __all__ = [
     "P2P_STATUS",

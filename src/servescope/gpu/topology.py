@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from servescope.core.gpu import GpuSnapshot
 from servescope.gpu.errors import GpuUnavailable
 from servescope.gpu.inventory import take_snapshot
-from servescope.gpu.records import GpuSnapshot
 
 __all__ = [
     "PCIE_PATHS",

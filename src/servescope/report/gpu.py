@@ -29,7 +29,7 @@ def _na(value: object) -> str:
 
 
 def render_snapshot(snapshot: Any, console: Console) -> None:
-    """One row per GPU, then the processes holding GPU memory (``snapshot``: a ``gpu.records.GpuSnapshot``;
+    """One row per GPU, then the processes holding GPU memory (``snapshot``: a ``core.gpu.GpuSnapshot``;
     typed loosely because report/ sits below the feature packages)."""
     title = f"GPUs ({snapshot.source}, {snapshot.taken_at})"
     table = Table(title=title, title_justify="left", box=None)

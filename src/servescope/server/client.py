@@ -26,6 +26,7 @@ import httpx
 import msgspec
 
 from servescope.core.errors import InputError
+from servescope.core.redact import redact
 from servescope.server.errors import (
     AuthRequired,
     EndpointNotFound,
@@ -34,7 +35,6 @@ from servescope.server.errors import (
     ServerTimeout,
     ServerUnreachable,
 )
-from servescope.server.redact import redact
 
 __all__ = [
     "API_KEY_ENV_VARS",

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from servescope.core.errors import InputError
 from servescope.core.health import ProcessInfo
+from servescope.core.redact import redact
 from servescope.core.settings import ProcessRecord, ProcessSeen
-from servescope.server.redact import redact
 
 __all__ = ["find_processes", "process_start_ticks", "read_log_tail", "read_process", "read_process_record",
            "read_unit", "read_unit_log_tail"]

@@ -8,17 +8,18 @@ import msgspec
 import pytest
 from test_tables import make_doc
 
+from servescope.core.analysis import decode_analysis
+from servescope.core.document import encode
 from servescope.core.errors import InputError
-from servescope.report.jsonout import decode_analysis, encode_analysis
 
 
 def test_round_trip_is_equal() -> None:
     doc = make_doc()
-    assert decode_analysis(encode_analysis(doc), "saved.json") == doc
+    assert decode_analysis(encode(doc), "saved.json") == doc
 
 
 def test_encoding_is_indented_json_with_null_for_none() -> None:
-    data = encode_analysis(make_doc())
+    data = encode(make_doc())
     text = data.decode("utf-8")
     assert text.startswith('{\n  "schema": "servescope.analysis",\n  "schema_version": 1,\n')
     assert text.endswith("}\n")
@@ -31,13 +32,13 @@ def test_encoding_is_indented_json_with_null_for_none() -> None:
 
 
 def _with(**changes: object) -> bytes:
-    plain = json.loads(encode_analysis(make_doc()))
+    plain = json.loads(encode(make_doc()))
     plain.update(changes)
     return json.dumps(plain).encode()
 
 
 def _without(field: str) -> bytes:
-    plain = json.loads(encode_analysis(make_doc()))
+    plain = json.loads(encode(make_doc()))
     del plain[field]
     return json.dumps(plain).encode()
 
@@ -49,7 +50,7 @@ def _without(field: str) -> bytes:
     (b"\xff\xfe{}", ""),
     (b"[1, 2, 3]", "object"),
     (b'{"schema": "servescope.analysis"', ""),
-    (encode_analysis(make_doc())[:-40], ""),
+    (encode(make_doc())[:-40], ""),
     (b'{"traceEvents": []}', "schema is None"),
     (_with(schema="servescope.bench"), "schema is 'servescope.bench'"),
     (_with(schema_version=99), "schema_version 99"),
@@ -68,7 +69,7 @@ def test_bad_input_raises_input_error_naming_the_source(data: bytes, detail: str
 
 
 def test_wrong_type_deep_inside_names_the_path() -> None:
-    plain = json.loads(encode_analysis(make_doc()))
+    plain = json.loads(encode(make_doc()))
     plain["ranks"][0]["phases"]["decode"]["steps"] = "three"
     where = r"Expected `int`, got `str` - at `\$\.ranks\[0\]\.phases\[\.\.\.\]\.steps`"
     with pytest.raises(InputError, match=where):
