@@ -23,7 +23,13 @@ user's ``--comm`` curve (NCCL only), an ``in-situ`` point (a kernel in a real tr
 exists), the α-β estimate (one hop for a one-shot kernel, two for a two-shot). A figure not measured in a real
 step gets the wait for the last rank added (``Factors.wait_us``, ``data/plan.toml`` ``[comm.wait]``), kept apart
 in :class:`Priced`. ``NCCL_PROTO=LL`` counts the bandwidth term twice on the NCCL path
-(:func:`servescope.plan.paths.nccl_env_effects`).
+(:func:`servescope.plan.paths.nccl_env_effects`); not an all-to-all, which NCCL runs as grouped sends and
+receives whose protocol ``NCCL_P2P_LL_THRESHOLD`` picks, not ``NCCL_PROTO`` (src/enqueue.cc).
+
+An all-to-all between GPUs without NVLink (``interconnect = "pcie"``) that no calibrated point, curve or point
+covers is priced by :mod:`servescope.plan.alltoall` instead of the α-β estimate: each GPU's sends serialised
+through its own x16 link, the host bridge shared by every sender, the longer of the two plus one step's latency
+(origin ``assumed``: the model; its inputs' own provenance in :class:`~servescope.plan.alltoall.PcieAllToAll`).
 
 A curve file is used only for its own world size: its numbers say nothing about another group size.
 Within a file the ``default`` variant is used, replayed from a CUDA graph when the file has it (vLLM
@@ -40,15 +46,18 @@ from pathlib import Path
 
 from servescope.core.comm import OPS, CurveDoc, OpCurve, bus_factor, curve_doc_from_dict, time_us_at
 from servescope.core.files import read_json
+from servescope.plan.alltoall import PcieAllToAll, on_pcie, pcie_all_to_all
 from servescope.plan.factors import Factors
 from servescope.plan.hardware import HardwareProfile
 from servescope.plan.paths import PathChoice, Point, allreduce_path, load_points, nccl_env_effects, point_time_us
 
-__all__ = ["ALL_OPS", "CommCosts", "CurveSource", "Priced", "bundled_curves", "estimate_us", "user_curves"]
+__all__ = ["ALL_OPS", "PCIE_A2A_SOURCE", "CommCosts", "CurveSource", "Priced", "bundled_curves", "estimate_us",
+           "user_curves"]
 
 ALL_OPS = (*OPS, "send_recv")
 MEASURED, PUBLISHED, ASSUMED = "measured curve", "published curve", "assumed"
 IN_SITU, PUBLISHED_POINT, CALIBRATED = "in-situ", "published point", "calibrated"
+PCIE_A2A_SOURCE = "PCIe all-to-all model"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +74,7 @@ class Priced:
         source: the document or file behind the figure.
         path: the path in a few words, for the screen (``PathChoice.label``, with the unit's NCCL_ALGO /
             NCCL_PROTO on the NCCL path).
+        alltoall: the PCIe all-to-all model's terms where it priced the call (:mod:`servescope.plan.alltoall`).
     """
 
     us: float
@@ -74,6 +84,7 @@ class Priced:
     why: str
     source: str
     path: str = ""
+    alltoall: PcieAllToAll | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,8 +221,9 @@ class CommCosts:
         return (estimate_us(op, group, nbytes, self.hw, self.factors)
                 / max(estimate_us(op, group, ref, self.hw, self.factors), 1e-9))
 
-    def price(self, op: str, group: int, nbytes: float) -> Priced:
-        """One call of ``op`` over ``group`` GPUs at ``nbytes`` on the engine's path (module doc)."""
+    def price(self, op: str, group: int, nbytes: float, *, senders: int | None = None) -> Priced:
+        """One call of ``op`` over ``group`` GPUs at ``nbytes`` on the engine's path (module doc); ``senders``: the
+        GPUs of an all-to-all that hold tokens (default all)."""
         if group <= 1:
             return Priced(us=0.0, wait_us=0.0, origin=ASSUMED, impl="none", why="one GPU", source="",
                           path="none (one GPU)")
@@ -246,13 +258,35 @@ class CommCosts:
             t, origin, source = self._from_point(point, op, group, nbytes, found), PUBLISHED_POINT, point.source
         elif found is not None:
             t, origin, source = time_us_at(found[0], nbytes), found[1].origin, found[1].path
+        elif op == "all_to_all" and on_pcie(self.hw):
+            return self._pcie_all_to_all(group, nbytes, senders, path)
         else:
             est_op = {"custom_1stage": "send_recv", "custom_2stage": "reduce_scatter"}.get(path.impl, op)
             t, origin, source = estimate_us(est_op, group, nbytes, self.hw, self.factors), ASSUMED, "α-β estimate"
-        if path.impl == "nccl" and self.nccl_env.ll_only and op != "send_recv":
+        if path.impl == "nccl" and self.nccl_env.ll_only and op not in ("send_recv", "all_to_all"):
             t += bus_factor(op, group) * nbytes / (self.hw.p2p_gbps * self.factors.link_efficiency * 1e3)
         return Priced(us=t * scale + wait, wait_us=wait, origin=origin, impl=path.impl, why=path.why, source=source,
                       path=label)
+
+    def _pcie_all_to_all(self, group: int, nbytes: float, senders: int | None, path: PathChoice) -> Priced:
+        """An all-to-all between PCIe GPUs by :func:`~servescope.plan.alltoall.pcie_all_to_all`, the bound named."""
+        m = pcie_all_to_all(group, nbytes, self.hw, self.factors, senders=senders)
+        why = (f"{path.why}; all-to-all over PCIe without NVLink, so no multicast: each GPU's sends serialised "
+               f"through its own x16 link ({group - 1}/{group} of {nbytes:,.0f} B at {m.link_gbps.value:g} GB/s "
+               f"{m.link_gbps.origin} × {m.link_efficiency.value:g} {m.link_efficiency.origin} = {m.link_us:.1f} µs), "
+               f"the host bridge shared by {m.senders} sender{'s' if m.senders != 1 else ''} "
+               f"({m.bridge_bytes:,.0f} B at {m.bridge_gbps.value:g} GB/s {m.bridge_gbps.origin} = "
+               f"{m.bridge_us:.1f} µs): the {'host bridge' if m.bound == 'bridge' else 'link'} binds, + "
+               f"{m.latency_us.value:g} µs latency ({m.latency_us.origin})")
+        label = ("NCCL all-to-all over PCIe, no multicast: sends serialised through each GPU's x16 link, host bridge "
+                 f"shared; the {'host bridge' if m.bound == 'bridge' else 'link'} binds")
+        source = (f"{PCIE_A2A_SOURCE} (plan/alltoall.py): link {m.link_gbps.value:g} GB/s ({m.link_gbps.origin}) × "
+                  f"{m.link_efficiency.value:g} ({m.link_efficiency.origin}); bridge {m.bridge_gbps.value:g} GB/s "
+                  f"({m.bridge_gbps.origin}: {m.bridge_gbps.source}); latency {m.latency_us.value:g} µs "
+                  f"({m.latency_us.origin}: {m.latency_us.source})")
+        wait = self.factors.wait_us
+        return Priced(us=m.us * self.factors.collective_scale + wait, wait_us=wait, origin=ASSUMED, impl="nccl",
+                      why=why, source=source, path=label, alltoall=m)
 
     def time_us(self, op: str, group: int, nbytes: float) -> tuple[float, str]:
         """(time of one op in µs including ``collective_scale``, origin of the figure)."""

@@ -31,6 +31,8 @@ activation bytes):
   (per-rank send buffer), and 1 all_gather of ``T·h`` to give attention all tokens again.
 - DP attention + EP: per MoE layer a dispatch and a combine all_to_all of ``ceil(B/dp) × top_k × h``;
   nothing else (dense layers, embedding and lm_head are whole on every GPU).
+- An all_to_all's ``senders`` are the ranks that hold tokens: ``ceil(T / ceil(T/ep))`` (fewer than ``ep`` when
+  ``T < ep``); between PCIe GPUs the host bridge carries only theirs (:mod:`servescope.plan.alltoall`).
 - PP: ``pp − 1`` send_recv of ``T·h`` per step (stage boundaries on the path).
 
 PP: the batch runs as ``pp`` microbatches of ``T = ceil(B/pp)``; a token passes every stage, so the step is
@@ -58,13 +60,15 @@ GIB = float(1 << 30)
 
 @dataclass(frozen=True, kw_only=True)
 class Collective:
-    """``count`` ops of kind ``op`` per step over ``group`` GPUs, each of ``bytes_each`` (nccl-tests size)."""
+    """``count`` ops of kind ``op`` per step over ``group`` GPUs, each of ``bytes_each`` (nccl-tests size);
+    ``senders``: the GPUs of an all_to_all that hold tokens (``None``: all)."""
 
     op: str
     count: int
     bytes_each: int
     group: int
     what: str
+    senders: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,13 +133,16 @@ def collectives_per_step(arch: ModelArch, layout: Layout, batch: int) -> list[Co
     h = _act_bytes(arch)
     dense_layers, moe_layers = arch.layers - arch.moe_layers, arch.moe_layers
 
-    def add(op: str, count: int, nbytes: int, group: int, what: str) -> None:
+    def add(op: str, count: int, nbytes: int, group: int, what: str, senders: int | None = None) -> None:
         if count > 0 and group > 1:
-            out.append(Collective(op=op, count=count, bytes_each=nbytes, group=group, what=what))
+            out.append(Collective(op=op, count=count, bytes_each=nbytes, group=group, what=what, senders=senders))
+
+    def holding(n: int, ranks: int) -> int:  # ranks that hold at least one of n tokens split ceil(n/ranks) a rank
+        return math.ceil(n / math.ceil(n / ranks))
 
     if layout.kind == "dp_ep":
         a2a = math.ceil(batch / layout.dp) * arch.top_k * h
-        add("all_to_all", 2 * moe_layers, a2a, layout.ep, "MoE dispatch + combine")
+        add("all_to_all", 2 * moe_layers, a2a, layout.ep, "MoE dispatch + combine", holding(batch, layout.dp))
         return out
     tp = layout.tp
     if layout.ep > 1:
@@ -143,7 +150,7 @@ def collectives_per_step(arch: ModelArch, layout: Layout, batch: int) -> list[Co
         add("all_reduce", 1, tokens * h, tp, "vocab-parallel embedding")
         add("reduce_scatter", moe_layers, tokens * h, tp, "MoE layers: attention out, split by token")
         add("all_to_all", 2 * moe_layers, math.ceil(tokens / layout.ep) * arch.top_k * h, layout.ep,
-            "MoE dispatch + combine")
+            "MoE dispatch + combine", holding(tokens, layout.ep))
         add("all_gather", moe_layers, tokens * h, tp, "MoE layers: all tokens back for attention")
     else:
         add("all_reduce", 2 * arch.layers + 1, tokens * h, tp, "attention out + MLP/MoE down per layer, embedding")
@@ -230,7 +237,7 @@ def predict_point(arch: ModelArch, layout: Layout, hw: HardwareProfile, comm: Co
     wait_ms: dict[str, float] = {}
     paths: list[dict[str, object]] = []
     for c in colls:
-        priced = comm.price(c.op, c.group, c.bytes_each)
+        priced = comm.price(c.op, c.group, c.bytes_each, senders=c.senders)
         coll_ms[c.op] = coll_ms.get(c.op, 0.0) + c.count * priced.us / 1e3
         wait_ms[c.op] = wait_ms.get(c.op, 0.0) + c.count * priced.wait_us / 1e3
         paths.append({"op": c.op, "what": c.what, "count": c.count, "bytes_each": c.bytes_each, "group": c.group,

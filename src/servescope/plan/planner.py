@@ -31,7 +31,7 @@ from servescope import __version__
 from servescope.core.errors import InputError
 from servescope.core.plan import PLAN_SCHEMA, PLAN_SCHEMA_VERSION
 from servescope.plan.calibrate import apply_calibration, calibrate, capture_tp, read_capture
-from servescope.plan.collectives import ALL_OPS, CommCosts, CurveSource, bundled_curves, user_curves
+from servescope.plan.collectives import ALL_OPS, PCIE_A2A_SOURCE, CommCosts, CurveSource, bundled_curves, user_curves
 from servescope.plan.cost import LayoutMemory, PointCost, layout_memory, predict_point
 from servescope.plan.factors import default_factors
 from servescope.plan.hardware import HardwareProfile, load_hardware
@@ -295,15 +295,22 @@ def run_plan(request: PlanRequest) -> dict[str, Any]:
                      for b in request.batches]
         evaluated.append(ev)
     estimated: dict[int, list[str]] = {}  # group size -> ops priced by the α-β estimate
+    modelled: dict[int, list[str]] = {}  # group size -> ops priced by the PCIe all-to-all model
     for ev in evaluated:
         for p in ev.points:
             for path in p.collective_paths:
-                ops = estimated.setdefault(int(str(path["group"])), [])
+                group = int(str(path["group"]))
+                ops = estimated.setdefault(group, [])
                 if path["source"] == "α-β estimate" and path["op"] not in ops:
                     ops.append(str(path["op"]))
-    for g, ops in sorted(estimated.items()):
-        if ops:
-            notes.append(f"no collective curve for {g} GPUs: {', '.join(ops)} priced by the α-β estimate (assumed); "
+                if str(path["source"]).startswith(PCIE_A2A_SOURCE) and path["op"] not in modelled.get(group, []):
+                    modelled.setdefault(group, []).append(str(path["op"]))
+    for g in sorted(set(estimated) | set(modelled)):
+        ops, by_model = estimated.get(g, []), modelled.get(g, [])
+        if ops or by_model:
+            priced = [f"{', '.join(ops)} priced by the α-β estimate" if ops else "",
+                      f"{', '.join(by_model)} by the PCIe all-to-all model" if by_model else ""]
+            notes.append(f"no collective curve for {g} GPUs: {'; '.join(x for x in priced if x)} (assumed); "
                          f"`servescope bench comm --gpus {g}` measures one")
     layouts_json = [{
         "name": ev.layout.name, "kind": ev.layout.kind, "tp": ev.layout.tp, "ep": ev.layout.ep,

@@ -1,0 +1,146 @@
+"""An all-to-all (EP dispatch or combine) between GPUs without NVLink: PCIe, no multicast (issue 24 item 4).
+
+What it assumes about the links, in one place:
+
+- **Each GPU's transfers are serialised through its own x16 link.** Without NVLink there is no multicast and
+  no fabric between GPUs: a GPU sends each of its G − 1 peers its share of the per-rank send buffer S (the
+  top-k routed copies of its tokens' hidden vectors, nccl-tests size), (G − 1)/G · S in all, one after another
+  on its link at the profile's per-direction ``p2p_gbps`` × ``link_efficiency`` (``data/plan.toml``).
+- **The host bridge is shared.** Without a PCIe switch, P2P traffic between GPUs on different root ports goes up
+  through the CPU's root complex (and, between sockets, the inter-socket link): every sender's (G − 1)/G · S
+  crosses it at once, ``senders`` × (G − 1)/G · S in all, at the aggregate rate a host was measured to sustain
+  with every GPU reading from every other at once (``data/plan.toml`` ``[all_to_all_pcie]``, with its source).
+- The call takes ``latency + max(link, bridge)``: the larger bound applies, and it is named (``bound``). The
+  latency is the α of the PCIe α-β estimate for one step (``base_us`` + one ``hop_us``, ``data/plan.toml``
+  ``[comm.pcie]``, read off the 8-GPU PCIe nccl-tests all-reduce latency).
+- ``NCCL_PROTO`` does not reach it: NCCL runs an all-to-all as grouped sends and receives, whose protocol it picks
+  by ``NCCL_P2P_LL_THRESHOLD`` (LL only below 16 KiB a channel, src/enqueue.cc), not by ``NCCL_PROTO``.
+
+Each input keeps its provenance (:class:`Figure`): the link rate the profile's (``datasheet`` or ``assumed``),
+the efficiency and latency ``assumed``, the bridge rate ``published`` for the profiles it was measured with and
+``assumed`` for any other (another host's figure).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from importlib.resources import files
+from typing import Any
+
+from servescope.plan.factors import Factors
+from servescope.plan.hardware import HardwareProfile
+
+__all__ = ["BOUNDS", "Figure", "PcieAllToAll", "bridge_figure", "on_pcie", "pcie_all_to_all"]
+
+BOUNDS = ("link", "bridge")
+ASSUMPTION = ("PCIe without NVLink, so no multicast: each GPU's sends serialised through its own x16 link, the "
+              "host bridge shared by every sender")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Figure:
+    """One input of the model: its value and unit, origin (``datasheet``, ``published``, ``assumed``) and source."""
+
+    value: float
+    unit: str
+    origin: str
+    source: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{value, unit, origin, source}``."""
+        return {"value": self.value, "unit": self.unit, "origin": self.origin, "source": self.source}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PcieAllToAll:
+    """One all-to-all over ``group`` PCIe GPUs, priced (module doc); times in µs, bytes as nccl-tests counts them.
+
+    Attributes:
+        group: GPUs in the all-to-all.
+        senders: GPUs that hold tokens to send (fewer than ``group`` when the batch is smaller).
+        bytes_each: the per-rank send buffer S.
+        link_bytes: what one GPU pushes through its own link, (G − 1)/G · S.
+        bridge_bytes: what crosses the host bridge, ``senders`` × ``link_bytes``.
+        link_gbps, link_efficiency, bridge_gbps, latency_us: the inputs, each with its provenance.
+        link_us: ``link_bytes`` ÷ (link rate × efficiency).
+        bridge_us: ``bridge_bytes`` ÷ the bridge rate.
+        bound: ``link`` or ``bridge``, whichever is longer.
+        us: ``latency_us`` + the longer of the two.
+    """
+
+    group: int
+    senders: int
+    bytes_each: float
+    link_bytes: float
+    bridge_bytes: float
+    link_gbps: Figure
+    link_efficiency: Figure
+    bridge_gbps: Figure
+    latency_us: Figure
+    link_us: float
+    bridge_us: float
+    bound: str
+    us: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data for the plan document."""
+        return {"group": self.group, "senders": self.senders, "bytes_each": self.bytes_each,
+                "link_bytes": self.link_bytes, "bridge_bytes": self.bridge_bytes,
+                "link_gbps": self.link_gbps.as_dict(), "link_efficiency": self.link_efficiency.as_dict(),
+                "bridge_gbps": self.bridge_gbps.as_dict(), "latency_us": self.latency_us.as_dict(),
+                "link_us": self.link_us, "bridge_us": self.bridge_us, "bound": self.bound, "us": self.us,
+                "assumption": ASSUMPTION}
+
+
+def on_pcie(hw: HardwareProfile) -> bool:
+    """Whether ``hw``'s all-to-alls take this model: GPUs joined by PCIe only (no NVLink, hence no multicast)."""
+    return hw.interconnect == "pcie"
+
+
+@cache
+def _table() -> dict[str, Any]:
+    text = files("servescope").joinpath("data", "plan.toml").read_text(encoding="utf-8")
+    table: dict[str, Any] = tomllib.loads(text)["all_to_all_pcie"]
+    return table
+
+
+def bridge_figure(group: int, hw: HardwareProfile) -> Figure:
+    """The host bridge's aggregate rate for an all-to-all over ``group`` GPUs: the figure measured at that many
+    GPUs, else at the fewest measured above it, else at the most measured; ``published`` for the profiles it was
+    measured with, ``assumed`` (another box's host) for the rest."""
+    t = _table()
+    rates = sorted((int(k), float(v)) for k, v in t["bridge_gbps"].items())
+    at, gbps = next(((g, v) for g, v in rates if g >= group), rates[-1])
+    measured = hw.name in t["profiles"]
+    where = f"{t['source']} (the {at}-GPU figure"
+    where += ")" if measured and at == group else f", taken for {group} GPUs of {hw.name}: assumed)"
+    return Figure(value=gbps, unit="GB/s", origin="published" if measured and at == group else "assumed",
+                  source=where)
+
+
+def pcie_all_to_all(group: int, nbytes: float, hw: HardwareProfile, factors: Factors, *,
+                    senders: int | None = None) -> PcieAllToAll:
+    """One all-to-all of ``nbytes`` a rank over ``group`` PCIe GPUs, ``senders`` of them holding tokens (default
+    all), priced as the module doc says."""
+    senders = group if senders is None else max(1, min(senders, group))
+    base, hop = factors.comm_alpha.get("pcie", (10.0, 5.0))
+    base = hw.base_us if hw.base_us is not None else base
+    hop = hw.hop_us if hw.hop_us is not None else hop
+    t = _table()
+    link = Figure(value=hw.p2p_gbps, unit="GB/s per direction", origin=hw.p2p_origin,
+                  source=f"hardware profile {hw.name}: p2p_gbps ({hw.source})")
+    eff = Figure(value=factors.link_efficiency, unit="of the link",
+                 origin=factors.origins.get("link_efficiency", "assumed"), source="data/plan.toml [efficiency] link")
+    latency = Figure(value=base + hop, unit="µs", origin="assumed", source=str(t["latency_source"]))
+    bridge = bridge_figure(group, hw)
+    link_bytes = (group - 1) / group * nbytes
+    bridge_bytes = senders * link_bytes
+    link_us = link_bytes / (link.value * eff.value * 1e3)  # GB/s = 1e3 bytes/µs
+    bridge_us = bridge_bytes / (bridge.value * 1e3)
+    bound = "bridge" if bridge_us > link_us else "link"
+    return PcieAllToAll(group=group, senders=senders, bytes_each=nbytes, link_bytes=link_bytes,
+                        bridge_bytes=bridge_bytes, link_gbps=link, link_efficiency=eff, bridge_gbps=bridge,
+                        latency_us=latency, link_us=link_us, bridge_us=bridge_us, bound=bound,
+                        us=latency.value + max(link_us, bridge_us))

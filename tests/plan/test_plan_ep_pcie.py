@@ -1,0 +1,119 @@
+"""EP on PCIe (issue 24 item 4): the all-to-all's two bounds.
+
+Every expected time is computed here by plain arithmetic from the data files read with ``tomllib`` (the hardware
+profile's ``p2p_gbps``, ``data/plan.toml``'s link efficiency, PCIe α, wait and bridge figure) and the model's shape
+(hidden × 2 bytes, top_k), not from plan's functions. The model under test: each GPU's (G − 1)/G of its send
+buffer through its own x16 link; every sender's share across the host bridge at the aggregate rate a host was
+measured to sustain; the longer of the two plus one step's latency and the wait for the last rank.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servescope.plan.collectives import CommCosts, estimate_us
+from servescope.plan.factors import default_factors
+from servescope.plan.hardware import load_hardware
+from servescope.plan.planner import PlanRequest, run_plan
+
+DATA = Path(__file__).resolve().parents[2] / "src" / "servescope" / "data"
+PLAN = tomllib.loads((DATA / "plan.toml").read_text(encoding="utf-8"))
+PRO = tomllib.loads((DATA / "hardware" / "rtx-pro-6000.toml").read_text(encoding="utf-8"))
+KIMI = tomllib.loads((DATA / "models" / "kimi-k2.5.toml").read_text(encoding="utf-8"))
+G = 8
+LINK = PRO["p2p_gbps"] * PLAN["efficiency"]["link"] * 1e3  # bytes/µs through one GPU's x16 link, one direction
+BRIDGE = PLAN["all_to_all_pcie"]["bridge_gbps"]["8"] * 1e3  # bytes/µs across the host bridge, all senders
+ALPHA = PLAN["comm"]["pcie"]["base_us"] + PLAN["comm"]["pcie"]["hop_us"]  # one step of the PCIe estimate
+WAIT = PLAN["comm"]["wait"]["us"]
+TOKEN = KIMI["top_k"] * KIMI["hidden"] * 2  # one token's top-k routed copies of its bf16 hidden vector
+
+
+def _a2a(doc: dict[str, Any], layout: str, batch: int) -> dict[str, Any]:
+    x = next(x for x in doc["layouts"] if x["name"] == layout)
+    p = next(p for p in x["points"] if p["batch"] == batch)
+    [path] = p["collectives_per_step"]["all_to_all"]["paths"]
+    return dict(path)
+
+
+def _expected(batch: int) -> tuple[float, float, float]:
+    """(link µs, bridge µs, whole call µs) of Kimi-K2.5's TP=8 EP=8 all-to-all at ``batch``, by hand."""
+    per_rank = math.ceil(batch / G)  # tokens a rank holds after attention's reduce-scatter
+    senders = math.ceil(batch / per_rank)  # ranks holding any
+    send = per_rank * TOKEN  # the per-rank send buffer
+    link = (G - 1) / G * send / LINK
+    bridge = senders * (G - 1) / G * send / BRIDGE
+    return link, bridge, ALPHA + max(link, bridge) + WAIT
+
+
+@pytest.fixture(scope="module")
+def kimi_pro() -> dict[str, Any]:
+    return run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=G, batches=(1, 3, 4, 64)))
+
+
+def test_each_gpus_sends_serialised_through_its_own_link(kimi_pro: dict[str, Any]) -> None:
+    """Batch 1: one GPU holds the token and pushes 7/8 of its 8 routed copies through its x16 link: the link binds."""
+    link, bridge, whole = _expected(1)
+    assert link == pytest.approx(7 / 8 * 8 * 7168 * 2 / (64 * 0.8 * 1e3))  # 1.96 µs
+    assert link > bridge
+    path = _a2a(kimi_pro, "TP=8 EP=8", 1)
+    assert path["us_each"] == pytest.approx(whole, rel=1e-9)  # 12.1 + 1.96 + 1.0 µs
+    assert path["wait_us_each"] == WAIT and path["origin"] == "assumed"
+    assert path["path"].endswith("the link binds") and "serialised through each GPU's x16 link" in path["path"]
+    assert path["source"].startswith("PCIe all-to-all model")
+
+
+@pytest.mark.parametrize(("batch", "bound"), [(3, "link"), (4, "bridge"), (64, "bridge")])
+def test_the_shared_bridge_takes_over_when_enough_gpus_send(kimi_pro: dict[str, Any], batch: int, bound: str) -> None:
+    """The bridge carries every sender's share: from 4 senders (4 / 173.1 > 1 / 51.2) it is the longer bound."""
+    link, bridge, whole = _expected(batch)
+    assert (bridge > link) == (bound == "bridge")
+    path = _a2a(kimi_pro, "TP=8 EP=8", batch)
+    assert path["us_each"] == pytest.approx(whole, rel=1e-9)
+    assert path["path"].endswith("the host bridge binds" if bound == "bridge" else "the link binds")
+    if batch == 64:  # 8 ranks of 8 tokens: 7 × 917,504 B across the bridge at 173.1 GB/s = 37.1 µs
+        assert bridge == pytest.approx(7 * 8 * TOKEN / 173.1e3) and whole == pytest.approx(12.1 + 37.10 + 1.0, abs=0.01)
+
+
+def test_dp_attention_ep_is_priced_the_same_way() -> None:
+    doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=G, batches=(64,)))
+    path = _a2a(doc, "DP=8 EP=8", 64)  # 8 requests a replica, each its 8 routed copies
+    send = 8 * TOKEN
+    assert path["us_each"] == pytest.approx(ALPHA + max(7 / 8 * send / LINK, 7 * send / BRIDGE) + WAIT)
+
+
+def test_nccl_proto_does_not_reach_the_all_to_all() -> None:
+    """NCCL picks a send/recv's protocol by NCCL_P2P_LL_THRESHOLD, not NCCL_PROTO (src/enqueue.cc): no LL term."""
+    f = default_factors()
+    for name in ("rtx-pro-6000", "h200"):
+        hw = load_hardware(name)
+        plain = CommCosts(hw, f, []).price("all_to_all", G, 1 << 20)
+        ll = CommCosts(hw, f, [], env={"NCCL_PROTO": "LL"}).price("all_to_all", G, 1 << 20)
+        assert ll.us == plain.us
+    pro = load_hardware("rtx-pro-6000")  # the all-reduce keeps its LL term
+    assert (CommCosts(pro, f, [], env={"NCCL_PROTO": "LL"}).price("all_reduce", G, 1 << 20).us
+            > CommCosts(pro, f, []).price("all_reduce", G, 1 << 20).us)
+
+
+def test_nvlink_boxes_keep_the_alpha_beta_all_to_all() -> None:
+    """On NVLink (multicast, a switch fabric) the all-to-all is the α-β estimate + the wait, as before."""
+    hw, f = load_hardware("h200"), default_factors()
+    doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="h200", gpus=G, batches=(1, 64)))
+    for layout, batch, send in [("TP=8 EP=8", 1, TOKEN), ("TP=8 EP=8", 64, 8 * TOKEN), ("DP=8 EP=8", 64, 8 * TOKEN)]:
+        path = _a2a(doc, layout, batch)
+        nvlink = PLAN["comm"]["nvlink"]
+        by_hand = nvlink["base_us"] + nvlink["hop_us"] + 7 / 8 * send / (450 * 0.8 * 1e3)
+        assert path["us_each"] == pytest.approx(by_hand + WAIT)
+        assert path["us_each"] == pytest.approx(estimate_us("all_to_all", G, send, hw, f) + WAIT)
+        assert path["source"] == "α-β estimate" and path["path"] == "NCCL"
+
+
+def test_another_profile_takes_the_bridge_figure_as_assumed() -> None:
+    """L40S: the bridge figure was measured with RTX PRO 6000s on another host: assumed, and said."""
+    m = CommCosts(load_hardware("l40s"), default_factors(), []).price("all_to_all", G, 1 << 20).alltoall
+    assert m is not None and m.bridge_gbps.origin == "assumed" and "assumed" in m.bridge_gbps.source
+    assert m.link_gbps.value == 32  # its own PCIe Gen4 x16 link
