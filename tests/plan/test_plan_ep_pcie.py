@@ -1,4 +1,4 @@
-"""EP on PCIe (issue 24 item 4): the all-to-all's two bounds.
+"""EP on PCIe (issue 24 item 4): the all-to-all's two bounds, and the batch at which EP and TP cross.
 
 Every expected time is computed here by plain arithmetic from the data files read with ``tomllib`` (the hardware
 profile's ``p2p_gbps``, ``data/plan.toml``'s link efficiency, PCIe α, wait and bridge figure) and the model's shape
@@ -9,17 +9,22 @@ measured to sustain; the longer of the two plus one step's latency and the wait 
 
 from __future__ import annotations
 
+import json
 import math
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from servescope.cli import app
+from servescope.core.plan import plan_document
 from servescope.plan.collectives import CommCosts, estimate_us
 from servescope.plan.factors import default_factors
 from servescope.plan.hardware import load_hardware
 from servescope.plan.planner import PlanRequest, run_plan
+from servescope.report.plan import plan_to_json, render_plan_html
 
 DATA = Path(__file__).resolve().parents[2] / "src" / "servescope" / "data"
 PLAN = tomllib.loads((DATA / "plan.toml").read_text(encoding="utf-8"))
@@ -112,8 +117,90 @@ def test_nvlink_boxes_keep_the_alpha_beta_all_to_all() -> None:
         assert path["source"] == "α-β estimate" and path["path"] == "NCCL"
 
 
+def _nccl_curve(path: Path) -> Path:
+    """A published NCCL all-reduce curve of 8 RTX PRO 6000 (voipmonitor/rtx6kpro hardware/pcie-bandwidth.md):
+    24-28 µs up to 256 KiB (luke's NCCL column), 22.2 GB/s bus bandwidth at 32 MiB (Festr, dual Turin, default)."""
+    points = [(256, 24.6), (1024, 24.1), (8192, 24.2), (32768, 24.5), (65536, 24.1), (262144, 28.0),
+              (1 << 25, (1 << 25) * 2 * 7 / 8 / 22.2e3)]
+    doc = {"schema": "servescope.comm-curves/1", "source": "published", "provenance": "written by a test",
+           "device": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "interconnect": "pcie", "backend": "nccl",
+           "versions": {"torch": "n/a", "nccl": None}, "date": "2026", "host": None, "world_size": G,
+           "dtype": "bfloat16", "curves": [{"op": "all_reduce", "variant": "default", "env": {}, "graph": False,
+                                            "points": [{"bytes": b, "time_us": t, "algbw_gbps": 0.0,
+                                                        "busbw_gbps": 0.0, "iters": 20} for b, t in points]}]}
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
+
+
+def test_the_crossover_is_where_the_two_step_times_cross(tmp_path: Path) -> None:
+    """With this box's NCCL all-reduce curve TP is faster at small batches and EP from the crossover on; the
+    plan's own step times one batch below and at it (its layout table, asked for those batches) agree."""
+    curve = _nccl_curve(tmp_path / "pro6000.json")
+    doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=G, batches=(1, 32), comm=str(curve)))
+    v = doc["ep_vs_tp"]
+    c = v["crossover_batch"]
+    assert c is not None and 32 < c < 1024 and v["faster_first"] == "TP=8"
+    below, at = v["at"]
+    assert (below["batch"], at["batch"]) == (c - 1, c)
+    assert below["tp"]["step_ms"] < below["ep"]["step_ms"] and at["ep"]["step_ms"] < at["tp"]["step_ms"]
+    assert v["crossings"][0] == {"batch": c, "faster_below": "TP=8", "faster_from": at["ep"]["layout"]}
+    assert f"cross at batch {c}:" in v["sentence"]
+    table = run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=G, batches=(c - 1, c),
+                                 comm=str(curve)))
+    step = {(x["name"], p["batch"]): p["step_ms"] for x in table["layouts"] for p in x["points"]}
+    for side in ("tp", "ep"):
+        assert below[side]["step_ms"] == pytest.approx(step[(below[side]["layout"], c - 1)], rel=1e-12)
+        assert at[side]["step_ms"] == pytest.approx(step[(at[side]["layout"], c)], rel=1e-12)
+    # the reason in numbers: each side's collectives as count × µs a call, the all-to-all's bound
+    tp_ar = next(x for x in at["tp"]["collectives"] if x["op"] == "all_reduce")
+    assert f"all_reduce {tp_ar['count']} × {tp_ar['us_each']:,.1f} µs (published curve)" in v["reasons"][1]
+    a2a = at["ep"]["all_to_all"]
+    assert a2a["bound"] == "bridge" and a2a["bridge_gbps"]["origin"] == "published"
+    assert any("the host bridge binds" in r for r in v["reasons"])
+
+
+def test_without_a_crossover_the_plan_says_which_side_wins_everywhere(kimi_pro: dict[str, Any]) -> None:
+    """With the bundled figures (TP's all-reduce from the published RTX 6000D points) EP is faster at every batch
+    searched; the document holds both ends and the sentence says so."""
+    v = kimi_pro["ep_vs_tp"]
+    assert v["crossover_batch"] is None and v["crossings"] == [] and v["searched"] == [1, 65536]
+    first, last = v["at"]
+    assert (first["batch"], last["batch"]) == (1, 65536)
+    for at in (first, last):
+        assert at["ep"]["step_ms"] < at["tp"]["step_ms"]
+    assert v["sentence"].startswith("EP and TP do not cross from batch 1 to 65,536: TP=8 EP=8 is faster")
+    assert v["kv_max_batch"] == {"TP=8 EP=8": 11, "TP=8": 28}  # 49,063 and 114,868 KV tokens a GPU ÷ 4,096
+
+
+def test_the_text_names_the_assumption_and_the_json_and_html_carry_it() -> None:
+    args = ["plan", "--model", "kimi-k2.5", "--hardware", "rtx-pro-6000", "--gpus", "8", "--batch", "1,64"]
+    text = CliRunner().invoke(app, args, env={"COLUMNS": "100"})
+    assert text.exit_code == 0, text.output
+    flat = " ".join(text.stdout.split())
+    assert "EP vs TP: EP and TP do not cross from batch 1 to 65,536" in flat
+    assert ("PCIe without NVLink, so no multicast: each GPU's sends serialised through its own x16 link, the host "
+            "bridge shared by every sender") in flat
+    assert "173.1 GB/s (published)" in flat and "64 GB/s (datasheet) × 0.8 (assumed)" in flat
+    assert "12.1 µs latency (assumed)" in flat
+    doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=8, batches=(1, 64)))
+    saved = json.loads(plan_to_json(doc))  # through the typed document and back
+    assert saved["ep_vs_tp"] == json.loads(json.dumps(doc["ep_vs_tp"]))
+    assert plan_document(saved).ep_vs_tp is not None
+    model = saved["ep_vs_tp"]["at"][0]["ep"]["all_to_all"]
+    assert {k: model[k]["origin"] for k in ("link_gbps", "link_efficiency", "bridge_gbps", "latency_us")} == {
+        "link_gbps": "datasheet", "link_efficiency": "assumed", "bridge_gbps": "published", "latency_us": "assumed"}
+    assert "voipmonitor/rtx6kpro" in model["bridge_gbps"]["source"]
+    html = render_plan_html(doc)
+    assert "<h2>EP vs TP</h2>" in html and "bridge_gbps" in html and "voipmonitor/rtx6kpro" in html
+
+
 def test_another_profile_takes_the_bridge_figure_as_assumed() -> None:
     """L40S: the bridge figure was measured with RTX PRO 6000s on another host: assumed, and said."""
     m = CommCosts(load_hardware("l40s"), default_factors(), []).price("all_to_all", G, 1 << 20).alltoall
     assert m is not None and m.bridge_gbps.origin == "assumed" and "assumed" in m.bridge_gbps.source
     assert m.link_gbps.value == 32  # its own PCIe Gen4 x16 link
+
+
+def test_a_dense_model_has_no_ep_side() -> None:
+    doc = run_plan(PlanRequest(model="llama-3-70b", hardware="rtx-pro-6000", gpus=G, batches=(1,)))
+    assert doc["ep_vs_tp"] is None

@@ -12,7 +12,9 @@ usable}, kv_tokens_per_gpu, kv_capacity_tokens, points: [{batch, step_ms, tokens
 attention, collectives, other}, origins, collectives_per_step: {OP: {count, bytes, bytes_each, ms}},
 fits_kv, compute_bound}]}``; then ``crossovers``, ``recommendation: {layout, reasons}``, ``forced`` (the
 inputs used with ``--force`` although their provenance differs from the plan, one line each, also first in
-``notes``) and ``notes``.
+``notes``) and ``notes``; then ``ep_vs_tp`` (:mod:`servescope.plan.ep_vs_tp`: the batch at which the fastest EP
+layout and the TP layout cross, with the reason in numbers; ``null`` for a dense model or without a feasible layout
+on either side).
 ``collectives_per_step.OP.bytes`` is the total over the step's ops of that kind (nccl-tests sizes) and
 ``bytes_each`` lists ``{count, bytes, what}`` per distinct message.
 """
@@ -33,6 +35,7 @@ from servescope.core.plan import PLAN_SCHEMA, PLAN_SCHEMA_VERSION
 from servescope.plan.calibrate import apply_calibration, calibrate, capture_tp, read_capture
 from servescope.plan.collectives import ALL_OPS, PCIE_A2A_SOURCE, CommCosts, CurveSource, bundled_curves, user_curves
 from servescope.plan.cost import LayoutMemory, PointCost, layout_memory, predict_point
+from servescope.plan.ep_vs_tp import LAST, ep_vs_tp
 from servescope.plan.factors import default_factors
 from servescope.plan.hardware import HardwareProfile, load_hardware
 from servescope.plan.layouts import Layout, candidate_layouts
@@ -334,6 +337,13 @@ def run_plan(request: PlanRequest) -> dict[str, Any]:
                              memory=ev.memory).step_ms
 
     crossovers = find_crossovers([ev.layout.name for ev in feasible], request.batches, step_at)
+
+    def predict(layout: Layout, memory: LayoutMemory, batch: int) -> PointCost:
+        return predict_point(arch, layout, hw, comm, batch=batch, context=request.context, memory=memory)
+
+    versus = ep_vs_tp([(ev.layout, ev.memory) for ev in feasible if ev.layout.ep > 1],
+                      [(ev.layout, ev.memory) for ev in feasible if ev.layout.kind == "tp" and ev.layout.tp > 1],
+                      predict, comm, context=request.context, last=max(LAST, *request.batches))
     return {
         "schema": SCHEMA, "schema_version": PLAN_SCHEMA_VERSION, "servescope_version": __version__,
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -350,4 +360,5 @@ def run_plan(request: PlanRequest) -> dict[str, Any]:
         "calibration": asdict(calibration) if calibration else None,
         "layouts": layouts_json, "skipped": skipped, "crossovers": crossovers,
         "recommendation": recommend(layouts_json, crossovers), "forced": forced, "notes": forced + notes,
+        "ep_vs_tp": versus,
     }

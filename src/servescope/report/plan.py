@@ -176,6 +176,16 @@ def render_plan(doc: dict[str, Any], console: Console) -> None:
     console.print(f"recommended: {rec['layout'] or 'none'}", markup=False)
     for reason in rec["reasons"]:
         console.print(f"  - {reason}", markup=False)
+    versus = doc.get("ep_vs_tp")  # a plan saved before 2026-12 has none
+    if versus:
+        width = max(40, console.width - 1)
+        for i, line in enumerate([f"EP vs TP: {versus['sentence']}", *versus["reasons"]]):
+            line = re.sub(r"(?<=\d) × (?=\d)", f"{_NBSP}×{_NBSP}", line)  # "123 × 95.8 µs" stays on one line
+            line = re.sub(r" (?=(?:[KMG]iB|µs|ms|GB/s)\b)", _NBSP, line)  # a figure stays with its unit
+            for out in textwrap.wrap(line, width=width, initial_indent="" if i == 0 else "  - ",
+                                     subsequent_indent="    " if i == 0 else "      ", break_long_words=False,
+                                     break_on_hyphens=False):
+                console.print(out.replace(_NBSP, " "), markup=False)
     cal = doc.get("calibration")
     if cal:
         fitted = ", ".join(f"{k} {v:.3g}" for k, v in cal["fitted"].items()) or "nothing"
@@ -220,6 +230,34 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _ep_vs_tp_html(versus: dict[str, Any] | None) -> list[str]:
+    """The EP-vs-TP section: the sentence, the reasons, both sides at the batches compared and the all-to-all's
+    inputs with their provenance."""
+    if not versus:
+        return []
+    rows = [[f"{at['batch']:,}", side["layout"], f"{side['step_ms']:.3f}",
+             *(f"{side['parts_ms'][k]:.3f}" for k in _PARTS),
+             "; ".join(f"{c['op']} {c['count']} × {c['us_each']:.1f} µs ({c['origin']})" for c in side["collectives"])]
+            for at in versus["at"] for side in (at["tp"], at["ep"])]
+    inputs: list[list[str]] = []
+    for at in versus["at"]:
+        model = at["ep"].get("all_to_all")
+        if not model:
+            continue
+        for key in ("link_gbps", "link_efficiency", "bridge_gbps", "latency_us"):
+            f = model[key]
+            inputs.append([f"{at['batch']:,}", key, f"{f['value']:g}", f["unit"], f["origin"], f["source"]])
+        inputs.append([f"{at['batch']:,}", "bound", f"{model['bound']} (link {model['link_us']:.1f} µs, bridge "
+                       f"{model['bridge_us']:.1f} µs, {model['senders']} senders)", "", "", model["assumption"]])
+    return [
+        "<h2>EP vs TP</h2>",
+        f"<p>{_e(versus['sentence'])}</p>",
+        "<ul>" + "".join(f"<li>{_e(r)}</li>" for r in versus["reasons"]) + "</ul>",
+        _table(["batch", "layout", "step ms", *(f"{k} ms" for k in _PARTS), "collectives per step"], rows),
+        *([_table(["batch", "all-to-all input", "value", "unit", "origin", "source"], inputs)] if inputs else []),
+    ]
+
+
 def render_plan_html(doc: dict[str, Any]) -> str:
     """A self-contained HTML page: the step-vs-batch chart (plotly.js inlined) and the plan's tables."""
     import plotly.io as pio
@@ -246,6 +284,7 @@ def render_plan_html(doc: dict[str, Any]) -> str:
         "</p>",
         f"<h2>Recommended: {_e(rec['layout'] or 'none')}</h2>",
         "<ul>" + "".join(f"<li>{_e(r)}</li>" for r in rec["reasons"]) + "</ul>",
+        *_ep_vs_tp_html(doc.get("ep_vs_tp")),
         "<h2>Step time vs batch</h2>", chart,
         "<h2>Layouts</h2>",
         _table(["layout", "batch", "step ms", *(f"{k} ms" for k in _PARTS), "tok/s", "collectives per step", "from"],
