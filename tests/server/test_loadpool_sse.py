@@ -26,9 +26,10 @@ from typer.testing import CliRunner
 from server.sse import running_sse_server
 from servescope.cli import app
 from servescope.core.document import read_document
-from servescope.core.serve import ClientLag, Dist, ServePoint, ServerSide, TokenCounts, judge_point, load_serve_rules
+from servescope.core.serve import ClientLag, Dist, ServePoint, ServerSide, TokenCounts
 from servescope.report.serve import render_serve
 from servescope.server import loadgen
+from servescope.server.bottleneck import judge_point, load_serve_rules
 from servescope.server.loadgen import LoadSpec, run_bench_serve, summarize, workers_for
 from servescope.server.loadpool import run_point_in_workers, split_job
 from servescope.server.streams import PointJob

@@ -12,7 +12,7 @@ the client, not the server, is the bottleneck, and the result says so (``client_
 point's streams are shared out over worker processes, one per 16 streams, at most one per CPU but one
 (:mod:`.loadpool`; ``workers`` overrides), so that the client stays on time; the requests themselves live in
 :mod:`.streams`. A client on time that still measures more than the engine's own histograms names the
-server's API front end (``front_end_bound``; :func:`servescope.core.serve.judge_point`).
+server's API front end (``front_end_bound``; :mod:`.bottleneck`).
 If the server dies mid-run the point stops launching, in-flight requests count as errors, and the sweep
 ends with ``aborted`` set.
 """
@@ -41,9 +41,8 @@ from servescope.core.serve import (
     ServePoint,
     ServeResult,
     TokenCounts,
-    is_client_bound,
-    judge_point,
 )
+from servescope.server.bottleneck import is_client_bound, judge_point
 from servescope.server.client import ApiKey, ServerClient
 from servescope.server.errors import EndpointNotFound, NotOpenAICompatible
 from servescope.server.loadpool import auto_workers, available_cpus, run_point_in_workers
