@@ -7,9 +7,10 @@ import io
 import pytest
 from rich.console import Console
 
+from servescope.core.document import decode_as, encode
 from servescope.core.errors import InputError
 from servescope.core.health import Check, HealthResult, ProcessInfo
-from servescope.report.health import decode_health, encode_health, render_health
+from servescope.report.health import render_health
 
 
 def _render(result: HealthResult) -> str:
@@ -65,11 +66,11 @@ def test_missing_max_model_len_is_na_and_timeout_is_said() -> None:
 
 def test_json_round_trip_keeps_null() -> None:
     result = _result(max_model_len=None)
-    data = encode_health(result)
+    data = encode(result)
     assert b'"max_model_len": null' in data
-    assert decode_health(data, "x.json") == result
+    assert decode_as(data, "x.json", HealthResult) == result
 
 
 def test_decode_rejects_other_documents() -> None:
     with pytest.raises(InputError, match=r"^x.json: not a servescope health result"):
-        decode_health(b'{"schema": "servescope.analysis"}', "x.json")
+        decode_as(b'{"schema": "servescope.analysis"}', "x.json", HealthResult)

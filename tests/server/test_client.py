@@ -19,7 +19,7 @@ import pytest
 from servescope.core.redact import redact
 from servescope.server.client import ApiKey, ServerClient, normalize_base_url, resolve_api_key
 from servescope.server.errors import EndpointNotFound, NotOpenAICompatible, ServerTimeout
-from servescope.server.health import check_health
+from servescope.server.health import HealthRequest, check_health
 
 from .conftest import LiveServer
 
@@ -114,7 +114,7 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 @pytest.mark.no_server
 def test_a_non_json_answer_is_not_openai(static_site: str) -> None:
     with pytest.raises(NotOpenAICompatible) as info:
-        check_health(static_site)
+        check_health(HealthRequest(url=static_site))
     assert str(info.value) == f"{static_site}/v1/models: not an OpenAI-compatible server (the answer is not JSON)"
 
 

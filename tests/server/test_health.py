@@ -13,11 +13,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from servescope.core.document import encode
 from servescope.core.errors import InputError
-from servescope.report.health import encode_health
 from servescope.server.client import resolve_api_key
 from servescope.server.errors import AuthRequired
-from servescope.server.health import check_health, wait_until_ready
+from servescope.server.health import HealthRequest, check_health
 
 from .conftest import LiveServer
 
@@ -34,7 +34,7 @@ def test_dead_port_is_unreachable_at_once_without_pid() -> None:
     """Not ready (a finding, exit 1), not bad input: the result names the refused port."""
     url = f"http://127.0.0.1:{_dead_port()}"
     started = time.monotonic()
-    result = check_health(url)
+    result = check_health(HealthRequest(url=url))
     assert time.monotonic() - started < 2.0
     assert (result.ready, result.phase, result.waited) == (False, "unreachable", False)
     assert result.checks[0].detail.startswith("connection refused")
@@ -45,7 +45,8 @@ def test_dead_port_wait_is_unreachable_until_the_timeout() -> None:
     url = f"http://127.0.0.1:{_dead_port()}"
     phases: list[str] = []
     started = time.monotonic()
-    result = wait_until_ready(url, timeout_s=1.0, poll_s=0.2, progress=lambda e, p, line: phases.append(p))
+    result = check_health(HealthRequest(url=url, wait=True, timeout_s=1.0, poll_s=0.2),
+                          progress=lambda e, p, line: phases.append(p))
     assert time.monotonic() - started < 2.0
     assert (result.ready, result.phase, result.timed_out) == (False, "unreachable", True)
     assert set(phases) == {"unreachable"} and len(phases) >= 2
@@ -76,8 +77,8 @@ def test_wait_with_pid_of_a_killed_process_returns_crashed_with_its_log(tmp_path
                     proc.wait()
 
         started = time.monotonic()
-        result = wait_until_ready(f"http://127.0.0.1:{_dead_port()}", timeout_s=60, poll_s=0.25, pid=proc.pid,
-                                  log_path=log_path, progress=progress)
+        result = check_health(HealthRequest(url=f"http://127.0.0.1:{_dead_port()}", wait=True, timeout_s=60,
+                                            poll_s=0.25, pid=proc.pid, log_path=log_path), progress=progress)
         took_s = time.monotonic() - started
     finally:
         if proc.poll() is None:
@@ -100,7 +101,7 @@ def test_wait_with_pid_of_a_killed_process_returns_crashed_with_its_log(tmp_path
 def test_wait_with_a_pid_that_does_not_exist_is_crashed_at_once() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()  # a pid that was real a moment ago and is gone now
-    result = wait_until_ready(f"http://127.0.0.1:{_dead_port()}", timeout_s=30, pid=proc.pid)
+    result = check_health(HealthRequest(url=f"http://127.0.0.1:{_dead_port()}", wait=True, timeout_s=30, pid=proc.pid))
     assert (result.phase, result.ready) == ("crashed", False)
     assert result.elapsed_s < 1.0
 
@@ -110,7 +111,7 @@ def test_wait_with_a_pid_that_does_not_exist_is_crashed_at_once() -> None:
                                  "http://user:pw@127.0.0.1:8000", "http://127.0.0.1:8000/?q=1"])
 def test_malformed_url_is_one_line_input_error(url: str) -> None:
     with pytest.raises(InputError) as info:
-        check_health(url)
+        check_health(HealthRequest(url=url))
     message = str(info.value)
     assert "\n" not in message
     assert "not a server URL" in message or "credentials in the URL" in message
@@ -120,15 +121,17 @@ def test_malformed_url_is_one_line_input_error(url: str) -> None:
 @pytest.mark.no_server
 def test_pid_and_unit_together_are_refused() -> None:
     with pytest.raises(InputError, match="one of --pid and --unit"):
-        wait_until_ready("http://127.0.0.1:1", timeout_s=0, pid=os.getpid(), unit="vllm.service")
+        check_health(HealthRequest(url="http://127.0.0.1:1", wait=True, timeout_s=0, pid=os.getpid(),
+                                   unit="vllm.service"))
 
 
 @pytest.mark.while_loading
 def test_loading_server_goes_not_ready_then_ready(vllm_server: LiveServer) -> None:
     seen: list[tuple[float, str, str | None]] = []
-    result = wait_until_ready(vllm_server.url, timeout_s=300, poll_s=0.5, api_key=vllm_server.api_key,
-                              pid=vllm_server.pid, log_path=vllm_server.log_path,
-                              progress=lambda e, p, line: seen.append((e, p, line)))
+    result = check_health(HealthRequest(url=vllm_server.url, wait=True, timeout_s=300, poll_s=0.5,
+                                        api_key=vllm_server.api_key, pid=vllm_server.pid,
+                                        log_path=vllm_server.log_path),
+                          progress=lambda e, p, line: seen.append((e, p, line)))
     phases = [p for _, p, _ in seen]
     assert phases[0] == "loading", f"first poll saw {phases[0]!r}, {time.monotonic() - vllm_server.started_at:.0f}" \
                                    " s after the server started"
@@ -142,24 +145,24 @@ def test_loading_server_goes_not_ready_then_ready(vllm_server: LiveServer) -> No
 
 
 def test_ready_result_names_the_model_and_its_max_len(ready_server: LiveServer) -> None:
-    result = check_health(ready_server.url, api_key=ready_server.api_key)
+    result = check_health(HealthRequest(url=ready_server.url, api_key=ready_server.api_key))
     assert result.ready and result.phase == "ready"
     assert result.model == ready_server.model  # --served-model-name
     assert result.max_model_len == ready_server.max_model_len  # --max-model-len
     assert [(c.name, c.ok) for c in result.checks] == [("health", True), ("models", True), ("completion", True)]
-    doc = msgspec.json.decode(encode_health(result))
+    doc = msgspec.json.decode(encode(result))
     assert {"ready", "model", "max_model_len", "checks", "phase", "url", "elapsed_s", "log_tail"} <= set(doc)
     assert doc["checks"][2] == {"name": "completion", "ok": True, "detail": result.checks[2].detail}
 
 
 def test_url_with_v1_suffix_is_the_same_server(ready_server: LiveServer) -> None:
-    result = check_health(ready_server.url + "/v1/", api_key=ready_server.api_key)
+    result = check_health(HealthRequest(url=ready_server.url + "/v1/", api_key=ready_server.api_key))
     assert result.ready and result.url == ready_server.url
 
 
 def test_key_server_without_a_key_says_what_to_do(ready_server: LiveServer) -> None:
     with pytest.raises(AuthRequired) as info:
-        check_health(ready_server.url)
+        check_health(HealthRequest(url=ready_server.url))
     assert str(info.value) == (f"{ready_server.url}/v1/models: HTTP 401: the server wants an API key: "
                                "pass --api-key or set SERVESCOPE_API_KEY")
 
@@ -167,7 +170,7 @@ def test_key_server_without_a_key_says_what_to_do(ready_server: LiveServer) -> N
 def test_wrong_key_is_rejected_and_never_shown(ready_server: LiveServer) -> None:
     wrong = "sk-wrong-" + ready_server.api_key[::-1]
     with pytest.raises(AuthRequired) as info:
-        wait_until_ready(ready_server.url, timeout_s=30, api_key=wrong, pid=ready_server.pid)
+        check_health(HealthRequest(url=ready_server.url, wait=True, timeout_s=30, api_key=wrong, pid=ready_server.pid))
     assert "rejected the API key from --api-key" in str(info.value)
     assert wrong not in str(info.value) and wrong not in repr(info.value)
 
@@ -175,11 +178,11 @@ def test_wrong_key_is_rejected_and_never_shown(ready_server: LiveServer) -> None
 def test_key_from_env_is_sent_and_never_in_the_result(ready_server: LiveServer) -> None:
     key = resolve_api_key(None, env={"SERVESCOPE_API_KEY": ready_server.api_key, "OPENAI_API_KEY": "other"})
     assert key is not None and ready_server.api_key not in repr(key) + str(key)
-    result = wait_until_ready(ready_server.url, timeout_s=30, api_key=key, pid=ready_server.pid,
-                              log_path=ready_server.log_path)
+    result = check_health(HealthRequest(url=ready_server.url, wait=True, timeout_s=30, api_key=key,
+                                        pid=ready_server.pid, log_path=ready_server.log_path))
     assert result.ready  # the server accepted the bearer header
     assert result.api_key_source == "SERVESCOPE_API_KEY"
-    assert ready_server.api_key not in encode_health(result).decode()
+    assert ready_server.api_key not in encode(result).decode()
     assert ready_server.api_key not in repr(result)
 
 
@@ -189,11 +192,11 @@ def test_log_tail_of_a_not_ready_result_hides_the_key(ready_server: LiveServer, 
     log.write_bytes(ready_server.log_path.read_bytes() + (
         f"+ exec vllm serve /m --api-key {ready_server.api_key}\n"
         f"env: VLLM_API_KEY={ready_server.api_key} HF_TOKEN=hf_abcdef\n").encode())
-    result = wait_until_ready(f"http://127.0.0.1:{_dead_port()}", timeout_s=0, pid=ready_server.pid,
-                              api_key=ready_server.api_key, log_path=log)
+    result = check_health(HealthRequest(url=f"http://127.0.0.1:{_dead_port()}", wait=True, timeout_s=0,
+                                        pid=ready_server.pid, api_key=ready_server.api_key, log_path=log))
     assert result.phase == "loading"  # the port refuses, the pid is alive
     assert result.log_tail[-2:] == ["+ exec vllm serve /m --api-key ***", "env: VLLM_API_KEY=*** HF_TOKEN=***"]
-    assert ready_server.api_key not in encode_health(result).decode()
+    assert ready_server.api_key not in encode(result).decode()
 
 
 @pytest.mark.no_server
@@ -201,7 +204,8 @@ def test_wait_with_a_unit_systemd_cannot_show_fails_at_once() -> None:
     # No such unit on a systemd host, no systemd in a container, no systemctl at all: one line, at once.
     started = time.monotonic()
     with pytest.raises(InputError) as info:
-        wait_until_ready(f"http://127.0.0.1:{_dead_port()}", timeout_s=60, unit="servescope-no-such-4242.service")
+        check_health(HealthRequest(url=f"http://127.0.0.1:{_dead_port()}", wait=True, timeout_s=60,
+                                   unit="servescope-no-such-4242.service"))
     assert time.monotonic() - started < 10.0
     assert str(info.value).startswith("--unit: ") and "\n" not in str(info.value)
 
@@ -231,8 +235,8 @@ def test_rising_gpu_memory_reads_as_loading_without_a_pid() -> None:
     seen: list[str] = []
     url = f"http://127.0.0.1:{_dead_port()}"
     probe = memory_used_probe(snapshot=lambda: next(readings))  # type: ignore[arg-type, return-value]
-    result = wait_until_ready(url, timeout_s=0.5, poll_s=0.1, gpu_memory=probe,
-                              progress=lambda _t, phase, note: seen.append(f"{phase} {note}"))
+    result = check_health(HealthRequest(url=url, wait=True, timeout_s=0.5, poll_s=0.1, gpu_memory=probe),
+                          progress=lambda _t, phase, note: seen.append(f"{phase} {note}"))
     assert result.phase == "loading" and result.timed_out and not result.ready
     assert f"GPU memory {held_mib} MiB, +{held_mib - idle_mib} MiB in" in result.checks[0].detail
     assert seen[0].startswith(f"unreachable GPU memory {idle_mib} MiB") and seen[-1].startswith("loading")
@@ -246,7 +250,8 @@ def test_flat_gpu_memory_stays_unreachable_and_no_gpu_is_not_zero() -> None:
 
     idle, _, idle_mib, _ = _recorded_memory_snapshots()
     url = f"http://127.0.0.1:{_dead_port()}"
-    flat = wait_until_ready(url, timeout_s=0.3, poll_s=0.1, gpu_memory=memory_used_probe(snapshot=lambda: idle))
+    flat = check_health(HealthRequest(url=url, wait=True, timeout_s=0.3, poll_s=0.1,
+                                      gpu_memory=memory_used_probe(snapshot=lambda: idle)))
     assert flat.phase == "unreachable" and "give --pid or --unit" in flat.checks[0].detail
 
     calls = []

@@ -1,17 +1,22 @@
-"""bench gemm: measurements that feed plan."""
+"""bench gemm / comm / serve: measurements of this box and of a live server."""
 
 from __future__ import annotations
 
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 from rich.console import Console
 
-from servescope.cli.common import bench_app, err, fail, save, user_errors
+from servescope.cli.common import BarProgress, bench_app, err, fail, save, user_errors, with_progress
 from servescope.core.errors import InputError
+
+if TYPE_CHECKING:
+    from servescope.core.serve import ServeResult
+
+N = TypeVar("N", int, float)
 
 
 @bench_app.command("gemm")
@@ -140,3 +145,111 @@ def _int_list(option: str, text: str) -> list[int]:
         return [int(b) for b in text.split(",") if b.strip()]
     except ValueError:
         raise InputError(option, f"not a comma-separated list of integers: {text!r}") from None
+
+
+def _parse_list(option: str, text: str | None, kind: type[N]) -> tuple[N, ...]:
+    if not text:
+        return ()
+    try:
+        values = tuple(kind(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise InputError(option, f"not a comma-separated list of numbers: {text!r}") from None
+    if any(v <= 0 for v in values):
+        raise InputError(option, f"values must be positive: {text!r}")
+    return values
+
+
+@bench_app.command("serve")
+def bench_serve(
+    url: Annotated[str, typer.Argument(help="The server, e.g. http://127.0.0.1:8000.")],
+    concurrency: Annotated[str | None, typer.Option("--concurrency", help="Concurrent streams per point, "
+                                                    "comma-separated (default 1,4,16,64 without --rate).")] = None,
+    rate: Annotated[str | None, typer.Option("--rate", help="Poisson request rates (req/s) per point, "
+                                             "comma-separated, instead of --concurrency.")] = None,
+    input_tokens: Annotated[int, typer.Option("--input-tokens", min=1, help="Prompt tokens per request.")] = 128,
+    output_tokens: Annotated[int, typer.Option("--output-tokens", min=1, help="Output tokens per request "
+                                               "(ignore_eos).")] = 64,
+    requests: Annotated[int | None, typer.Option("--requests", min=1, show_default=False,
+                                                 help="Requests per point (default 4 x concurrency, >= 8).")] = None,
+    duration: Annotated[float | None, typer.Option("--duration", min=0.1, show_default=False,
+                                                   help="Seconds per point to keep launching requests.")] = None,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Warm-up requests before the sweep.")] = 2,
+    max_concurrency: Annotated[int | None, typer.Option("--max-concurrency", min=1, show_default=False,
+                                                        help="Cap on streams in flight with --rate.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Model id (default: the first one served).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of prompts and arrivals.")] = 0,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to wait for each chunk.")] = 120.0,
+    workers: Annotated[int, typer.Option("--workers", min=0, help="Client processes per point; 0: one per 16 "
+                                         "streams, at most one per CPU but one, at least 1 (printed per "
+                                         "point).")] = 0,
+    api_key: Annotated[str | None, typer.Option("--api-key", show_default=False,
+                                                help="Bearer key; else $SERVESCOPE_API_KEY, else "
+                                                "$VLLM_API_KEY, else $OPENAI_API_KEY. Never printed.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the JSON result here (after "
+                                                "every point).")] = None,
+    png: Annotated[Path | None, typer.Option("--png", help="Write a PNG plot of the sweep.")] = None,
+    html: Annotated[Path | None, typer.Option("--html", help="Write an HTML report of the sweep.")] = None,
+    compare: Annotated[Path | None, typer.Option("--compare", help="An older result: show the deltas.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Load-test a live server: TTFT, TPOT, ITL, E2E and throughput per point, beside its own /metrics.
+
+    Exit 0 when every request succeeded, 1 when some failed or the server died mid-run (what was measured
+    is kept), 2 for bad input or a server that cannot be benchmarked.
+    """
+    from servescope.core.atomic import write_bytes_atomic, write_text_atomic
+    from servescope.core.document import decode_as, encode
+    from servescope.core.serve import ServeResult
+    from servescope.report.serve import (
+        compare_points,
+        render_compare,
+        render_serve,
+        render_serve_html,
+        render_serve_png,
+    )
+    from servescope.server.client import resolve_api_key
+    from servescope.server.loadgen import LoadSpec, run_bench_serve
+
+    with user_errors():
+        rates = _parse_list("--rate", rate, float)
+        levels = _parse_list("--concurrency", concurrency, int) or ((1, 4, 16, 64) if not rates else ())
+        if rates and concurrency:
+            raise InputError("--concurrency/--rate", "give one of them, not both")
+        old = decode_as(_read(compare), str(compare), ServeResult) if compare is not None else None
+        spec = LoadSpec(url=url, input_tokens=input_tokens, output_tokens=output_tokens, concurrency=levels,
+                        rate=rates, requests=requests, duration_s=duration, warmup_requests=warmup,
+                        max_concurrency=max_concurrency, model=model, seed=seed, timeout_s=timeout, workers=workers,
+                        api_key=resolve_api_key(api_key))
+
+        def checkpoint(partial: ServeResult) -> None:
+            if output is not None:
+                write_bytes_atomic(output, encode(partial))
+
+        def sweep(bar: BarProgress | None) -> ServeResult:
+            def show(label: str, done: int, planned: int) -> None:
+                if bar is not None:
+                    bar.advance(f"{label}: {done}/{planned or '?'} requests")
+            return run_bench_serve(spec, progress=show, checkpoint=checkpoint)
+
+        result = with_progress(as_json, sweep)
+        if png is not None:
+            write_bytes_atomic(png, render_serve_png(result))
+        if html is not None:
+            write_text_atomic(html, render_serve_html(result))
+    if as_json:
+        sys.stdout.buffer.write(encode(result))
+    else:
+        console = Console(highlight=False)
+        render_serve(result, console)
+        if old is not None:
+            render_compare(compare_points(result, old), console)
+    if result.aborted or any(p.errors for p in result.points):
+        raise typer.Exit(1)
+
+
+def _read(path: Path | None) -> bytes:
+    assert path is not None
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise InputError(str(path), f"cannot read ({exc.strerror or exc})") from None

@@ -214,10 +214,11 @@ def service_restart(
     from servescope.deploy.lifecycle import restart_service, unit_name
     from servescope.gpu.errors import GpuQueryError, GpuUnavailable
     from servescope.report.service import encode_record, render_restart
-    from servescope.server.health import wait_until_ready
+    from servescope.server.health import HealthRequest, check_health
 
     def ready() -> tuple[bool, str]:
-        health = wait_until_ready(url, timeout_s=ready_timeout, poll_s=2.0, unit=unit_name(name))
+        health = check_health(HealthRequest(url=url, wait=True, timeout_s=ready_timeout, poll_s=2.0,
+                                            unit=unit_name(name)))
         return health.ready, f"ready: {health.ready}"
 
     with user_errors():

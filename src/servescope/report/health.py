@@ -1,33 +1,17 @@
-"""Terminal and JSON views of a health result (``servescope health``); both read only the document."""
+"""The terminal view of a health result (``servescope health``); it reads only the document."""
 
 from __future__ import annotations
 
 from rich.console import Console
 from rich.text import Text
 
-from servescope.core.document import decode_as
-from servescope.core.document import encode as encode_document
 from servescope.core.health import HealthResult
 
-__all__ = ["decode_health", "encode_health", "render_health"]
+__all__ = ["render_health"]
 
 _NA = "N/A"
 _PHASE_STYLE = {"ready": "bold green", "loading": "yellow", "unreachable": "yellow", "not ready": "yellow",
                 "crashed": "bold red", "engine dead": "bold red"}
-
-
-def encode_health(result: HealthResult) -> bytes:
-    """The result as indented UTF-8 JSON ending in a newline; ``None`` is ``null``."""
-    return encode_document(result)
-
-
-def decode_health(data: bytes, source: str) -> HealthResult:
-    """A health result saved by :func:`encode_health`.
-
-    Raises:
-        InputError: ``data`` is not a ``servescope.health`` document.
-    """
-    return decode_as(data, source, HealthResult)
 
 
 def render_health(result: HealthResult, console: Console) -> None:

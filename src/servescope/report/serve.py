@@ -1,4 +1,4 @@
-"""Views of a ``bench serve`` result: a table per point, JSON, deltas against an older run, a PNG, HTML.
+"""Views of a ``bench serve`` result: a table per point, deltas against an older run, a PNG, HTML.
 
 All read only the :class:`~servescope.core.serve.ServeResult` document, so a saved run renders as a fresh one.
 """
@@ -12,15 +12,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from servescope.core.document import decode_as
-from servescope.core.document import encode as encode_document
 from servescope.core.serve import DEFINITIONS, Dist, ServePoint, ServeResult
 from servescope.report.page import escape, page, warning
 
 __all__ = [
     "compare_points",
-    "decode_serve",
-    "encode_serve",
     "point_label",
     "point_warnings",
     "render_compare",
@@ -32,20 +28,6 @@ __all__ = [
 _NA = "N/A"
 _FIGURES = (("TTFT", "ttft_ms", "ttft_ms_mean"), ("TPOT", "tpot_ms", "tpot_ms_mean"),
             ("ITL", "itl_ms", "itl_ms_mean"), ("E2E", "e2e_ms", "e2e_ms_mean"))
-
-
-def encode_serve(result: ServeResult) -> bytes:
-    """The result as indented UTF-8 JSON ending in a newline; ``None`` is ``null``."""
-    return encode_document(result)
-
-
-def decode_serve(data: bytes, source: str) -> ServeResult:
-    """A result saved by :func:`encode_serve`.
-
-    Raises:
-        InputError: ``data`` is not a ``servescope.bench_serve`` document.
-    """
-    return decode_as(data, source, ServeResult)
 
 
 def point_label(point: ServePoint) -> str:

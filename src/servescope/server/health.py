@@ -9,11 +9,12 @@ Ready means all of:
 While vLLM loads a model, its port refuses connections: it binds the port at start but listens only once
 the engine is up (``vllm/entrypoints/launchers/launcher.py``, vLLM 0.32). A refused connection alone
 cannot tell *still loading* from *dead*; the process can, and so can GPU memory, which grows while the
-weights load. :func:`wait_until_ready` therefore looks at all three: refused + process alive = ``loading``;
-refused + process gone (or a zombie, or the unit failed) = ``crashed``, returned at once with the last lines
-of the log; ``/health`` 503 = ``engine dead``. Without a process to watch, refused + GPU memory rising over
-the last minute = ``loading`` too (the memory probe is passed in by the caller: ``server/`` does not read
-GPUs itself); each not-ready check names the memory in use and how it moved.
+weights load. A wait (:func:`check_health` of a :class:`HealthRequest` with ``wait``) therefore looks at all
+three: refused + process alive = ``loading``; refused + process gone (or a zombie, or the unit failed) =
+``crashed``, returned at once with the last lines of the log; ``/health`` 503 = ``engine dead``. Without a
+process to watch, refused + GPU memory rising over the last minute = ``loading`` too (the memory probe is
+passed in by the caller: ``server/`` does not read GPUs itself); each not-ready check names the memory in use
+and how it moved.
 """
 
 from __future__ import annotations
@@ -39,16 +40,7 @@ from servescope.server.process import (
     read_unit_log_tail,
 )
 
-__all__ = [
-    "CHECK_TIMEOUT_S",
-    "WAIT_TIMEOUT_S",
-    "GpuMemoryProbe",
-    "ProgressCallback",
-    "check_health",
-    "check_health_async",
-    "wait_until_ready",
-    "wait_until_ready_async",
-]
+__all__ = ["CHECK_TIMEOUT_S", "WAIT_TIMEOUT_S", "GpuMemoryProbe", "HealthRequest", "ProgressCallback", "check_health"]
 
 ProgressCallback = Callable[[float, str, "str | None"], None]
 """Called after each poll with (elapsed_s, phase, newest log line or None)."""
@@ -64,6 +56,39 @@ WAIT_TIMEOUT_S = 1800.0
 _PROMPT = "Hello"
 _LOG_LINES = 20
 _MIN_REQUEST_TIMEOUT_S = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealthRequest:
+    """What ``servescope health`` asks of a server.
+
+    Attributes:
+        url: ``http(s)://HOST:PORT`` of an OpenAI-compatible server (vLLM, SGLang); a trailing ``/v1`` is fine.
+        wait: poll until ready (or dead, or out of time); else one round of the three checks.
+        timeout_s: with ``wait``, seconds to wait in all (0 polls once; default :data:`WAIT_TIMEOUT_S`); else
+            seconds each request may take (default :data:`CHECK_TIMEOUT_S`).
+        poll_s: seconds between polls.
+        api_key: sent as a bearer token; see :func:`~servescope.server.client.resolve_api_key`.
+        pid, unit: the server's process id (read from ``/proc/PID/stat``, a zombie counts as gone) or systemd
+            unit (``systemctl show -p MainPID,ActiveState,SubState NAME``); with one, a refused connection is a
+            ``loading`` or ``crashed`` result; without, an ``unreachable`` one.
+        log_path: the server's log, whose last lines go into a not-ready result.
+        request_timeout_s: while waiting, the longest any one request may take (never past the deadline, but
+            >= 1 s).
+        gpu_memory: returns the GPU memory in use (MiB) or None, sampled every poll: rising memory marks a
+            refused port as ``loading`` even without ``pid``/``unit``.
+    """
+
+    url: str
+    wait: bool = False
+    timeout_s: float | None = None
+    poll_s: float = 1.0
+    api_key: ApiKey | str | None = field(default=None, repr=False)
+    pid: int | None = None
+    unit: str | None = None
+    log_path: Path | str | None = None
+    request_timeout_s: float = 30.0
+    gpu_memory: GpuMemoryProbe | None = None
 
 
 @dataclass
@@ -224,8 +249,8 @@ def _result(url: str, poll: _Poll, watch: _Watch, *, elapsed_s: float, waited: b
     )
 
 
-def _make_watch(pid: int | None, unit: str | None, log_path: Path | str | None,
-                api_key: ApiKey | None, gpu_memory: GpuMemoryProbe | None = None) -> _Watch:
+def _make_watch(request: HealthRequest, api_key: ApiKey | None) -> _Watch:
+    pid, unit, log_path = request.pid, request.unit, request.log_path
     if pid is not None and unit is not None:
         raise InputError("--pid/--unit", "give one of --pid and --unit, not both")
     if pid is not None and pid <= 0:
@@ -234,18 +259,17 @@ def _make_watch(pid: int | None, unit: str | None, log_path: Path | str | None,
         read_unit(unit)  # fail now, not at the first refused connection, when systemd cannot answer
     return _Watch(pid=pid, unit=unit, log_path=Path(log_path) if log_path is not None else None,
                   start_ticks=process_start_ticks(pid) if pid is not None else None,
-                  secrets=(api_key.reveal() if api_key is not None else None,), gpu_memory=gpu_memory)
+                  secrets=(api_key.reveal() if api_key is not None else None,), gpu_memory=request.gpu_memory)
 
 
-async def check_health_async(url: str, *, api_key: ApiKey | str | None = None, timeout_s: float = CHECK_TIMEOUT_S,
-                             pid: int | None = None, unit: str | None = None,
-                             log_path: Path | str | None = None) -> HealthResult:
-    """The async form of :func:`check_health`."""
+async def _check_once(request: HealthRequest) -> HealthResult:
+    """One round of the three checks, no waiting."""
+    timeout_s = CHECK_TIMEOUT_S if request.timeout_s is None else request.timeout_s
     if not timeout_s > 0:
         raise InputError("--timeout", f"a single check needs a timeout > 0 s (got {timeout_s:g})")
-    key = _as_key(api_key)
-    base = normalize_base_url(url)
-    watch = _make_watch(pid, unit, log_path, key)
+    key = _as_key(request.api_key)
+    base = normalize_base_url(request.url)
+    watch = _make_watch(request, key)
     started = time.monotonic()
     async with ServerClient(base, api_key=key, connect_timeout_s=min(timeout_s, 5.0),
                             read_timeout_s=timeout_s) as client:
@@ -258,54 +282,25 @@ async def check_health_async(url: str, *, api_key: ApiKey | str | None = None, t
                    api_key=key)
 
 
-def check_health(url: str, *, api_key: ApiKey | str | None = None, timeout_s: float = CHECK_TIMEOUT_S,
-                 pid: int | None = None, unit: str | None = None,
-                 log_path: Path | str | None = None) -> HealthResult:
-    """Readiness of the server at ``url`` now: one round of the three checks, no waiting.
-
-    Args:
-        url: ``http(s)://HOST:PORT`` of an OpenAI-compatible server (vLLM, SGLang).
-        api_key: sent as a bearer token; see :func:`~servescope.server.client.resolve_api_key`.
-        timeout_s: seconds each request may take.
-        pid, unit: the server's process or systemd unit; with one, a refused connection becomes a
-            ``loading`` / ``crashed`` result; without, an ``unreachable`` one (not ready, exit 1 in the CLI).
-        log_path: the server's log, whose last lines go into a not-ready result.
-
-    Raises:
-        InputError: a malformed URL, or ``--pid`` and ``--unit`` together.
-        AuthRequired, EndpointNotFound, NotOpenAICompatible: the server cannot be checked as it is.
-
-    Example:
-        >>> result = check_health("http://127.0.0.1:8000")  # doctest: +SKIP
-        >>> result.ready, result.model, result.max_model_len  # doctest: +SKIP
-        (True, 'tiny-llama', 256)
-    """
-    return asyncio.run(check_health_async(url, api_key=api_key, timeout_s=timeout_s, pid=pid, unit=unit,
-                                          log_path=log_path))
-
-
-async def wait_until_ready_async(
-    url: str, *, timeout_s: float, poll_s: float = 1.0, api_key: ApiKey | str | None = None,
-    pid: int | None = None, log_path: Path | str | None = None, unit: str | None = None,
-    request_timeout_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, progress: ProgressCallback | None = None,
-    gpu_memory: GpuMemoryProbe | None = None,
-) -> HealthResult:
-    """The async form of :func:`wait_until_ready`."""
-    if timeout_s < 0 or poll_s <= 0:
-        raise InputError("--timeout", f"timeout must be >= 0 and poll interval > 0 (got {timeout_s}, {poll_s})")
-    key = _as_key(api_key)
-    base = normalize_base_url(url)
-    watch = _make_watch(pid, unit, log_path, key, gpu_memory)
+async def _wait_until_ready(request: HealthRequest, progress: ProgressCallback | None, clock: Callable[[], float],
+                            sleep: Callable[[float], Awaitable[None]]) -> HealthResult:
+    """Poll until ready, dead or out of time (see :func:`check_health`)."""
+    timeout_s = WAIT_TIMEOUT_S if request.timeout_s is None else request.timeout_s
+    if timeout_s < 0 or request.poll_s <= 0:
+        raise InputError("--timeout", "timeout must be >= 0 and poll interval > 0 "
+                                      f"(got {timeout_s}, {request.poll_s})")
+    key = _as_key(request.api_key)
+    base = normalize_base_url(request.url)
+    watch = _make_watch(request, key)
     start = clock()
     deadline = start + timeout_s
-    async with ServerClient(base, api_key=key, connect_timeout_s=min(request_timeout_s, 5.0),
-                            read_timeout_s=request_timeout_s) as client:
+    async with ServerClient(base, api_key=key, connect_timeout_s=min(request.request_timeout_s, 5.0),
+                            read_timeout_s=request.request_timeout_s) as client:
         while True:
             left_s = deadline - clock()
             watch.sample_memory(clock())
             try:
-                poll = await _probe(client, max(_MIN_REQUEST_TIMEOUT_S, min(request_timeout_s, left_s)))
+                poll = await _probe(client, max(_MIN_REQUEST_TIMEOUT_S, min(request.request_timeout_s, left_s)))
                 watch.process()
             except ServerUnreachable as exc:
                 if not exc.refused:
@@ -321,47 +316,41 @@ async def wait_until_ready_async(
             if poll.phase == "ready" or poll.final or timed_out:
                 return _result(base, poll, watch, elapsed_s=elapsed_s, waited=True, timed_out=timed_out,
                                api_key=key)
-            await sleep(max(0.0, min(poll_s, deadline - clock())))
+            await sleep(max(0.0, min(request.poll_s, deadline - clock())))
 
 
-def wait_until_ready(
-    url: str, *, timeout_s: float, poll_s: float = 1.0, api_key: ApiKey | str | None = None,
-    pid: int | None = None, log_path: Path | str | None = None, unit: str | None = None,
-    request_timeout_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, progress: ProgressCallback | None = None,
-    gpu_memory: GpuMemoryProbe | None = None,
-) -> HealthResult:
-    """Poll the server at ``url`` until it is ready, it is dead, or ``timeout_s`` seconds have passed.
+def check_health(request: HealthRequest, *, progress: ProgressCallback | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> HealthResult:
+    """Readiness of the server at ``request.url``: one round of the three checks, or with ``request.wait`` a poll
+    until it is ready, it is dead, or ``request.timeout_s`` seconds have passed.
 
-    Returns at once, not ready, when the process (``pid``) or unit is gone while the port refuses
-    connections (``crashed``) or when ``/health`` answers 503 (``engine dead``). Without ``pid`` or
-    ``unit`` a refused port reads ``unreachable`` and is polled until the timeout, since it cannot be
-    told from a loading one. Not-ready results carry the last 20 lines of ``log_path`` (or the unit's
-    journal), with secrets redacted.
+    A wait returns at once, not ready, when the process (``pid``) or unit is gone while the port refuses
+    connections (``crashed``) or when ``/health`` answers 503 (``engine dead``). Without ``pid`` or ``unit`` a
+    refused port reads ``unreachable`` and is polled until the timeout, since it cannot be told from a loading
+    one. Not-ready results carry the last 20 lines of ``log_path`` (or the unit's journal), with secrets
+    redacted.
 
     Args:
-        timeout_s: seconds to wait in all, on ``clock``; 0 polls once.
-        poll_s: seconds between polls.
-        pid: the server's process id, read from ``/proc/PID/stat`` (a zombie counts as gone).
-        unit: a systemd unit, read with ``systemctl show -p MainPID,ActiveState,SubState NAME``.
-        request_timeout_s: the longest any one request may take (never past the deadline, but >= 1 s).
-        clock, sleep: a monotonic clock and an async sleep (tests may inject their own).
-        progress: called after each poll with (elapsed_s, phase, GPU memory and newest log line, or None).
-        gpu_memory: returns the GPU memory in use (MiB) or None; sampled every poll. Rising memory marks
-            a refused port as ``loading`` even without ``pid``/``unit``.
+        progress: called after each poll of a wait with (elapsed_s, phase, GPU memory and newest log line, or
+            None).
+        clock, sleep: a monotonic clock and an async sleep for a wait (tests may inject their own).
 
     Raises:
-        InputError: a malformed URL, bad ``timeout_s``/``poll_s``, ``pid`` and ``unit`` together, or
-            ``unit`` given where systemd cannot answer.
-        ServerUnreachable: the host cannot be resolved or another non-refusal network error.
-        AuthRequired, EndpointNotFound, NotOpenAICompatible: waiting cannot fix these.
+        InputError: a malformed URL, a bad timeout or poll interval, ``pid`` and ``unit`` together, or ``unit``
+            given where systemd cannot answer.
+        ServerUnreachable: while waiting, the host cannot be resolved or another non-refusal network error.
+        AuthRequired, EndpointNotFound, NotOpenAICompatible: the server cannot be checked as it is.
 
     Example:
-        >>> r = wait_until_ready("http://127.0.0.1:8000", timeout_s=1800, pid=4242,
-        ...                      log_path="/var/log/vllm.log")  # doctest: +SKIP
+        >>> result = check_health(HealthRequest(url="http://127.0.0.1:8000"))  # doctest: +SKIP
+        >>> result.ready, result.model, result.max_model_len  # doctest: +SKIP
+        (True, 'tiny-llama', 256)
+        >>> r = check_health(HealthRequest(url="http://127.0.0.1:8000", wait=True, timeout_s=1800, pid=4242,
+        ...                                log_path="/var/log/vllm.log"))  # doctest: +SKIP
         >>> r.phase  # doctest: +SKIP
         'ready'
     """
-    return asyncio.run(wait_until_ready_async(
-        url, timeout_s=timeout_s, poll_s=poll_s, api_key=api_key, pid=pid, log_path=log_path, unit=unit,
-        request_timeout_s=request_timeout_s, clock=clock, sleep=sleep, progress=progress, gpu_memory=gpu_memory))
+    if request.wait:
+        return asyncio.run(_wait_until_ready(request, progress, clock, sleep))
+    return asyncio.run(_check_once(request))
