@@ -31,10 +31,9 @@ from servescope.trace.classify import (
     classify_work,
 )
 from servescope.trace.decode import decode_trace
-from servescope.trace.launch import launch_rows
 from servescope.trace.table import KIND_KERNEL, KIND_NAMES, KIND_USER_ANNOTATION, TraceData
 from servescope.trace.taxonomy import CATEGORY_OTHER, Taxonomy, load_taxonomy
-from servescope.trace.work import Work, select_work
+from servescope.trace.work import Work, launch_rows, select_work
 from tracefiles import ROOT, TRACES
 
 _TOL = 1e-3

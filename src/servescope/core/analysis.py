@@ -82,8 +82,13 @@ class PhaseStats(msgspec.Struct, kw_only=True):
     quant_top_share: float = 0.0  # its share of device_us_per_step
 
 
-class StepRow(msgspec.Struct, kw_only=True):
-    """One step: its phase, window and time per category (for per-step charts and diffs)."""
+class StepRow(msgspec.Struct, kw_only=True, frozen=True):
+    """One step: its phase, window and time per category (for per-step charts and diffs).
+
+    The one step type from recognition to the document: the step finder makes it from the engine's marker (name,
+    phase, request mix; ``start_us``/``span_us`` the marker's range, ``busy_us`` 0), and the breakdown measures it
+    (``start_us``/``span_us`` its work's span, ``busy_us``, ``categories``, ``gap_before_us``).
+    """
 
     index: int
     name: str
@@ -100,7 +105,7 @@ class StepRow(msgspec.Struct, kw_only=True):
     gap_before_us: float | None = None
 
 
-class RankAnalysis(msgspec.Struct, kw_only=True):
+class RankAnalysis(msgspec.Struct, kw_only=True, frozen=True):
     rank: int
     path: str
     work_kind: str  # "device": kernels/memcpy/memset; "cpu_op": leaf CPU ops (traces without device events)

@@ -1,4 +1,9 @@
-"""``analyze``: trace files → one analysis document (steps, breakdown per rank and phase, findings)."""
+"""``analyze``: trace files → one analysis document (steps, breakdown per rank and phase, findings).
+
+The traces are read once, and each worker rank's context
+(:class:`RankContext`: its work with each row's launch and graph replay, its steps with each row's step) is made
+once and passed to every stage; each rank's part of the document is built whole from it.
+"""
 
 from __future__ import annotations
 
@@ -12,23 +17,24 @@ from typing import Protocol
 import msgspec
 
 from servescope import __version__
-from servescope.core.analysis import AnalysisDoc, InputFile, KernelRow, RankAnalysis, StepReference, TraceInfo
+from servescope.core.analysis import AnalysisDoc, InputFile, RankAnalysis, StepReference, TraceInfo
 from servescope.core.errors import InputError
 from servescope.trace.breakdown import RankBreakdown, break_down
 from servescope.trace.classify import CaptureReference, capture_reference, is_capture
 from servescope.trace.deployment import DeploymentInput, deployment_settings
-from servescope.trace.facts import rank_facts
+from servescope.trace.facts import RankFacts, rank_facts
 from servescope.trace.files import EXAMPLE_NAME, EXAMPLES, discover_traces, example_trace_dir
 from servescope.trace.findings import find_bottlenecks, load_rules
-from servescope.trace.ranks import assign_ranks, compare_ranks, rank_from_name
+from servescope.trace.ranks import RankedTrace, assign_ranks, compare_ranks, rank_from_name
 from servescope.trace.readahead import ReadAhead
-from servescope.trace.steps import find_steps
+from servescope.trace.steps import Steps, find_steps
 from servescope.trace.table import TraceData
 from servescope.trace.taxonomy import Taxonomy, load_taxonomy
 from servescope.trace.verdict import decide_verdicts
-from servescope.trace.work import select_work
+from servescope.trace.work import Work, select_work
 
-__all__ = ["EXAMPLES", "EXAMPLE_NAME", "AnalyzeRequest", "Progress", "analyze", "example_trace_dir"]
+__all__ = ["EXAMPLES", "EXAMPLE_NAME", "AnalyzeRequest", "Progress", "RankContext", "analyze", "example_trace_dir",
+           "rank_context"]
 
 class Progress(Protocol):
     """Optional progress sink (the CLI passes a rich progress bar; tests pass None)."""
@@ -76,6 +82,46 @@ def _captures_by_rank(captures: list[TraceData], taxonomy: Taxonomy) -> dict[int
     return out
 
 
+class RankContext(msgspec.Struct, frozen=True):
+    """What every stage of one worker rank's analysis reads, made once: its trace, its work (each row with the
+    runtime call that launched it and whether a graph replayed it) and its steps (each work row's step)."""
+
+    rank: int
+    data: TraceData
+    work: Work
+    steps: Steps
+
+
+def rank_context(trace: RankedTrace, *, gap_us: float | None = None) -> RankContext:
+    """The context of one worker rank's trace (``gap_us``: as :func:`~servescope.trace.steps.find_steps`)."""
+    assert trace.rank is not None
+    work = select_work(trace.data)
+    return RankContext(trace.rank, trace.data, work, find_steps(trace.data, work, gap_us=gap_us))
+
+
+class _Rank(msgspec.Struct, frozen=True):
+    """One rank analysed: its part of the document, and what the run-wide stages read besides."""
+
+    doc: RankAnalysis
+    breakdown: RankBreakdown
+    facts: RankFacts
+
+
+def _analyze_rank(context: RankContext, taxonomy: Taxonomy, capture: CaptureReference | None) -> _Rank:
+    """Break one rank's work down by step and phase, and take its facts; its document part built whole."""
+    result = break_down(context.data, context.work, context.steps, taxonomy, rank=context.rank, capture=capture)
+    facts = rank_facts(context.data, context.rank, result.steps, context.work)
+    steps = result.steps
+    doc = RankAnalysis(
+        rank=context.rank, path=str(context.data.path), work_kind=context.work.kind,
+        step_source=context.steps.source, unattributed_us=result.unattributed_us, phases=result.phases,
+        steps=steps, basis_share=result.basis_share, graph_replay_share=facts.graph_replay_share,
+        between_steps_us=sum(r.gap_before_us or 0.0 for r in steps),
+        steps_window_us=steps[-1].start_us + steps[-1].span_us - steps[0].start_us if steps else 0.0,
+    )
+    return _Rank(doc, result, facts)
+
+
 def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
             read_ahead: ReadAhead | None = None) -> AnalysisDoc:
     """Analyze the traces of one run: every rank's steps, breakdown per phase, ranks compared, findings.
@@ -92,51 +138,31 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
     """
     taxonomy: Taxonomy = load_taxonomy(request.taxonomy)
     rules = load_rules()  # like the taxonomy, before the traces are waited for
-    files_found = discover_traces(request.paths)
-    read = _read_all(files_found, progress, read_ahead)
+    found = discover_traces(request.paths)
+    read = _read_all(found, progress, read_ahead)
     captures = [d for d in read if is_capture(d)] if len(read) > 1 else []
     traces = assign_ranks([d for d in read if not any(d is c for c in captures)])
     capture_of = _captures_by_rank(captures, taxonomy)
     workers = sorted((t for t in traces if t.role == "worker"), key=lambda t: t.rank or 0)
-    per_rank: dict[int, RankBreakdown] = {}
-    rank_docs: list[RankAnalysis] = []
-    kernels: list[KernelRow] = []
-    msg_bytes: dict[int, list[int]] = {}
-    gaps: list[float] = []
-    for trace in workers:
-        assert trace.rank is not None
-        work = select_work(trace.data)
-        steps = find_steps(trace.data, work, gap_us=request.step_gap_us)
-        if steps.gap_us is not None:
-            gaps.append(steps.gap_us)
-        result = break_down(trace.data, work, steps, taxonomy, rank=trace.rank,
-                            capture=capture_of.get(trace.rank, capture_of.get(-1)))
-        per_rank[trace.rank] = result
-        kernels.extend(result.kernels)
-        msg_bytes[trace.rank] = list(trace.data.device.msg_bytes.values())
-        rank_docs.append(RankAnalysis(
-            rank=trace.rank, path=str(trace.data.path), work_kind=work.kind, step_source=steps.source,
-            unattributed_us=result.unattributed_us, phases=result.phases, steps=result.steps,
-            basis_share=result.basis_share,
-            between_steps_us=sum(r.gap_before_us or 0.0 for r in result.steps),
-            steps_window_us=(result.steps[-1].start_us + result.steps[-1].span_us - result.steps[0].start_us
-                             if result.steps else 0.0),
-        ))
     if not workers:
         raise InputError(", ".join(str(t.data.path) for t in traces),
                          "only front-end traces (*.async_llm.*): give the workers' rank traces too")
+    contexts = [rank_context(t, gap_us=request.step_gap_us) for t in workers]
+    ranks = [_analyze_rank(c, taxonomy, capture_of.get(c.rank, capture_of.get(-1))) for c in contexts]
+    rank_docs = [r.doc for r in ranks]
     if all(not r.steps and not r.unattributed_us for r in rank_docs):
         raise InputError(", ".join(str(t.data.path) for t in workers),
                          "no work to analyze: no kernels, memcpy/memset or cpu_op events")
+    gaps = [c.steps.gap_us for c in contexts if c.steps.gap_us is not None]
+    per_rank = {r.doc.rank: r.breakdown for r in ranks}
     across = compare_ranks(per_rank)
     comm = [c for c in taxonomy.categories if taxonomy.is_communication(c)]
-    data_of = {t.rank: t.data for t in workers}
-    facts = {r.rank: rank_facts(data_of[r.rank], r.rank, r.steps) for r in rank_docs}
-    for r in rank_docs:
-        r.graph_replay_share = facts[r.rank].graph_replay_share
-    deployment = deployment_settings([data_of[r.rank] for r in rank_docs], [r.steps for r in rank_docs],
-                                     [{g.step for gs in facts[r.rank].gaps.values() for g in gs if g.graph_us > 0}
-                                      for r in rank_docs], request.settings)
+    facts = {r.doc.rank: r.facts for r in ranks}
+    deployment = deployment_settings([c.data for c in contexts], [r.steps for r in rank_docs],
+                                     [{g.step for gs in r.facts.gaps.values() for g in gs if g.graph_us > 0}
+                                      for r in ranks], request.settings)
+    kernels = [k for r in ranks for k in r.breakdown.kernels]
+    msg_bytes = {c.rank: list(c.data.device.msg_bytes.values()) for c in contexts}
     findings = find_bottlenecks(rank_docs, across, kernels, comm, msg_bytes, facts, rules, deployment=deployment,
                                 reference=request.reference)
     verdicts = decide_verdicts(rank_docs, findings, dict(taxonomy.categories), rules)

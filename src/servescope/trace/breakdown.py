@@ -134,27 +134,26 @@ def break_down(data: TraceData, work: Work, steps: Steps, taxonomy: Taxonomy, *,
     for step in steps.steps:
         sel = by_step[bounds[step.index] : bounds[step.index + 1]]
         s, e = start[sel], end[sel]
+        mark_start, mark_end = float(steps.start_us[step.index]), float(steps.end_us[step.index])
         if work.kind == "device":
             if len(sel) == 0:
                 continue  # a CPU-side step that launched no device work
             first, last = float(s.min()), float(e.max())
-            if step.whole_window:
-                first, last = min(first, step.start_us), max(last, step.end_us)
+            if steps.whole_window:
+                first, last = min(first, mark_start), max(last, mark_end)
             span_start, span = first, last - first
         else:
-            span_start, span = step.start_us, step.end_us - step.start_us
+            span_start, span = mark_start, mark_end - mark_start
         per_cat = np.bincount(cat[sel], weights=dur[sel], minlength=len(categories))
         per_count = np.bincount(cat[sel], minlength=len(categories))
         comm_sel = sel[is_comm[sel]]
         gap_before = span_start - previous_end if previous_end is not None else None
         previous_end = span_start + span
-        step_rows.append(StepRow(
-            index=step.index, name=step.name, phase=step.phase, start_us=span_start, span_us=span,
-            gap_before_us=max(gap_before, 0.0) if gap_before is not None else None,
-            busy_us=union_us(s, e),
-            prefill_requests=step.prefill_requests, prefill_tokens=step.prefill_tokens,
-            decode_requests=step.decode_requests, decode_tokens=step.decode_tokens,
+        # the recognised step, measured: its name, phase and request mix as the marker told them
+        step_rows.append(msgspec.structs.replace(
+            step, start_us=span_start, span_us=span, busy_us=union_us(s, e),
             categories={categories[i]: float(v) for i, v in enumerate(per_cat) if per_count[i]},
+            gap_before_us=max(gap_before, 0.0) if gap_before is not None else None,
         ))
         step_counts.append({categories[i]: int(c) for i, c in enumerate(per_count) if c})
         step_device.append(float(dur[sel].sum()))

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from servescope.core.analysis import BASES
-from servescope.trace.launch import frame_categories, launch_context, launch_rows
+from servescope.trace.launch import frame_categories, launch_context
 from servescope.trace.table import KIND_KERNEL, KIND_NAMES, TraceData
 from servescope.trace.taxonomy import CATEGORY_OTHER, Taxonomy
 from servescope.trace.work import Work
@@ -203,7 +203,7 @@ def _align_replays(data: TraceData, work: Work, replayed: npt.NDArray[np.int64],
         decided = np.flatnonzero((category >= 0) & (basis == BASIS_OP))
         if len(decided) == 0:
             return frame_names
-        launch = launch_rows(data, work.table.correlation[work.rows[decided]])
+        launch = work.launch[decided]
         decided = decided[np.argsort(data.launches.ts_us[launch], kind="stable")]
         ref_names = [data.names[int(n)] for n in names[decided].tolist()]
         ref_cats = category[decided]

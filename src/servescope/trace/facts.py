@@ -2,31 +2,28 @@
 
 The analysis document holds shares per category; some questions need the raw intervals instead:
 
-* **graph replays**: a device operation whose correlation id belongs to a runtime ``cudaGraphLaunch`` /
-  ``hipGraphLaunch`` event was replayed from a CUDA/HIP graph (one launch for all kernels of the graph).
-  Its share of the device time, for the whole rank and per phase, says whether the engine already uses
-  graphs there.
+* **graph replays**: a device operation launched by a runtime ``cudaGraphLaunch`` / ``hipGraphLaunch`` was
+  replayed from a CUDA/HIP graph (:attr:`~servescope.trace.work.Work.replayed`). Its share of the device time,
+  for the whole rank and per phase, says whether the engine already uses graphs there.
 * **idle gaps**: a step's idle time is its span less the union of its work. Whether that idle is a steady
   state (many short host-side gaps in every step: launch bound) or one long gap (a host pause before one
   big prefill) needs the largest single gap of each step, which only the intervals give.
 
-Everything here is vectorised over the trace's tables; one Python iteration per step.
+Everything here is vectorised over the rank's work (:class:`~servescope.trace.work.Work`, selected once); one
+Python iteration per step.
 """
 
 from __future__ import annotations
-
-import re
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 
 from servescope.core.analysis import StepRow
-from servescope.trace.table import Table, TraceData, distinct_ids
+from servescope.trace.table import TraceData
+from servescope.trace.work import Work, select_work
 
-__all__ = ["GRAPH_LAUNCH", "RankFacts", "StepGap", "graph_replayed", "rank_facts"]
-
-GRAPH_LAUNCH = re.compile(r"GraphLaunch", re.IGNORECASE)  # cudaGraphLaunch, hipGraphLaunch, cuGraphLaunch
+__all__ = ["RankFacts", "StepGap", "rank_facts"]
 
 
 class StepGap(msgspec.Struct, frozen=True):
@@ -48,26 +45,12 @@ class RankFacts(msgspec.Struct, frozen=True):
     gaps: dict[str, list[StepGap]] = msgspec.field(default_factory=dict)  # per phase, one per step
 
 
-def graph_replayed(data: TraceData) -> npt.NDArray[np.bool_]:
-    """Per device row: launched by a ``cudaGraphLaunch``/``hipGraphLaunch`` (a graph replay). The one test of
-    a replay: classification, step phases and findings all read it."""
-    launches = data.launches
-    if len(launches) == 0 or len(data.device) == 0:
-        return np.zeros(len(data.device), dtype=bool)
-    name_ids = distinct_ids(launches.name)
-    graph_names = np.array([i for i in name_ids.tolist() if GRAPH_LAUNCH.search(data.names[i])], dtype=np.int32)
-    if len(graph_names) == 0:
-        return np.zeros(len(data.device), dtype=bool)
-    corr = launches.correlation[np.isin(launches.name, graph_names)]
-    corr = corr[corr >= 0]
-    return np.isin(data.device.correlation, corr) & (data.device.correlation >= 0)
-
-
-def _step_gap(start: npt.NDArray[np.float64], end: npt.NDArray[np.float64], row: StepRow) -> StepGap:
+def _step_gap(start: npt.NDArray[np.float64], end: npt.NDArray[np.float64], row: StepRow,
+              graph_us: float) -> StepGap:
     """Idle and largest gap of the work intervals (sorted by start) within ``row``'s window."""
     lo, hi = row.start_us, row.start_us + row.span_us
     if len(start) == 0:
-        return StepGap(row.index, row.phase, row.span_us, row.span_us, row.span_us, 0.0)
+        return StepGap(row.index, row.phase, row.span_us, row.span_us, row.span_us, 0.0, graph_us)
     reach = np.maximum.accumulate(np.minimum(end, hi))
     # gaps: window start → first op, between op i's reach and op i+1's start, last reach → window end
     before = np.concatenate(([lo], reach))
@@ -75,25 +58,18 @@ def _step_gap(start: npt.NDArray[np.float64], end: npt.NDArray[np.float64], row:
     gaps = np.maximum(after - before, 0.0)
     k = int(np.argmax(gaps))
     return StepGap(row.index, row.phase, row.span_us, max(row.span_us - row.busy_us, 0.0), float(gaps[k]),
-                   float(before[k] - lo))
+                   float(before[k] - lo), graph_us)
 
 
-def _sorted_intervals(table: Table) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64],
-                                               npt.NDArray[np.float64]]:
-    order = np.argsort(table.ts_us, kind="stable").astype(np.int64)
-    start = table.ts_us[order]
-    return order, start, start + table.dur_us[order]
+def rank_facts(data: TraceData, rank: int, steps: list[StepRow], work: Work | None = None) -> RankFacts:
+    """Graph replays and idle gaps of one rank, over the steps the breakdown found (their windows).
 
-
-def rank_facts(data: TraceData, rank: int, steps: list[StepRow]) -> RankFacts:
-    """Graph replays and idle gaps of one rank, over the steps the breakdown found (their windows)."""
-    device = len(data.device) > 0
-    table = data.device if device else data.cpu_ops
-    order, start, end = _sorted_intervals(table)
-    if not device and len(data.step_markers) and data.step_markers.any():  # step ranges are no work
-        keep = ~data.step_markers[order]
-        order, start, end = order[keep], start[keep], end[keep]
-    replayed = graph_replayed(data)[order] if device else np.zeros(len(order), dtype=bool)
+    ``work``: the rank's work as the analysis selected it (selected from ``data`` when not given).
+    """
+    work = work if work is not None else select_work(data)
+    start = work.table.ts_us[work.rows]
+    end = start + work.table.dur_us[work.rows]  # whole durations: a CPU operator's gaps are around all of it
+    replayed = work.replayed
     dur = end - start
     total = float(dur.sum())
     share = float(dur[replayed].sum()) / total if total > 0 else 0.0
@@ -107,8 +83,7 @@ def rank_facts(data: TraceData, rank: int, steps: list[StepRow]) -> RankFacts:
         s, e = start[lo:hi], end[lo:hi]
         d = dur[lo:hi]
         step_graph_us = float(d[replayed[lo:hi]].sum())
-        gap = _step_gap(s, e, row)
-        gaps.setdefault(row.phase, []).append(msgspec.structs.replace(gap, graph_us=step_graph_us))
+        gaps.setdefault(row.phase, []).append(_step_gap(s, e, row, step_graph_us))
         graph_us[row.phase] = graph_us.get(row.phase, 0.0) + step_graph_us
         work_us[row.phase] = work_us.get(row.phase, 0.0) + float(d.sum())
     phase_share = {p: (graph_us[p] / work_us[p] if work_us[p] > 0 else 0.0) for p in work_us}

@@ -25,12 +25,11 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from servescope.trace.facts import graph_replayed
 from servescope.trace.table import KIND_KERNEL, KIND_USER_ANNOTATION, Table, TraceData, distinct_ids
 from servescope.trace.taxonomy import Rule, Taxonomy
 from servescope.trace.work import Work
 
-__all__ = ["LaunchContext", "frame_categories", "launch_context", "launch_rows"]
+__all__ = ["LaunchContext", "frame_categories", "launch_context"]
 
 _TOLERANCE_US = 1e-3  # float rounding between a frame's end and the end of a call inside it
 _ATEN = "aten::"
@@ -47,18 +46,6 @@ class LaunchContext(msgspec.Struct, frozen=True):
     launched: npt.NDArray[np.bool_]
     rule: npt.NDArray[np.int32]
     rules: tuple[Rule, ...]
-
-
-def launch_rows(data: TraceData, correlation: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """Row in ``data.launches`` of the runtime call with each correlation id, or -1."""
-    launches = data.launches
-    if len(launches) == 0 or len(correlation) == 0:
-        return np.full(len(correlation), -1, dtype=np.int64)
-    order = np.argsort(launches.correlation, kind="stable")
-    sorted_corr = launches.correlation[order]
-    pos = np.clip(np.searchsorted(sorted_corr, correlation), 0, len(sorted_corr) - 1)
-    found = (sorted_corr[pos] == correlation) & (correlation >= 0)
-    return np.where(found, order[pos], -1).astype(np.int64)
 
 
 class _Frames(msgspec.Struct):
@@ -181,9 +168,9 @@ def launch_context(data: TraceData, work: Work, taxonomy: Taxonomy, categories: 
     table = work.table
     launch: npt.NDArray[np.int64] | None = None
     if work.kind == "device":
-        launch = launch_rows(data, table.correlation[work.rows])
+        launch = work.launch
         launched = launch >= 0
-        replayed = graph_replayed(data)[work.rows] & launched
+        replayed = work.replayed
         # copies and sets are memory work whatever launched them: only kernels take their launch's context
         query = np.flatnonzero(launched & ~replayed & (table.kind[work.rows] == KIND_KERNEL))
         q_launch = launch[query]

@@ -32,8 +32,7 @@ import numpy.typing as npt
 
 from servescope.core.analysis import PhaseStats
 from servescope.trace.classify import CaptureReference, Classified
-from servescope.trace.facts import graph_replayed
-from servescope.trace.launch import frame_categories, launch_rows
+from servescope.trace.launch import frame_categories
 from servescope.trace.table import KIND_KERNEL, TraceData
 from servescope.trace.taxonomy import PRECISION_ROLES, Rule, Taxonomy
 from servescope.trace.work import Work
@@ -104,9 +103,7 @@ def _by_launch(data: TraceData, work: Work, frames: Taxonomy, names: npt.NDArray
                kernel: npt.NDArray[np.bool_], role: npt.NDArray[np.int8], capture: CaptureReference | None,
                taxonomy: Taxonomy) -> None:
     """Roles from the ops around each eager launch; replayed and unlaunched kernels take their name's role."""
-    table = work.table
-    launch = launch_rows(data, table.correlation[work.rows])
-    replayed = graph_replayed(data)[work.rows] & (launch >= 0)
+    launch, replayed = work.launch, work.replayed
     eager = np.flatnonzero(kernel & (role == NO_ROLE) & (launch >= 0) & ~replayed)
     if len(eager):
         at = launch[eager]

@@ -1,7 +1,8 @@
 """Group trace files into one run by rank, and compare ranks.
 
 A file's rank comes from the trace's own ``distributedInfo.rank``, else from its name (``rank3``,
-``rank-3``, ``_rank3``, ``tp0…rank3``, SGLang's ``TP-3``). vLLM's API-server trace (``*.async_llm.*``, or
+``rank-3``, ``_rank3``, ``tp0…rank3``, SGLang's ``TP-3``: the ``[[rank_name]]`` formats of
+``servescope/data/steps.toml``). vLLM's API-server trace (``*.async_llm.*``, a ``[[frontend]]`` format there, or
 among other traces one without rank and without any kernel, CPU op or annotation, whatever its name) has no
 rank: it is the front end, listed but never taken for rank 0.
 
@@ -13,7 +14,6 @@ beyond that is **waiting** for the slowest rank.
 
 from __future__ import annotations
 
-import re
 import statistics
 from pathlib import Path
 
@@ -23,17 +23,12 @@ import numpy as np
 from servescope.core.analysis import CrossRankCategory, CrossRankStats, PhaseStats, Summary
 from servescope.core.errors import InputError
 from servescope.trace.breakdown import RankBreakdown
+from servescope.trace.formats import step_formats
 from servescope.trace.table import TraceData
 
 __all__ = [
     "RankedTrace", "assign_ranks", "compare_ranks", "is_frontend", "rank_from_name",
 ]
-
-_RANK_PATTERNS = (
-    re.compile(r"rank[-_]?(\d+)", re.IGNORECASE),
-    re.compile(r"(?:^|[-_.])TP[-_](\d+)(?:[-_.]|$)"),
-)
-
 
 class RankedTrace(msgspec.Struct, frozen=True):
     data: TraceData
@@ -43,8 +38,9 @@ class RankedTrace(msgspec.Struct, frozen=True):
 
 
 def is_frontend(path: Path) -> bool:
-    """True for vLLM's API-server trace (``{host}_{pid}.async_llm.{ns}.pt.trace.json.gz``)."""
-    return ".async_llm." in path.name
+    """True for a front end's trace by its name: vLLM's API server's
+    (``{host}_{pid}.async_llm.{ns}.pt.trace.json.gz``)."""
+    return any(f.contains in path.name for f in step_formats().frontends)
 
 
 def _holds_no_work(data: TraceData) -> bool:
@@ -55,8 +51,8 @@ def _holds_no_work(data: TraceData) -> bool:
 
 def rank_from_name(name: str) -> int | None:
     """The rank a file name states (``rank3``, ``rank-3``, ``tp0_pp0_rank3``, ``TP-3``), if any."""
-    for pattern in _RANK_PATTERNS:
-        matches = pattern.findall(name)
+    for fmt in step_formats().rank_names:
+        matches = fmt.pattern.findall(name)
         if matches:
             return int(matches[-1])
     return None

@@ -1,6 +1,7 @@
 """Find the steps of a trace and attribute each piece of work to the step that launched it.
 
-Step sources, tried in order (the engine's own markers first, gaps last):
+Step formats are data (``servescope/data/steps.toml``, read by :mod:`servescope.trace.formats`), tried in its
+order, the engines' own markers first:
 
 1. vLLM's per-step annotation ``execute_context_X(Y)_generation_Z(W)``: X prefill requests with Y tokens,
    Z decode requests with W tokens (newer vLLM writes ``execute_N_context_X(sqY…)_generation_Z(sqW…)``).
@@ -9,7 +10,7 @@ Step sources, tried in order (the engine's own markers first, gaps last):
 2. vLLM V1 builds that write no step annotation: the model runner's (else the worker's) ``execute_model``
    frames (python functions or CPU operators), one per engine step.
 3. ``ProfilerStep#N`` ranges from ``torch.profiler.schedule``.
-4. Gaps: device activity split where the device sat idle longer than a threshold.
+4. Without any: gaps, device activity split where the device sat idle longer than a threshold.
 
 A step without a phase marker gets one from what it shows: the shape of the token ids its embedding lookup
 read (``[batch, sequence]``: a sequence of one token is a decode step), else graph replays (engines replay
@@ -18,71 +19,54 @@ too large for the captured sizes; where some steps replay the whole forward as o
 uniform decode batches, a step that replays it in pieces has prompt work: prefill, or prefill and decode
 mixed, which only the engine's annotation tells apart); else ``unknown``.
 
-Device work is attributed through correlation ids: a kernel carries the id of the runtime call that
-launched it (``cudaLaunchKernel``; one ``cudaGraphLaunch`` for every kernel of a graph replay), and that
-call lies inside the CPU-side step annotation. Work on CPU threads (traces without device events) is
-attributed by time: the step whose range contains the op's start.
+Device work is attributed through its launch (:attr:`~servescope.trace.work.Work.launch`): a kernel carries the
+correlation id of the runtime call that launched it (``cudaLaunchKernel``; one ``cudaGraphLaunch`` for every
+kernel of a graph replay), and that call lies inside the CPU-side step mark. Work on CPU threads (traces without
+device events) is attributed by time: the step whose range contains the op's start.
+
+A step is a :class:`~servescope.core.analysis.StepRow` from here to the document: recognised with its name,
+phase and request mix (``start_us``/``span_us``: its mark's range), then measured by the breakdown.
 """
 
 from __future__ import annotations
 
-import re
 import statistics
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from servescope.core.analysis import StepRow
 from servescope.trace.decode import read_op_inputs
-from servescope.trace.facts import graph_replayed
-from servescope.trace.table import KIND_USER_ANNOTATION, STEP_MARKER_PREFIX, TraceData
+from servescope.trace.formats import StepFormat, step_formats
+from servescope.trace.table import KIND_USER_ANNOTATION, TraceData
 from servescope.trace.work import Work
 
-__all__ = ["PHASES", "Step", "Steps", "find_steps", "parse_vllm_step"]
+__all__ = ["PHASES", "Steps", "find_steps", "parse_vllm_step", "steps_by"]
 
 PHASES = ("decode", "mixed", "prefill", "empty", "unknown")
-_VLLM_STEP = re.compile(
-    r"^execute(?:_\d+)?_context_(?P<x>\d+)\((?P<y>[^)]*)\)_generation_(?P<z>\d+)\((?P<w>[^)]*)\)"
-)
-_LEADING_COUNT = re.compile(r"^(?:sq)?(\d+)")
-_SGLANG_STEP = re.compile(r"^step\[(?P<mode>[A-Z_]+)(?: bs=(?P<bs>\d+))?")
-_SGLANG_PHASES = {"DECODE": "decode", "PREFILL": "prefill", "EXTEND": "prefill", "MIXED": "mixed", "IDLE": "empty"}
-_EXECUTE_MODEL = re.compile(r"(?:^|[:\s.])execute_model$")
-_MODEL_RUNNER = re.compile(r"model_runner", re.IGNORECASE)
 _GRAPH_DECODE_SHARE = 0.5
 _DEFAULT_GAP_FLOOR_US = 100.0
 _GAP_MEDIAN_FACTOR = 20.0
 
-
-class Step(msgspec.Struct, frozen=True):
-    """One step: where it came from, its phase and request mix, and its CPU-side window when known."""
-
-    index: int
-    name: str
-    phase: str
-    start_us: float
-    end_us: float
-    prefill_requests: int | None = None
-    prefill_tokens: int | None = None
-    decode_requests: int | None = None
-    decode_tokens: int | None = None
-    # The step's time is its CPU window (stretched over any of its device work outside it), not only the
-    # device span: the engine's whole step, host preparation and sampling included (execute_model frames).
-    whole_window: bool = False
+_Mark = tuple[float, float, str]  # a marked range: start, end, name
 
 
-class Steps(msgspec.Struct, frozen=True):
-    """The steps of one trace and, for each work row (in ``Work.rows`` order), its step or -1."""
+class Steps(msgspec.Struct, frozen=True, kw_only=True):
+    """The steps of one trace as recognised, their marks' exact ranges, and for each work row (in ``Work.rows``
+    order) its step or -1.
+
+    ``whole_window``: the steps' time is their marks' whole range, stretched over any of their device work
+    outside it (the format's ``whole_window``: execute_model frames hold the engine's whole step).
+    """
 
     source: str  # "annotation" | "execute_model" | "profiler_step" | "gaps" | "whole"
-    steps: list[Step]
+    steps: list[StepRow]
+    start_us: npt.NDArray[np.float64]  # per step: its mark's range
+    end_us: npt.NDArray[np.float64]
     step_of: npt.NDArray[np.int64]
+    whole_window: bool = False
     gap_us: float | None = None
-
-
-def _count(text: str) -> int | None:
-    match = _LEADING_COUNT.match(text)
-    return int(match.group(1)) if match else None
 
 
 def parse_vllm_step(name: str) -> tuple[str, int, int | None, int, int | None] | None:
@@ -92,22 +76,15 @@ def parse_vllm_step(name: str) -> tuple[str, int, int | None, int, int | None] |
         >>> parse_vllm_step("execute_context_0(0)_generation_4(4)")
         ('decode', 0, 0, 4, 4)
     """
-    match = _VLLM_STEP.match(name)
-    if match is None:
+    parsed = step_formats().step("vllm").parse(name)
+    if parsed is None:
         return None
-    prefills, decodes = int(match["x"]), int(match["z"])
-    if prefills and decodes:
-        phase = "mixed"
-    elif prefills:
-        phase = "prefill"
-    elif decodes:
-        phase = "decode"
-    else:
-        phase = "empty"
-    return phase, prefills, _count(match["y"]), decodes, _count(match["w"])
+    phase, counts = parsed
+    return (phase, counts["prefill_requests"] or 0, counts["prefill_tokens"], counts["decode_requests"] or 0,
+            counts["decode_tokens"])
 
 
-def _cpu_annotations(data: TraceData) -> list[tuple[float, float, str]]:
+def _cpu_annotations(data: TraceData) -> list[_Mark]:
     """The CPU-side annotations as (start, end, name), in start order (ties: trace order)."""
     table = data.annotations
     rows = np.flatnonzero(table.kind == KIND_USER_ANNOTATION)
@@ -117,62 +94,63 @@ def _cpu_annotations(data: TraceData) -> list[tuple[float, float, str]]:
                                                           table.name[rows].tolist(), strict=True)]
 
 
-def _annotation_steps(annotations: list[tuple[float, float, str]]) -> tuple[str, list[Step]]:
-    steps: list[Step] = []
-    for start, end, name in annotations:
-        parsed = parse_vllm_step(name)
-        if parsed is not None:
-            phase, x, y, z, w = parsed
-            steps.append(Step(len(steps), name, phase, start, end, x, y, z, w))
-    if steps:
-        return "annotation", steps
-    for start, end, name in annotations:
-        sglang = _SGLANG_STEP.match(name)
-        if sglang is not None:
-            phase = _SGLANG_PHASES.get(sglang["mode"], "unknown")
-            batch = int(sglang["bs"]) if sglang["bs"] else None
-            steps.append(Step(len(steps), name, phase, start, end,
-                              decode_requests=batch if phase == "decode" else None,
-                              prefill_requests=batch if phase == "prefill" else None))
-    return ("annotation", _outermost(steps)) if steps else ("", [])
-
-
-def _profiler_steps(data: TraceData, annotations: list[tuple[float, float, str]]) -> list[Step]:
-    """``ProfilerStep#N`` ranges, written as user annotations or as CPU operators (older torch.profiler)."""
-    marked = [a for a in annotations if a[2].startswith(STEP_MARKER_PREFIX)]
-    ops = data.cpu_ops
-    marked += [(float(ops.ts_us[r]), float(ops.ts_us[r] + ops.dur_us[r]), data.names[int(ops.name[r])])
-               for r in np.flatnonzero(data.step_markers).tolist()]
-    return [Step(i, name, "unknown", start, end) for i, (start, end, name) in enumerate(sorted(set(marked)))]
-
-
-def _outermost(steps: list[Step]) -> list[Step]:
-    """The steps not inside another (a worker's execute_model wraps the model runner's), renumbered."""
-    out: list[Step] = []
-    for step in sorted(steps, key=lambda s: (s.start_us, -s.end_us)):
-        if out and step.start_us >= out[-1].start_us and step.end_us <= out[-1].end_us:
-            continue
-        out.append(step)
-    return [Step(i, s.name, s.phase, s.start_us, s.end_us, s.prefill_requests, s.prefill_tokens,
-                 s.decode_requests, s.decode_tokens, s.whole_window) for i, s in enumerate(out)]
-
-
-def _execute_model_steps(data: TraceData) -> list[Step]:
-    """vLLM V1 engine steps from ``execute_model`` frames: the model runner's, else the worker's."""
-    ids = np.array([i for i, name in enumerate(data.names) if _EXECUTE_MODEL.search(name)], dtype=np.int32)
+def _frames(data: TraceData, fmt: StepFormat) -> list[_Mark]:
+    """The python functions and CPU operators the format marks (only those ``prefer`` matches, where any)."""
+    ids = np.array([i for i, name in enumerate(data.names) if fmt.pattern.search(name)], dtype=np.int32)
     if len(ids) == 0:
         return []
-    found: list[tuple[float, float, str]] = []
+    found: list[_Mark] = []
     for table in (data.frames, data.cpu_ops):
         if len(table) == 0:
             continue
         rows = np.flatnonzero(np.isin(table.name, ids))
         found.extend((float(table.ts_us[r]), float(table.ts_us[r] + table.dur_us[r]), data.names[table.name[r]])
                      for r in rows.tolist())
-    runner = [f for f in found if _MODEL_RUNNER.search(f[2])]
-    chosen = runner or found
-    steps = [Step(0, name, "unknown", start, end, whole_window=True) for start, end, name in chosen]
-    return _outermost(steps)
+    preferred = [f for f in found if fmt.prefer is not None and fmt.prefer.search(f[2])]
+    return preferred or found
+
+
+def _profiler_steps(data: TraceData, fmt: StepFormat, annotations: list[_Mark]) -> list[_Mark]:
+    """``ProfilerStep#N`` ranges, written as user annotations or as CPU operators (older torch.profiler)."""
+    marked = [a for a in annotations if fmt.pattern.search(a[2])]
+    ops = data.cpu_ops
+    marked += [(float(ops.ts_us[r]), float(ops.ts_us[r] + ops.dur_us[r]), data.names[int(ops.name[r])])
+               for r in np.flatnonzero(data.step_markers).tolist()]
+    return sorted(set(marked))
+
+
+def _outermost(marks: list[_Mark]) -> list[_Mark]:
+    """The marks not inside another (a worker's execute_model wraps the model runner's)."""
+    out: list[_Mark] = []
+    for mark in sorted(marks, key=lambda m: (m[0], -m[1])):
+        if out and mark[0] >= out[-1][0] and mark[1] <= out[-1][1]:
+            continue
+        out.append(mark)
+    return out
+
+
+def _marks(data: TraceData, fmt: StepFormat, annotations: list[_Mark]) -> list[_Mark]:
+    """Every range ``fmt`` marks in the trace, in step order."""
+    if fmt.marker == "annotation":
+        marks = [a for a in annotations if fmt.pattern.search(a[2])]
+    elif fmt.marker == "frame":
+        marks = _frames(data, fmt)
+    else:
+        marks = _profiler_steps(data, fmt, annotations)
+    return _outermost(marks) if fmt.outermost else marks
+
+
+def _recognised(fmt: StepFormat, marks: list[_Mark]) -> list[StepRow]:
+    """One step per mark, with the phase and request counts its name tells (``start_us``/``span_us``: the
+    mark's range, until the breakdown measures the step)."""
+    steps = []
+    for index, (start, end, name) in enumerate(marks):
+        phase, counts = fmt.parse(name) or ("unknown", {})
+        steps.append(StepRow(index=index, name=name, phase=phase, start_us=start, span_us=end - start, busy_us=0.0,
+                             prefill_requests=counts.get("prefill_requests"),
+                             prefill_tokens=counts.get("prefill_tokens"),
+                             decode_requests=counts.get("decode_requests"), decode_tokens=counts.get("decode_tokens")))
+    return steps
 
 
 def _containing(starts: npt.NDArray[np.float64], ends: npt.NDArray[np.float64],
@@ -183,31 +161,25 @@ def _containing(starts: npt.NDArray[np.float64], ends: npt.NDArray[np.float64],
     return np.where(ok, idx, -1).astype(np.int64)
 
 
-def _attribute(data: TraceData, work: Work, steps: list[Step]) -> npt.NDArray[np.int64]:
-    starts = np.array([s.start_us for s in steps])
-    ends = np.array([s.end_us for s in steps])
-    table = work.table
+def _attribute(data: TraceData, work: Work, starts: npt.NDArray[np.float64],
+               ends: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+    """The step of each work row: the one whose range holds its launch (CPU operators: its start), or -1."""
     if work.kind == "cpu_op":
-        return _containing(starts, ends, table.ts_us[work.rows])
-    launches = data.launches
-    order = np.argsort(launches.correlation, kind="stable")
-    sorted_corr = launches.correlation[order]
-    corr = table.correlation[work.rows]
-    pos = np.clip(np.searchsorted(sorted_corr, corr), 0, max(len(sorted_corr) - 1, 0))
-    if len(sorted_corr) == 0:
-        return np.full(len(work.rows), -1, dtype=np.int64)
-    found = (sorted_corr[pos] == corr) & (corr >= 0)
-    launch_ts = launches.ts_us[order[pos]]
-    step_of = _containing(starts, ends, launch_ts)
-    return np.where(found, step_of, -1).astype(np.int64)
+        return _containing(starts, ends, work.table.ts_us[work.rows])
+    step_of = np.full(len(work.rows), -1, dtype=np.int64)
+    launched = work.launch >= 0
+    step_of[launched] = _containing(starts, ends, data.launches.ts_us[work.launch[launched]])
+    return step_of
 
 
-def _gap_steps(work: Work, gap_us: float | None) -> tuple[str, list[Step], npt.NDArray[np.int64], float | None]:
+def _gap_steps(work: Work, gap_us: float | None) -> Steps:
+    """Steps cut where the device sat idle longer than ``gap_us`` (``None``: picked from the trace)."""
     table = work.table
     start = table.ts_us[work.rows]
     end = start + table.dur_us[work.rows]
     if len(start) == 0:
-        return "whole", [], np.zeros(0, dtype=np.int64), gap_us
+        return Steps(source="whole", steps=[], start_us=np.zeros(0), end_us=np.zeros(0),
+                     step_of=np.zeros(0, dtype=np.int64), gap_us=gap_us)
     reach = np.maximum.accumulate(end)
     gaps = start[1:] - reach[:-1]
     if gap_us is None:
@@ -219,31 +191,42 @@ def _gap_steps(work: Work, gap_us: float | None) -> tuple[str, list[Step], npt.N
     step_of[cuts] = 1
     step_of = np.cumsum(step_of)
     bounds = np.concatenate(([0], cuts, [len(start)]))
-    steps = [
-        Step(i, f"gap-step {i}", "unknown", float(start[lo]), float(reach[hi - 1]))
-        for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))
-    ]
-    return ("gaps" if len(steps) > 1 else "whole"), steps, step_of, gap_us
+    marks = [(float(start[lo]), float(reach[hi - 1]), f"gap-step {i}")
+             for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))]
+    return Steps(source="gaps" if len(marks) > 1 else "whole",
+                 steps=[StepRow(index=i, name=name, phase="unknown", start_us=s, span_us=e - s, busy_us=0.0)
+                        for i, (s, e, name) in enumerate(marks)],
+                 start_us=np.array([m[0] for m in marks]), end_us=np.array([m[1] for m in marks]),
+                 step_of=step_of, gap_us=gap_us)
+
+
+def steps_by(data: TraceData, work: Work, fmt: StepFormat, annotations: list[_Mark] | None = None) -> Steps | None:
+    """The steps one format marks in the trace and the step of every work row, or None where it marks none
+    (``annotations``: the trace's CPU annotations, when already listed)."""
+    marks = _marks(data, fmt, annotations if annotations is not None else _cpu_annotations(data))
+    if not marks:
+        return None
+    starts, ends = np.array([m[0] for m in marks]), np.array([m[1] for m in marks])
+    step_of = _attribute(data, work, starts, ends)
+    steps = _with_phases(data, work, _recognised(fmt, marks), starts, ends, step_of)
+    return Steps(source=fmt.step_source, steps=steps, start_us=starts, end_us=ends, step_of=step_of,
+                 whole_window=fmt.whole_window)
 
 
 def find_steps(data: TraceData, work: Work, *, gap_us: float | None = None) -> Steps:
-    """Steps of one trace and the step of every work row.
+    """Steps of one trace and the step of every work row: by the first format of ``steps.toml`` that marks any,
+    else by idle gaps.
 
     Args:
         gap_us: idle time that separates steps in the gap fallback; ``None`` picks
             max(100 µs, 20 × the median idle gap) and records the value used.
     """
     annotations = _cpu_annotations(data)
-    source, steps = _annotation_steps(annotations)
-    if not steps:
-        source, steps = "execute_model", _execute_model_steps(data)
-    if not steps:
-        source, steps = "profiler_step", _profiler_steps(data, annotations)
-    if steps:
-        step_of = _attribute(data, work, steps)
-        return Steps(source, _with_phases(data, work, steps, step_of), step_of)
-    source, steps, step_of, used_gap = _gap_steps(work, gap_us)
-    return Steps(source, steps, step_of, used_gap)
+    for fmt in step_formats().steps:
+        found = steps_by(data, work, fmt, annotations)
+        if found is not None:
+            return found
+    return _gap_steps(work, gap_us)
 
 
 # The embedding lookup's token ids are [batch, sequence] in HF-style models: a sequence of one token is a decode
@@ -252,13 +235,12 @@ _SHAPED_OPS = frozenset({"aten::embedding"})
 _SHAPES_MAX_BYTES = 256 << 20
 
 
-def _embedding_batches(data: TraceData, steps: list[Step]) -> dict[int, tuple[int, int]]:
+def _embedding_batches(data: TraceData, starts: npt.NDArray[np.float64],
+                       ends: npt.NDArray[np.float64]) -> dict[int, tuple[int, int]]:
     """Step index -> (sequences, tokens per sequence) of the first 2-D token-id input its embedding read."""
     out: dict[int, tuple[int, int]] = {}
     if data.size_bytes > _SHAPES_MAX_BYTES or not any(n in _SHAPED_OPS for n in data.names):
         return out
-    starts = np.array([s.start_us for s in steps])
-    ends = np.array([s.end_us for s in steps])
     for _name, ts, _pid, _tid, dims in sorted(read_op_inputs(data.path, _SHAPED_OPS), key=lambda e: e[1]):
         ids = dims[1] if len(dims) > 1 else None
         if not (isinstance(ids, list) and len(ids) == 2 and all(isinstance(v, int) for v in ids)):
@@ -269,11 +251,12 @@ def _embedding_batches(data: TraceData, steps: list[Step]) -> dict[int, tuple[in
     return out
 
 
-def _with_phases(data: TraceData, work: Work, steps: list[Step], step_of: npt.NDArray[np.int64]) -> list[Step]:
+def _with_phases(data: TraceData, work: Work, steps: list[StepRow], starts: npt.NDArray[np.float64],
+                 ends: npt.NDArray[np.float64], step_of: npt.NDArray[np.int64]) -> list[StepRow]:
     """Phases for the steps no marker gave one, from the token ids' shape, else from graph replays."""
     if all(s.phase != "unknown" for s in steps):
         return steps
-    batches = _embedding_batches(data, steps)
+    batches = _embedding_batches(data, starts, ends)
     replay_share, launches = _graph_replays(data, work, step_of, len(steps))
     has_work = np.bincount(step_of[step_of >= 0], minlength=len(steps)) > 0 if len(step_of) else (
         np.zeros(len(steps), dtype=bool))
@@ -282,25 +265,24 @@ def _with_phases(data: TraceData, work: Work, steps: list[Step], step_of: npt.ND
     # with prompt work replays the per-layer pieces (many launches) with eager attention between them
     whole = (replay_share >= _GRAPH_DECODE_SHARE) & (launches == 1)
     pieces = launches > 1 if whole.any() else np.zeros(len(steps), dtype=bool)
-    out: list[Step] = []
+    out: list[StepRow] = []
     for step in steps:
-        phase, prefills, prefill_tokens, decodes, decode_tokens = (
-            step.phase, step.prefill_requests, step.prefill_tokens, step.decode_requests, step.decode_tokens)
-        if phase == "unknown":
-            if step.index in batches:
-                sequences, length = batches[step.index]
-                if length == 1:
-                    phase, decodes, decode_tokens = "decode", sequences, sequences
-                else:
-                    phase, prefills, prefill_tokens = "prefill", sequences, sequences * length
-            elif pieces[step.index]:
-                phase = "prefill"
-            elif replay_share[step.index] >= _GRAPH_DECODE_SHARE:
-                phase = "decode"
-            elif any_graph and has_work[step.index] and replay_share[step.index] == 0:
-                phase = "prefill"
-        out.append(Step(step.index, step.name, phase, step.start_us, step.end_us, prefills, prefill_tokens,
-                        decodes, decode_tokens, step.whole_window))
+        if step.phase != "unknown":
+            out.append(step)
+        elif step.index in batches:
+            sequences, length = batches[step.index]
+            out.append(msgspec.structs.replace(step, phase="decode", decode_requests=sequences,
+                                               decode_tokens=sequences) if length == 1 else
+                       msgspec.structs.replace(step, phase="prefill", prefill_requests=sequences,
+                                               prefill_tokens=sequences * length))
+        elif pieces[step.index]:
+            out.append(msgspec.structs.replace(step, phase="prefill"))
+        elif replay_share[step.index] >= _GRAPH_DECODE_SHARE:
+            out.append(msgspec.structs.replace(step, phase="decode"))
+        elif any_graph and has_work[step.index] and replay_share[step.index] == 0:
+            out.append(msgspec.structs.replace(step, phase="prefill"))
+        else:
+            out.append(step)
     return out
 
 
@@ -311,7 +293,7 @@ def _graph_replays(data: TraceData, work: Work, step_of: npt.NDArray[np.int64],
     share, launches = np.zeros(count), np.zeros(count, dtype=np.int64)
     if work.kind != "device" or len(work.rows) == 0:
         return share, launches
-    replayed = graph_replayed(data)[work.rows]
+    replayed = work.replayed
     if not replayed.any():
         return share, launches
     ok = step_of >= 0

@@ -1,0 +1,67 @@
+"""Each fact of a rank is computed once (issue 25): each rank's launches and graph replays once, and the step a
+trace's marker recognises is the one the document holds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from servescope.core.analysis import RankAnalysis, StepRow
+from servescope.trace import work
+from servescope.trace.analyze import AnalyzeRequest, analyze, rank_context
+from servescope.trace.decode import decode_trace
+from servescope.trace.files import example_trace_dir
+from servescope.trace.ranks import assign_ranks
+
+GRAPHS = example_trace_dir()  # vLLM on an H200, decode steps replayed from CUDA graphs
+TP2 = example_trace_dir("vllm-cpu-tp2")  # two CPU ranks and the front end
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, module: object, name: str, *also: object) -> list[int]:
+    """Count the calls of ``module.name`` (and of the same function where ``also`` imported it)."""
+    calls: list[int] = []
+    real: Callable[..., Any] = getattr(module, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    for where in (module, *also):
+        monkeypatch.setattr(where, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("folder", [GRAPHS, TP2], ids=lambda p: p.name)
+def test_launches_and_graph_replays_are_found_once_a_rank(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    replays = _counting(monkeypatch, work, "graph_replayed")
+    launches = _counting(monkeypatch, work, "launch_rows")
+    doc = analyze(AnalyzeRequest(paths=[folder]))
+    device_ranks = sum(r.work_kind == "device" for r in doc.ranks)
+    assert len(replays) == len(launches) == device_ranks
+
+
+def test_the_recognised_step_is_the_documents_step() -> None:
+    """One step type: the marker's name, phase and request mix reach the document unchanged; the breakdown adds
+    the measured span, busy time and categories."""
+    (trace,) = assign_ranks([decode_trace(GRAPHS / "rank0.pt.trace.json.gz")])
+    context = rank_context(trace)
+    (rank,) = analyze(AnalyzeRequest(paths=[GRAPHS])).ranks
+    assert isinstance(context.steps.steps[0], StepRow)
+    kept = ("index", "name", "phase", "prefill_requests", "prefill_tokens", "decode_requests", "decode_tokens")
+    assert [[getattr(s, f) for f in kept] for s in context.steps.steps] == \
+        [[getattr(s, f) for f in kept] for s in rank.steps]
+    assert all(s.busy_us == 0.0 and not s.categories for s in context.steps.steps)
+    assert all(s.busy_us > 0.0 and s.categories for s in rank.steps)
+
+
+def test_a_rank_analysis_is_built_whole() -> None:
+    (rank,) = analyze(AnalyzeRequest(paths=[GRAPHS])).ranks
+    assert rank.graph_replay_share > 0.5
+    with pytest.raises(AttributeError):
+        rank.graph_replay_share = 0.0  # type: ignore[misc]
+    assert msgspec.structs.replace(rank, graph_replay_share=0.0).graph_replay_share == 0.0
+    assert isinstance(rank, RankAnalysis)
