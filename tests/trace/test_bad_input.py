@@ -271,7 +271,7 @@ def test_header_field_of_wrong_type(tmp_path: Path) -> None:
 @pytest.mark.needs_shared
 @pytest.mark.parametrize("streamed", [False, True])
 def test_correlation_beyond_int64(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, streamed: bool) -> None:
-    import servescope.trace.decode as decode
+    import servescope.trace.jsonscan as jsonscan
 
     events = load_events(SMALL)
     kernel = next(i for i, ev in enumerate(events) if ev.get("cat") == "kernel")
@@ -279,8 +279,8 @@ def test_correlation_beyond_int64(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     path = tmp_path / "corr.json"
     path.write_text(json.dumps({"traceEvents": events}))
     if streamed:  # as a trace too big to hold whole is read
-        monkeypatch.setattr(decode, "_CHUNK_BYTES", 1 << 10)
-        monkeypatch.setattr(decode, "_WHOLE_LIMIT", 1 << 12)
+        monkeypatch.setattr(jsonscan, "_CHUNK_BYTES", 1 << 10)
+        monkeypatch.setattr(jsonscan, "_WHOLE_LIMIT", 1 << 12)
         assert path.stat().st_size > 1 << 12
     _assert_names(_read_error(path), path, "not a profiler trace")
 
@@ -487,11 +487,11 @@ def test_fuzz_decode_trace_bytes_in_small_blocks(fuzz_dir: Path, case: tuple[str
                                                sizes: tuple[int, int]) -> None:
     """The same mutations with 1 KB blocks, held whole (cut in place) or streamed: every block boundary,
     in-place decode and fallback is reached."""
-    import servescope.trace.decode as decode
+    import servescope.trace.jsonscan as jsonscan
 
     chunk, whole_limit = sizes
     suffix, data = case
-    with mock.patch.object(decode, "_CHUNK_BYTES", chunk), mock.patch.object(decode, "_WHOLE_LIMIT", whole_limit):
+    with mock.patch.object(jsonscan, "_CHUNK_BYTES", chunk), mock.patch.object(jsonscan, "_WHOLE_LIMIT", whole_limit):
         result = _result_or_input_error(decode_trace, _write(fuzz_dir, "blocks" + suffix, data))
     assert result is None or isinstance(result, TraceData)
 

@@ -92,7 +92,7 @@ def test_a_negative_duration_is_left_out_and_counted_in_every_table(tmp_path: Pa
 
 def test_the_same_events_are_left_out_when_the_trace_is_read_as_a_stream(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    import servescope.trace.decode as decode
+    import servescope.trace.jsonscan as jsonscan
 
     doc = _doc()
     kernels = _kernel_positions(doc)
@@ -100,8 +100,8 @@ def test_the_same_events_are_left_out_when_the_trace_is_read_as_a_stream(tmp_pat
         doc["traceEvents"][at]["dur"] = None
     path = _write(tmp_path, doc)
     whole = decode_trace(path)
-    monkeypatch.setattr(decode, "_CHUNK_BYTES", 1 << 12)
-    monkeypatch.setattr(decode, "_WHOLE_LIMIT", 1 << 14)
+    monkeypatch.setattr(jsonscan, "_CHUNK_BYTES", 1 << 12)
+    monkeypatch.setattr(jsonscan, "_WHOLE_LIMIT", 1 << 14)
     streamed = decode_trace(path)
     assert whole.malformed == streamed.malformed == 3
     assert whole.malformed_examples == streamed.malformed_examples
@@ -109,7 +109,7 @@ def test_the_same_events_are_left_out_when_the_trace_is_read_as_a_stream(tmp_pat
 
 
 def test_more_than_the_stated_share_fails_the_trace(tmp_path: Path) -> None:
-    from servescope.trace.decode import MALFORMED_SHARE
+    from servescope.trace.collect import MALFORMED_SHARE
 
     doc = _doc()
     kernels = _kernel_positions(doc)

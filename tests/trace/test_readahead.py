@@ -200,7 +200,7 @@ def test_parts_join_to_the_whole_however_the_json_is_laid_out(tmp_path: Path, fi
     """Any slice of a real trace, in any layout, cut into 2-6 parts: the joined parts equal the whole decode."""
     import json
 
-    from servescope.trace.decode import decode_part, join_parts
+    from servescope.trace.parts import decode_part, join_parts
 
     events = _events()[first : first + count]
     path = tmp_path / "laid_out.json"

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
-    from servescope.trace.decode import Part
+    from servescope.trace.parts import Part
     from servescope.trace.table import TraceData
 
 __all__ = ["SPLIT_BYTES", "ReadAhead", "usable_cores"]
@@ -98,6 +98,7 @@ class ReadAhead:
         # the decoder (msgspec and what it imports: ~40 ms) imported once here, before the children are forked:
         # they inherit it, and this process needs it anyway to take their results
         import servescope.trace.decode  # noqa: F401
+        import servescope.trace.parts  # noqa: F401
         if parts > 1:
             self._split, self._part_count = self.paths[0], parts
             child = _fork([self._split], partial(_decode_parts, self._split, parts))
@@ -144,7 +145,8 @@ class ReadAhead:
 
     def _take_parts(self, path: Path) -> TraceData:
         """The file joined from every child's part, or decoded here when a part is missing or they do not join."""
-        from servescope.trace.decode import decode_trace, join_parts
+        from servescope.trace.decode import decode_trace
+        from servescope.trace.parts import join_parts
 
         count = self._part_count if self._children else 0
         with self._ready:
@@ -159,7 +161,7 @@ class ReadAhead:
 
     def _drain(self, child: _Child) -> None:
         """Read the child's results as they come (a thread per child)."""
-        from servescope.trace.decode import Part
+        from servescope.trace.parts import Part
 
         try:
             with os.fdopen(child.fd, "rb") as pipe:
@@ -283,7 +285,7 @@ def _decode_parts(path: Path, parts: int, pipe: BinaryIO) -> None:
     part but the first, which all decode at once from that one copy (a gzip file is not inflated again per
     part); the helpers' parts are passed on as they come, after this child's own. Any problem ends a part
     quietly: the caller decodes the whole file itself, and names the problem."""
-    from servescope.trace.decode import decode_parts
+    from servescope.trace.parts import decode_parts
 
     def each(part_of: Callable[[int], Part]) -> None:
         helpers: list[tuple[int, int]] = []  # (read end of its pipe, pid)
