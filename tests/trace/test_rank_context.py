@@ -1,5 +1,5 @@
-"""Each fact of a rank is computed once (issue 25): each rank's launches and graph replays once, and the step a
-trace's marker recognises is the one the document holds."""
+"""Each fact of a rank is computed once (issue 25): the traces are found once, each rank's launches and graph
+replays once, and the step a trace's marker recognises is the one the document holds."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ from typing import Any
 
 import msgspec
 import pytest
+from typer.testing import CliRunner
 
+from servescope.cli import app, head_start
 from servescope.core.analysis import RankAnalysis, StepRow
-from servescope.trace import work
+from servescope.trace import analyze as analyze_module
+from servescope.trace import files, work
 from servescope.trace.analyze import AnalyzeRequest, analyze, rank_context
 from servescope.trace.decode import decode_trace
 from servescope.trace.files import example_trace_dir
@@ -33,6 +36,23 @@ def _counting(monkeypatch: pytest.MonkeyPatch, module: object, name: str, *also:
     for where in (module, *also):
         monkeypatch.setattr(where, name, counted)
     return calls
+
+
+@pytest.mark.parametrize("head", [True, False], ids=["head-start", "none"])
+def test_the_traces_are_found_once_from_the_command_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                         head: bool) -> None:
+    """The head start finds the traces it guessed and the command takes them (else finds them itself); the
+    analysis reads what it is given."""
+    found = _counting(monkeypatch, files, "find_traces", analyze_module)
+    args = [str(TP2), "-o", str(tmp_path / "a.json")]
+    if head:
+        head_start.start(args)
+    try:
+        result = CliRunner().invoke(app, ["analyze", *args])
+    finally:
+        head_start.release()
+    assert result.exit_code == 0, result.output
+    assert len(found) == 1
 
 
 @pytest.mark.parametrize("folder", [GRAPHS, TP2], ids=lambda p: p.name)

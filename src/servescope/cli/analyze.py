@@ -66,7 +66,7 @@ def analyze(
     """
     from servescope.cli import head_start
     from servescope.trace.deployment import evidence_beside
-    from servescope.trace.files import example_trace_dir, find_traces, left_out_lines
+    from servescope.trace.files import example_trace_dir, left_out_lines
     from servescope.trace.readahead import ReadAhead
 
     with user_errors():
@@ -77,8 +77,9 @@ def analyze(
             chosen.append(bundled)
         if not chosen:
             fail("give trace files or directories, or --example")
-        # The traces start decoding in child processes now, while this one imports the analysis.
-        discovery = find_traces(chosen)
+        # The traces are found once (by the head start when it guessed these paths); they start decoding in child
+        # processes now (or did already), while this one imports the analysis.
+        discovery = head_start.found(chosen)
         found = discovery.traces
         # settings and profile documents beside the traces describe their server: evidence, not left out
         evidence = evidence_beside(discovery, settings or [])
@@ -91,7 +92,7 @@ def analyze(
             from servescope.trace.analyze import AnalyzeRequest
             from servescope.trace.analyze import analyze as run_analysis
 
-            request = AnalyzeRequest(paths=found, taxonomy=taxonomy, step_gap_us=step_gap_us,
+            request = AnalyzeRequest(paths=discovery, taxonomy=taxonomy, step_gap_us=step_gap_us,
                                      settings=evidence.settings, reference=evidence.reference)
             doc = with_progress(as_json, lambda progress: run_analysis(request, progress=progress,
                                                                       read_ahead=read_ahead))

@@ -3,10 +3,11 @@
 typer takes ~50 ms to import and build ``analyze``, and numpy with the analysis ~100 ms more; the traces it
 will name can be decoding in child processes meanwhile. :func:`start` guesses them from the raw
 arguments: each one that names an existing file or directory and does not follow an option that takes a value
-(``VALUE_OPTIONS``), plus the bundled example when asked for. It starts a
-:class:`~servescope.trace.readahead.ReadAhead` on what they name. The command, once typer has parsed its flags
-and found its files, :func:`claim` s it: it gets it only when it reads exactly those files, else the children
-are stopped and the command reads as it always does. A wrong guess costs time, never a result.
+(``VALUE_OPTIONS``), plus the bundled example when asked for. It finds the traces they name (once: the command
+asks :func:`found` for them) and starts a :class:`~servescope.trace.readahead.ReadAhead` on them. The command,
+once typer has parsed its flags, takes the traces found for exactly the paths it names (else finds them itself),
+and :func:`claim` s the read-ahead: it gets it only when it reads exactly those files, else the children are
+stopped and the command reads as it always does. A wrong guess costs time, never a result.
 
 Standard library only (besides the read-ahead and file discovery, which are too).
 """
@@ -18,9 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from servescope.trace.files import Discovery
     from servescope.trace.readahead import ReadAhead
 
-__all__ = ["VALUE_OPTIONS", "claim", "release", "start"]
+__all__ = ["VALUE_OPTIONS", "claim", "found", "guess", "release", "start"]
 
 VALUE_OPTIONS = frozenset({"-o", "--output", "--html", "--taxonomy", "--step-gap-us", "--settings", "--top",
                            "--example-name"})
@@ -28,11 +30,18 @@ VALUE_OPTIONS = frozenset({"-o", "--output", "--html", "--taxonomy", "--step-gap
 (tests/cli/test_head_start.py keeps this equal to the command's declaration)."""
 
 _pending: ReadAhead | None = None
+_found: tuple[list[Path], Discovery] | None = None  # the paths the guess named, and the traces found in them
 
 
 def guess(args: Sequence[str]) -> list[Path] | None:
     """The trace files ``analyze ARGS`` will read, as far as the raw arguments tell; None when unsure."""
-    from servescope.trace.files import discover_traces, example_trace_dir
+    named = _guess(args)
+    return named[1].traces if named is not None else None
+
+
+def _guess(args: Sequence[str]) -> tuple[list[Path], Discovery] | None:
+    """The paths ``analyze ARGS`` names (the bundled example's folder last) and the traces found in them."""
+    from servescope.trace.files import example_trace_dir, find_traces
 
     if "--help" in args or "-h" in args:
         return None
@@ -61,23 +70,40 @@ def guess(args: Sequence[str]) -> list[Path] | None:
         else:
             named.append(arg)
     try:
-        chosen: list[str | Path] = [*named]
+        chosen = [Path(p) for p in named]
         if example is not None:
             chosen.append(example_trace_dir(example) if example else example_trace_dir())
-        return discover_traces(chosen) if chosen else None
+        return (chosen, find_traces(chosen)) if chosen else None
     except Exception:  # noqa: BLE001 - a guess that fails is no guess; the command reports the error
         return None
 
 
 def start(args: Sequence[str]) -> None:
-    """Start decoding what ``analyze ARGS`` will read (no-op when the arguments name nothing readable)."""
-    global _pending
-    found = guess(args)
-    if not found:
+    """Find and start decoding what ``analyze ARGS`` will read (no-op when the arguments name nothing readable)."""
+    global _pending, _found
+    named = _guess(args)
+    if named is None or not named[1].traces:
         return
     from servescope.trace.readahead import ReadAhead
 
-    _pending = ReadAhead(found, min_files=1)
+    _found = named
+    _pending = ReadAhead(named[1].traces, min_files=1)
+
+
+def found(chosen: Sequence[Path]) -> Discovery:
+    """The traces in ``chosen`` (the paths the command names): those the head start found when it guessed the
+    same paths, else found now.
+
+    Raises:
+        InputError: as :func:`~servescope.trace.files.find_traces`.
+    """
+    global _found
+    named, _found = _found, None
+    if named is not None and named[0] == list(chosen):
+        return named[1]
+    from servescope.trace.files import find_traces
+
+    return find_traces(chosen)
 
 
 def claim(found: Sequence[Path]) -> ReadAhead | None:
@@ -94,7 +120,7 @@ def claim(found: Sequence[Path]) -> ReadAhead | None:
 
 def release() -> None:
     """Stop an unclaimed head start (the command failed or ended before reading)."""
-    global _pending
-    pending, _pending = _pending, None
+    global _pending, _found
+    pending, _pending, _found = _pending, None, None
     if pending is not None:
         pending.close()

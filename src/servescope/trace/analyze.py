@@ -1,6 +1,6 @@
 """``analyze``: trace files → one analysis document (steps, breakdown per rank and phase, findings).
 
-The traces are read once, and each worker rank's context
+The traces are found once (by the CLI, or here for a library caller), read once, and each worker rank's context
 (:class:`RankContext`: its work with each row's launch and graph replay, its steps with each row's step) is made
 once and passed to every stage; each rank's part of the document is built whole from it.
 """
@@ -23,7 +23,7 @@ from servescope.trace.breakdown import RankBreakdown, break_down
 from servescope.trace.classify import CaptureReference, capture_reference, is_capture
 from servescope.trace.deployment import DeploymentInput, deployment_settings
 from servescope.trace.facts import RankFacts, rank_facts
-from servescope.trace.files import EXAMPLE_NAME, EXAMPLES, discover_traces, example_trace_dir
+from servescope.trace.files import EXAMPLE_NAME, EXAMPLES, Discovery, example_trace_dir, find_traces
 from servescope.trace.findings import find_bottlenecks, load_rules
 from servescope.trace.ranks import RankedTrace, assign_ranks, compare_ranks, rank_from_name
 from servescope.trace.readahead import ReadAhead
@@ -45,7 +45,8 @@ class Progress(Protocol):
 class AnalyzeRequest(msgspec.Struct, frozen=True, kw_only=True):
     """What to analyze and how; every option that changes a number is recorded in the result."""
 
-    paths: Sequence[str | Path]
+    # the traces the CLI found (find_traces), else the files or directories to find them in
+    paths: Discovery | Sequence[str | Path]
     taxonomy: str | Path | None = None
     step_gap_us: float | None = None
     # what the live server or saved settings documents told of the deployment, best first
@@ -138,7 +139,7 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
     """
     taxonomy: Taxonomy = load_taxonomy(request.taxonomy)
     rules = load_rules()  # like the taxonomy, before the traces are waited for
-    found = discover_traces(request.paths)
+    found = request.paths.traces if isinstance(request.paths, Discovery) else find_traces(request.paths).traces
     read = _read_all(found, progress, read_ahead)
     captures = [d for d in read if is_capture(d)] if len(read) > 1 else []
     traces = assign_ranks([d for d in read if not any(d is c for c in captures)])

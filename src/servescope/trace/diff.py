@@ -28,7 +28,7 @@ def load_side(path: Path, *, taxonomy: Path | None = None) -> AnalysisDoc:
             return decode_analysis(path.read_bytes(), str(path))
     discovery = find_traces([path])
     evidence = evidence_beside(discovery)  # the server's settings and unprofiled step, where saved beside
-    return analyze(AnalyzeRequest(paths=discovery.traces, taxonomy=taxonomy, settings=evidence.settings,
+    return analyze(AnalyzeRequest(paths=discovery, taxonomy=taxonomy, settings=evidence.settings,
                                   reference=evidence.reference))
 
 
