@@ -132,6 +132,30 @@ def test_profiler_step_ranges_are_the_steps_of_a_scheduled_training_trace() -> N
 
 
 @pytest.mark.needs_shared
+def test_xdit_marks_its_request_where_no_profiler_schedule_marked_steps(tmp_path: Path) -> None:
+    """The new engine, as data only: xDiT's ``execute_diffusion_…`` range on the real SD3.5 trace. There a
+    ProfilerStep range holds the same request and, first in the file, decides (the stored documents stand); the
+    same trace without that range (a capture made without torch.profiler's schedule) takes xDiT's own mark."""
+    fmt = FORMATS.step("xdit-diffusion")
+    path = _path(fmt.trace)
+    doc = json.loads(gzip.open(path).read())
+    (marked,) = [e for e in doc["traceEvents"] if e.get("cat") == "user_annotation"
+                 and e["name"].startswith("execute_diffusion_")]
+    kernels = sum(1 for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy",
+                                                                                              "gpu_memset"))
+    assert analyze(AnalyzeRequest(paths=[path])).ranks[0].step_source == "profiler_step"
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")]
+    unscheduled = tmp_path / path.name
+    unscheduled.write_bytes(gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), compresslevel=1))
+    rank = analyze(AnalyzeRequest(paths=[unscheduled])).ranks[0]
+    assert rank.step_source == "annotation"
+    (step,) = rank.steps
+    assert step.name == marked["name"]
+    assert rank.unattributed_us == 0.0
+    assert sum(c.calls_per_step for p in rank.phases.values() for c in p.categories.values()) == kernels
+
+
+@pytest.mark.needs_shared
 def test_rank_names_agree_with_the_ranks_real_traces_state() -> None:
     for fmt in FORMATS.rank_names:
         for example in fmt.examples:
