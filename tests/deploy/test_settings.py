@@ -25,14 +25,9 @@ from typer.testing import CliRunner
 
 from servescope.cli import app
 from servescope.core.settings import SettingsDoc
-from servescope.deploy.settings import (
-    choose_pid,
-    effective_settings,
-    is_server_argv,
-    pick_process,
-    read_unit_settings,
-    server_url,
-)
+from servescope.deploy.effective import effective_settings
+from servescope.deploy.installed import read_unit_settings
+from servescope.deploy.settings import choose_pid, is_server_argv, pick_process, server_url
 from servescope.report.settings import render_settings
 from servescope.server.process import find_processes, read_process_record
 

@@ -11,8 +11,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from servescope.cli import app
-from servescope.core.settings import ProcessRecord
-from servescope.deploy.settings import effective_settings, is_serving_env
+from servescope.core.settings import ProcessRecord, is_serving_env
+from servescope.deploy.effective import effective_settings
 from servescope.report.settings import ENV_VALUE_MAX, render_settings
 
 HF_TOKEN = "hf_envTestSecret9k2"

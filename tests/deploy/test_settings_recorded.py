@@ -12,8 +12,7 @@ import msgspec
 import pytest
 from rich.console import Console
 
-from servescope.core.settings import SettingsDoc
-from servescope.deploy.settings import is_serving_env
+from servescope.core.settings import SettingsDoc, is_serving_env
 from servescope.report.settings import render_settings
 from tracefiles import ROOT
 

@@ -1,8 +1,4 @@
-"""settings: the complete effective configuration of a deployed server.
-
-Wiring only (see ``deploy.settings``): the unit from deploy/, the process from server/process, the server's
-report from server/reported, the GPUs from gpu/; ``deploy.settings.effective_settings`` combines them.
-"""
+"""settings: the complete effective configuration of a deployed server (:mod:`servescope.deploy.settings`)."""
 
 from __future__ import annotations
 
@@ -11,9 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
 from servescope.cli.common import app, user_errors
-from servescope.core.errors import InputError
 
 
 @app.command("settings")
@@ -42,42 +38,15 @@ def settings(
     Secrets (--api-key, *_TOKEN, *_KEY, *_SECRET, passwords) are shown as ***. Flags are never cut; of the
     environment the terminal shows what matters to serving (the rest counted, --all-env shows it).
     """
-    import msgspec
-
-    from servescope.deploy.settings import (
-        choose_pid,
-        choose_url,
-        effective_settings,
-        is_server_argv,
-        is_serving_env,
-        process_api_key,
-        read_unit_settings,
-    )
-    from servescope.gpu.errors import GpuQueryError, GpuUnavailable
-    from servescope.gpu.inventory import take_snapshot
-    from servescope.report.settings import encode_settings, render_settings, settings_console
-    from servescope.server.client import ApiKey, resolve_api_key
-    from servescope.server.process import find_processes, read_process_record
-    from servescope.server.reported import read_server_record
+    from servescope.core.document import encode
+    from servescope.deploy.settings import SettingsRequest, read_settings
+    from servescope.report.settings import render_settings
+    from servescope.server.client import resolve_api_key
 
     with user_errors():
-        if unit is not None and unit_file is not None:
-            raise InputError("--unit-file", "give --unit or --unit-file, not both")
-        record = read_unit_settings(name=unit, path=unit_file) if unit or unit_file else None
-        target, how = choose_pid(pid=pid, unit=record, scan=lambda: find_processes(is_server_argv))
-        process = read_process_record(target) if target is not None else None
-        address = choose_url(url=url, process=process, unit=record)
-        own_key = process_api_key(process)
-        key = resolve_api_key(api_key) or (ApiKey(own_key, "the server's command line") if own_key else None)
-        server = read_server_record(address, api_key=key, timeout_s=timeout) if address else None
-        notes = {"process": how}
-        try:
-            gpus = take_snapshot().gpus
-        except (GpuUnavailable, GpuQueryError) as exc:
-            gpus, notes["gpus"] = None, str(exc)
-        doc = msgspec.structs.replace(
-            effective_settings(unit=record, process=process, server=server, gpus=gpus, notes=notes), all_env=all_env)
+        doc = read_settings(SettingsRequest(unit=unit, unit_file=unit_file, pid=pid, url=url,
+                                            api_key=resolve_api_key(api_key), timeout_s=timeout, all_env=all_env))
     if as_json:
-        sys.stdout.buffer.write(encode_settings(doc))
+        sys.stdout.buffer.write(encode(doc))
     else:
-        render_settings(doc, settings_console(), all_env=doc.all_env, serving=is_serving_env)
+        render_settings(doc, Console(highlight=False))

@@ -25,14 +25,7 @@ FORMATS = ("text", "json", "html")
 
 
 def text_console(doc: object, *, width: int | None = None, file: io.StringIO | None = None) -> Console:
-    """The console the writing command prints ``doc`` on: settings use their own (no wrapping when piped)."""
-    if kind_of(doc).schema == "servescope.settings":
-        from servescope.report.settings import settings_console
-
-        console = settings_console()
-        if file is None and width is None:
-            return console
-        return Console(highlight=False, file=file, width=width or console.width)
+    """The console the writing command prints ``doc`` on: stdout's width (or ``width``), no highlighting."""
     return Console(highlight=False, file=file, width=width)
 
 
@@ -66,10 +59,9 @@ def render_text(doc: Any, console: Console, *, top: int = 15) -> None:
 
         render_health(doc, console)
     elif schema == "servescope.settings":
-        from servescope.core.settings import is_serving_env
         from servescope.report.settings import render_settings
 
-        render_settings(doc, console, all_env=doc.all_env, serving=is_serving_env)
+        render_settings(doc, console)
     elif schema == "servescope.gpu":
         from servescope.report.gpu import render_snapshot
 

@@ -1,4 +1,4 @@
-"""Terminal and JSON views of the settings document (``servescope settings``); both read only the document.
+"""The terminal view of the settings document (``servescope settings``); it reads only the document.
 
 Flags and unit values are never cut, and no word of them is broken: at the console's width (the terminal's;
 ``$COLUMNS`` or 80 when stdout is a file or a pipe) a row stays on one line when it fits, a long value (the full
@@ -19,25 +19,14 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from servescope.core.document import encode as encode_document
-from servescope.core.settings import SettingsDoc
+from servescope.core.settings import SettingsDoc, is_serving_env
 
-__all__ = ["ENV_VALUE_MAX", "encode_settings", "render_settings", "settings_console"]
+__all__ = ["ENV_VALUE_MAX", "render_settings"]
 
 _NA = "N/A"
 ENV_VALUE_MAX = 120
 """An environment value longer than this is shown as its first characters and how many more there are."""
 _ENV_GROUPS = ("nccl_cuda_env", "vllm_env", "other")
-
-
-def encode_settings(doc: SettingsDoc) -> bytes:
-    """The document as indented UTF-8 JSON ending in a newline; ``None`` is ``null``."""
-    return encode_document(doc)
-
-
-def settings_console() -> Console:
-    """A stdout console: the terminal's width on a terminal, else ``$COLUMNS`` or 80, as every command prints."""
-    return Console(highlight=False)
 
 
 def _value(value: str | None) -> str:
@@ -54,15 +43,17 @@ def _env_value(value: str | None) -> str:
     return f"{text[:keep]}… (+{len(text) - keep:,} chars; --all-env or --json for all)"
 
 
-def render_settings(doc: SettingsDoc, console: Console, *, all_env: bool = True,
-                    serving: Callable[[str], bool] | None = None) -> None:
+def render_settings(doc: SettingsDoc, console: Console, *, all_env: bool | None = None,
+                    serving: Callable[[str], bool] | None = is_serving_env) -> None:
     """A headline, the sources, one table per group (setting, value, source, where), then the drift.
 
     Args:
         all_env: show every environment variable, each value whole; else only those ``serving`` accepts
-            and those the unit sets (the others counted), long values shortened.
-        serving: which variable names matter to serving (default: all).
+            and those the unit sets (the others counted), long values shortened. Default: the document's
+            ``all_env`` (``--all-env``).
+        serving: which variable names matter to serving (``None``: all).
     """
+    all_env = doc.all_env if all_env is None else all_env
     head = [doc.unit or "no unit", f"pid {doc.pid}" if doc.pid is not None else "no process",
             doc.url or "no server", doc.engine or "engine unknown"]
     console.print(f"[bold]{escape(' · '.join(head))}[/]")
