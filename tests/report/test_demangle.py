@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from servescope.report import tables
-from servescope.report.tables import demangle, demangle_all, render_analysis
+from servescope.report import kernel_names
+from servescope.report.kernel_names import demangle, demangle_all
+from servescope.report.tables import render_analysis
 from servescope.trace.analyze import AnalyzeRequest, analyze
 from tracefiles import ROOT, TRACES, load_events
 
@@ -93,8 +94,8 @@ def test_binutils_reads_what_llvm_cannot_in_one_call(monkeypatch: pytest.MonkeyP
         calls.append(args)
         return real_run(args, **kw)  # type: ignore[call-overload, no-any-return]
 
-    monkeypatch.setattr(tables, "_llvm_demangle", lambda name: None)
-    monkeypatch.setattr(tables, "_DEMANGLED", {})
+    monkeypatch.setattr(kernel_names, "_llvm_demangle", lambda name: None)
+    monkeypatch.setattr(kernel_names, "_DEMANGLED", {})
     monkeypatch.setattr(subprocess, "run", run)
     mine = demangle_all(names)
     assert len(calls) == 1
@@ -103,7 +104,7 @@ def test_binutils_reads_what_llvm_cannot_in_one_call(monkeypatch: pytest.MonkeyP
 
 
 def test_a_name_no_demangler_reads_is_shown_as_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tables, "_DEMANGLED", {})
+    monkeypatch.setattr(kernel_names, "_DEMANGLED", {})
     monkeypatch.setattr(shutil, "which", lambda name: None)
     assert demangle("_ZN3foo") == "_ZN3foo"  # cut short: no demangler reads it
     assert demangle("_ZN5aiter3fooEv") == "aiter::foo()"

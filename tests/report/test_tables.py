@@ -30,7 +30,8 @@ from servescope.core.analysis import (
     TraceInfo,
     Verdict,
 )
-from servescope.report.tables import distinct_kernel_names, format_evidence, render_analysis, shorten_kernel_name
+from servescope.report.kernel_names import distinct_kernel_names, shorten_kernel_name
+from servescope.report.tables import format_evidence, render_analysis
 
 GEMM_KERNEL = ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>"
                "(cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8::Params)")

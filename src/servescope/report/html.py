@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from servescope.core.analysis import AnalysisDoc, CrossRankStats, PhaseStats, RankAnalysis
+from servescope.report.kernel_names import demangle_all, shorten_kernel_name
 from servescope.report.page import CSS as _CSS
 from servescope.report.tables import (
     COMMUNICATION,
     decided_by,
-    demangle_all,
     format_count,
     format_evidence,
     format_ms,
@@ -28,7 +28,6 @@ from servescope.report.tables import (
     plural,
     quant_summary,
     rank_keys,
-    shorten_kernel_name,
     skew_text,
     sort_findings,
     top_kernels,
