@@ -19,6 +19,7 @@ import ast
 import gzip
 import json
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,9 @@ LLAMA80 = SHARED / "traces" / "public" / "vllm_llama80L_tp4_h100_1p9d_rank0.pt.t
 UNIT = SHARED / "examples" / "vllm-kimi-k25-int4.service"
 VLLM = Path("/tmp/vllm026/vllm")
 KiB, MiB = 1024, 1024 * 1024
+DATA = Path(__file__).resolve().parents[2] / "src" / "servescope" / "data"
+[BANDWIDTH] = tomllib.loads((DATA / "comm" / "points.toml").read_text(encoding="utf-8"))["bandwidth"]
+WAIT = tomllib.loads((DATA / "plan.toml").read_text(encoding="utf-8"))["comm"]["wait"]["us"]
 
 
 @pytest.mark.parametrize(("hardware", "group", "nbytes", "env", "impl", "rule"), [
@@ -86,11 +90,15 @@ def test_nccl_env_effects() -> None:
     plain = CommCosts(hw, f, bundled_curves(hw), graph=False).curve_for("all_gather", 8)
     assert plain is not None and plain[0].env.get("NCCL_NVLS_ENABLE") == "1"  # the file's default variant
     pro = load_hardware("rtx-pro-6000")
-    nbytes = 64 * MiB
+    nbytes = 64 * MiB  # past the published points: the box's published bus bandwidth, counted twice under LL
     base = CommCosts(pro, f, []).price("all_reduce", 8, nbytes)
     ll = CommCosts(pro, f, [], env={"NCCL_PROTO": "LL"}).price("all_reduce", 8, nbytes)
-    extra = bus_factor("all_reduce", 8) * nbytes / (pro.p2p_gbps * f.link_efficiency * 1e3)
+    extra = bus_factor("all_reduce", 8) * nbytes / (BANDWIDTH["bus_gbps"] * 1e3)
     assert ll.us - base.us == pytest.approx(extra)
+    inside = 60 * KiB  # within them: the link-rate term once more
+    gap = (CommCosts(pro, f, [], env={"NCCL_PROTO": "LL"}).price("all_reduce", 8, inside).us
+           - CommCosts(pro, f, []).price("all_reduce", 8, inside).us)
+    assert gap == pytest.approx(bus_factor("all_reduce", 8) * inside / (pro.p2p_gbps * f.link_efficiency * 1e3))
     small = CommCosts(pro, f, [], env={"NCCL_PROTO": "LL"}).price("all_reduce", 8, 14 * KiB)
     assert small.us - CommCosts(pro, f, []).price("all_reduce", 8, 14 * KiB).us < 1.0  # decode sizes: < 1 µs
     notes = nccl_env_effects({"NCCL_P2P_LEVEL": "SYS", "NCCL_FOO": "1"}).notes
@@ -191,3 +199,21 @@ def test_kimi_tp8_on_pcie_with_the_units_nccl_env() -> None:
     assert path["origin"] == "published point" and "RTX 6000D" in path["source"]
     assert abs(error) <= 0.25
     assert any(n.startswith("NCCL_P2P_LEVEL=SYS") for n in doc["notes"])
+
+
+@pytest.mark.parametrize("nbytes", [1 * MiB, 14 * MiB, 32 * MiB, 256 * MiB])
+def test_pcie_all_reduce_past_the_published_points(nbytes: int) -> None:
+    """8 RTX PRO 6000, past the RTX 6000D points (45 µs at 4 KB, 344 µs at 64 KB): no faster than the 22.2 GB/s bus
+    bandwidth published for 8 RTX PRO 6000 and no faster than 64 KB's 344 µs; never above the points' own line."""
+    pro, f = load_hardware("rtx-pro-6000"), default_factors()
+    priced = CommCosts(pro, f, []).price("all_reduce", 8, nbytes)
+    transfer = priced.us - priced.wait_us
+    bandwidth = 2 * 7 / 8 * nbytes / (BANDWIDTH["bus_gbps"] * 1e3)  # nccl-tests' bus bandwidth of an all-reduce
+    trend = 344 + (nbytes - 65536) * (344 - 45) / (65536 - 4096)  # the line through the two points, carried on
+    assert transfer == pytest.approx(max(bandwidth, 344.0)) and bandwidth <= transfer <= trend
+    assert priced.wait_us == WAIT and priced.origin == "published point"
+    assert "sglang pull request 32479" in priced.source and "voipmonitor/rtx6kpro" in priced.source
+    if nbytes >= 32 * MiB:  # from the size it was measured at, the bus bandwidth is the published one
+        assert 2 * 7 / 8 * nbytes / transfer / 1e3 == pytest.approx(BANDWIDTH["bus_gbps"])
+    if nbytes == 1 * MiB:  # latency-bound still: the largest point's time
+        assert transfer == 344.0

@@ -20,7 +20,10 @@ order: a ``calibrated`` point (the user's own capture, ``--calibrate``: :mod:`se
 user's ``--comm`` curve (NCCL only), an ``in-situ`` point (a kernel in a real trace:
 ``data/comm/points.toml``), a ``published`` point (a microbenchmark of that implementation), a bundled curve
 (NCCL only, the variant timed with the unit's ``NCCL_ALGO`` / ``NCCL_PROTO`` / ``NCCL_NVLS_ENABLE`` where one
-exists), the α-β estimate (one hop for a one-shot kernel, two for a two-shot). A figure not measured in a real
+exists), the α-β estimate (one hop for a one-shot kernel, two for a two-shot). Past a point's largest size, where
+``data/comm/points.toml`` has a bus bandwidth published for those GPUs (``[[bandwidth]]``), the call costs
+``max(bus_factor × bytes ÷ that bandwidth, the point's largest time)`` (:meth:`CommCosts._from_point`); the same
+bandwidth caps an all_gather's or reduce_scatter's α-β estimate there (assumed). A figure not measured in a real
 step gets the wait for the last rank added (``Factors.wait_us``, ``data/plan.toml`` ``[comm.wait]``), kept apart
 in :class:`Priced`. ``NCCL_PROTO=LL`` counts the bandwidth term twice on the NCCL path
 (:func:`servescope.plan.paths.nccl_env_effects`); not an all-to-all, which NCCL runs as grouped sends and
@@ -49,7 +52,16 @@ from servescope.core.files import read_json
 from servescope.plan.alltoall import PcieAllToAll, on_pcie, pcie_all_to_all
 from servescope.plan.factors import Factors
 from servescope.plan.hardware import HardwareProfile
-from servescope.plan.paths import PathChoice, Point, allreduce_path, load_points, nccl_env_effects, point_time_us
+from servescope.plan.paths import (
+    Bandwidth,
+    PathChoice,
+    Point,
+    allreduce_path,
+    load_bandwidths,
+    load_points,
+    nccl_env_effects,
+    point_time_us,
+)
 
 __all__ = ["ALL_OPS", "PCIE_A2A_SOURCE", "CommCosts", "CurveSource", "Priced", "bundled_curves", "estimate_us",
            "user_curves"]
@@ -163,17 +175,19 @@ class CommCosts:
             as plain NCCL from the curves or the α-β estimate, no wait (the curve machinery on its own).
         calibrated: per-call points measured in the user's own capture (``--calibrate``,
             :mod:`servescope.plan.captured`): first of all for their op, group size and implementation.
+        bandwidths: bus bandwidths published for boxes (default: ``data/comm/points.toml`` ``[[bandwidth]]``).
     """
 
     def __init__(self, hw: HardwareProfile, factors: Factors, sources: list[CurveSource], *,
                  graph: bool = True, env: dict[str, str] | None = None, points: list[Point] | None = None,
                  user_path: str | None = None, engine: str | None = "vllm",
-                 calibrated: list[Point] | None = None) -> None:
+                 calibrated: list[Point] | None = None, bandwidths: list[Bandwidth] | None = None) -> None:
         self.hw, self.factors, self.sources, self.graph = hw, factors, sources, graph
         self.user_path, self.engine = user_path, engine
         self.calibrated = list(calibrated or [])
         self.env = dict(env or {})
         self.points = load_points() if points is None else points
+        self.bandwidths = load_bandwidths() if bandwidths is None else bandwidths
         self.nccl_env = nccl_env_effects(self.env)
 
     def curve_for(self, op: str, group: int) -> tuple[OpCurve, CurveSource] | None:
@@ -201,16 +215,25 @@ class CommCosts:
                 return p
         return None
 
+    def _bandwidth(self, op: str, impl: str, group: int) -> Bandwidth | None:
+        return next((b for b in self.bandwidths if b.op == op and b.impl == impl and b.group == group
+                     and self.hw.name in b.profiles), None)
+
     def _from_point(self, point: Point, op: str, group: int, nbytes: float,
-                    curve: tuple[OpCurve, CurveSource] | None) -> float:
-        """The point's time within its measured sizes; past its largest, that time carried on by the shape of
-        the NCCL curve (else the α-β estimate) from there: a point's own slope, fitted on a few small sizes,
-        is not extended to messages many times larger. Below a one-size point, the same shape down from it."""
+                    curve: tuple[OpCurve, CurveSource] | None, *, ll: bool = False) -> float:
+        """The point's time within its measured sizes. Past its largest: with a bus bandwidth published for these
+        GPUs, ``max(bus_factor × bytes ÷ it (twice under LL), min(largest time, the point's trend))``; else that
+        time carried on by the shape of the NCCL curve (else the α-β estimate) from there: a point's own slope,
+        fitted on a few small sizes, is not extended to messages many times larger. Below a one-size point, the
+        same shape down from it."""
         top, bottom = max(point.bytes), min(point.bytes)
         if nbytes < bottom and len(point.bytes) == 1:  # one size: below it, the curve's (else estimate's) shape
             return point_time_us(point, bottom) * min(self._shape(op, group, curve, nbytes, bottom), 1.0)
         if nbytes <= top:
             return point_time_us(point, nbytes)
+        if (bw := self._bandwidth(op, point.impl, group)) is not None:
+            floor = (2 if ll else 1) * bus_factor(op, group) * nbytes / (bw.bus_gbps * 1e3)  # GB/s = 1e3 B/µs
+            return max(floor, min(point_time_us(point, top), point_time_us(point, nbytes)))
         return point_time_us(point, top) * max(self._shape(op, group, curve, nbytes, top), 1.0)
 
     def _shape(self, op: str, group: int, curve: tuple[OpCurve, CurveSource] | None, nbytes: float,
@@ -245,17 +268,23 @@ class CommCosts:
             label = ", ".join([label, *knobs])
         scale = self.factors.collective_scale
         wait = self.factors.wait_us
+        ll = path.impl == "nccl" and self.nccl_env.ll_only and op not in ("send_recv", "all_to_all")
         found = self.curve_for(op, group) if path.impl == "nccl" else None
+        why = path.why
         if (point := self._point(op, path.impl, group, CALIBRATED)) is not None:
-            return Priced(us=self._from_point(point, op, group, nbytes, found) * scale, wait_us=0.0,
-                          origin=CALIBRATED, impl=path.impl, why=path.why, source=point.source, path=label)
+            return Priced(us=self._from_point(point, op, group, nbytes, found, ll=ll) * scale, wait_us=0.0,
+                          origin=CALIBRATED, impl=path.impl, why=why, source=self._beyond(point, group, nbytes),
+                          path=label)
         if found is not None and found[1].path == self.user_path:
             t, origin, source = time_us_at(found[0], nbytes), found[1].origin, found[1].path
         elif (point := self._point(op, path.impl, group, "in-situ")) is not None:
-            return Priced(us=self._from_point(point, op, group, nbytes, found) * scale, wait_us=0.0, origin=IN_SITU,
-                          impl=path.impl, why=path.why, source=point.source, path=label)
+            return Priced(us=self._from_point(point, op, group, nbytes, found, ll=ll) * scale, wait_us=0.0,
+                          origin=IN_SITU, impl=path.impl, why=why, source=self._beyond(point, group, nbytes),
+                          path=label)
         elif (point := self._point(op, path.impl, group, "published")) is not None:
-            t, origin, source = self._from_point(point, op, group, nbytes, found), PUBLISHED_POINT, point.source
+            t, origin = self._from_point(point, op, group, nbytes, found, ll=ll), PUBLISHED_POINT
+            source = self._beyond(point, group, nbytes)
+            ll = ll and source == point.source  # past the point the published bandwidth holds the LL term
         elif found is not None:
             t, origin, source = time_us_at(found[0], nbytes), found[1].origin, found[1].path
         elif op == "all_to_all" and on_pcie(self.hw):
@@ -263,10 +292,23 @@ class CommCosts:
         else:
             est_op = {"custom_1stage": "send_recv", "custom_2stage": "reduce_scatter"}.get(path.impl, op)
             t, origin, source = estimate_us(est_op, group, nbytes, self.hw, self.factors), ASSUMED, "α-β estimate"
-        if path.impl == "nccl" and self.nccl_env.ll_only and op not in ("send_recv", "all_to_all"):
+        if ll:
             t += bus_factor(op, group) * nbytes / (self.hw.p2p_gbps * self.factors.link_efficiency * 1e3)
-        return Priced(us=t * scale + wait, wait_us=wait, origin=origin, impl=path.impl, why=path.why, source=source,
+        bw = self._bandwidth("all_reduce", "nccl", group)
+        if source == "α-β estimate" and op in ("all_gather", "reduce_scatter") and path.impl == "nccl" and bw:
+            t = max(t, (2 if ll else 1) * bus_factor(op, group) * nbytes / (bw.bus_gbps * 1e3))
+            why += (f"; its bandwidth at most the all-reduce's {bw.bus_gbps:g} GB/s bus bandwidth published for "
+                    f"these GPUs ({op}: assumed, nccl-tests' bus bandwidth reflects the same links; {bw.source})")
+        return Priced(us=t * scale + wait, wait_us=wait, origin=origin, impl=path.impl, why=why, source=source,
                       path=label)
+
+    def _beyond(self, point: Point, group: int, nbytes: float) -> str:
+        """The point's source, and the published bandwidth's where it prices ``nbytes`` past the point."""
+        bw = self._bandwidth(point.op, point.impl, group)
+        if bw is None or nbytes <= max(point.bytes):
+            return point.source
+        return (f"{point.source}; past {max(point.bytes):,} B: {bw.bus_gbps:g} GB/s bus bandwidth ({bw.origin}) "
+                f"from {bw.source}")
 
     def _pcie_all_to_all(self, group: int, nbytes: float, senders: int | None, path: PathChoice) -> Priced:
         """An all-to-all between PCIe GPUs by :func:`~servescope.plan.alltoall.pcie_all_to_all`, the bound named."""
@@ -296,9 +338,10 @@ class CommCosts:
     def with_factors(self, factors: Factors) -> CommCosts:
         """The same sources under other factors."""
         return CommCosts(self.hw, factors, self.sources, graph=self.graph, env=self.env, points=self.points,
-                         user_path=self.user_path, engine=self.engine, calibrated=self.calibrated)
+                         user_path=self.user_path, engine=self.engine, calibrated=self.calibrated,
+                         bandwidths=self.bandwidths)
 
     def with_calibrated(self, points: list[Point]) -> CommCosts:
         """The same sources and factors, with the user's capture's per-call points first."""
         return CommCosts(self.hw, self.factors, self.sources, graph=self.graph, env=self.env, points=self.points,
-                         user_path=self.user_path, engine=self.engine, calibrated=points)
+                         user_path=self.user_path, engine=self.engine, calibrated=points, bandwidths=self.bandwidths)

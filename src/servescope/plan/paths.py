@@ -9,6 +9,8 @@ NCCL. :func:`nccl_env_effects` says what the unit's NCCL variables change on the
 
 :func:`load_points` reads ``data/comm/points.toml``: per-call times at message sizes with their provenance
 (``in-situ`` kernels in real traces, ``published`` microbenchmarks); :func:`point_time_us` interpolates them.
+:func:`load_bandwidths` reads its bus bandwidths published for a box at a large message, which price an
+all-reduce beyond a point's largest size (:class:`Bandwidth`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from typing import Any
 
 from servescope.plan.hardware import HardwareProfile
 
-__all__ = ["IMPLS", "NcclEnv", "PathChoice", "Point", "allreduce_path", "engine_rules", "load_points",
-           "nccl_env_effects", "point_time_us"]
+__all__ = ["IMPLS", "Bandwidth", "NcclEnv", "PathChoice", "Point", "allreduce_path", "engine_rules",
+           "load_bandwidths", "load_points", "nccl_env_effects", "point_time_us"]
 
 IMPLS = ("nccl", "nccl_symm_mem", "quick_reduce", "custom_1stage", "custom_2stage", "symm_mem_multimem",
          "symm_mem_two_shot")
@@ -51,6 +53,20 @@ class Point:
     origin: str
     source: str
     stands_for: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bandwidth:
+    """A bus bandwidth published for ``op`` on ``impl`` over ``group`` GPUs of ``profiles``, measured at ``bytes``."""
+
+    op: str
+    impl: str
+    profiles: tuple[str, ...]
+    group: int
+    bus_gbps: float
+    bytes: int
+    origin: str
+    source: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,7 +172,7 @@ def nccl_env_effects(env: dict[str, str]) -> NcclEnv:
       H100 file has ``NCCL_ALGO=RING, NCCL_NVLS_ENABLE=0``); without one the default curve is used, and said.
     - ``NCCL_PROTO=LL``: LL moves 8-byte words holding 4 bytes of data and a 4-byte flag (NCCL's protocol
       documentation and src/device/prims_ll.h), half the link rate: the bandwidth term is counted twice.
-      At decode sizes (kilobytes) that adds well under a microsecond; it is the prefill's all-reduce it slows.
+      At a few tokens' message (kilobytes) that adds well under a microsecond; a large batch's (megabytes) pays it.
     - ``NCCL_P2P_LEVEL``: lets P2P cross the path level named (SYS: the CPU interconnect between sockets); the
       published points and curves do not say their transport, so it is named, not priced.
     """
@@ -165,7 +181,8 @@ def nccl_env_effects(env: dict[str, str]) -> NcclEnv:
     ll = env.get("NCCL_PROTO", "").strip().upper() == "LL"
     if "NCCL_PROTO" in env:
         notes.append(f"NCCL_PROTO={env['NCCL_PROTO']}: " + ("LL carries 4 data bytes in each 8-byte word, half the "
-                     "link rate: the bandwidth term is counted twice (no effect at decode sizes)" if ll else
+                     "link rate: the bandwidth term is counted twice (under 1 µs at a few tokens' message; a large "
+                     "batch's message pays it in full)" if ll else
                      "a curve timed with it is used where one exists"))
     if "NCCL_ALGO" in env:
         notes.append(f"NCCL_ALGO={env['NCCL_ALGO']}: a curve variant timed with it is used where one exists")
@@ -190,6 +207,14 @@ def load_points(*, exclude_sources: tuple[str, ...] = ()) -> list[Point]:
                          bytes=tuple(int(b) for b in p["bytes"]), us=tuple(float(u) for u in p["us"]),
                          origin=p["origin"], source=p["source"], stands_for=p.get("stands_for", "")))
     return out
+
+
+def load_bandwidths() -> list[Bandwidth]:
+    """The ``[[bandwidth]]`` entries of ``data/comm/points.toml``."""
+    text = files("servescope").joinpath("data", "comm", "points.toml").read_text(encoding="utf-8")
+    return [Bandwidth(op=b["op"], impl=b["impl"], profiles=tuple(b["profiles"]), group=int(b["group"]),
+                      bus_gbps=float(b["bus_gbps"]), bytes=int(b["bytes"]), origin=b["origin"], source=b["source"])
+            for b in tomllib.loads(text).get("bandwidth", [])]
 
 
 def point_time_us(point: Point, nbytes: float) -> float:

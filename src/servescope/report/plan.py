@@ -39,9 +39,15 @@ def _size(nbytes: float) -> str:
 
 
 def _short_source(source: str) -> str:
-    """A figure's source in a few words: a file's name, a pull request's repository and number."""
+    """A figure's source in a few words: a file's name, a pull request's repository and number; a point carried
+    past its largest size by a published bandwidth names both (``…; past 65,536 B: 22.2 GB/s bus bandwidth …``)."""
+    source, _, past = source.partition("; past ")
     head = source.split(" (", 1)[0].split(": ", 1)[0].split(", ", 1)[0]
-    return head.rsplit("/", 1)[-1] if " " not in head and "/" in head else head
+    head = head.rsplit("/", 1)[-1] if " " not in head and "/" in head else head
+    m = re.match(r"([\d,]+) B: (.*?) \((\w+)\) from (.*)", past)
+    if m is None:
+        return head
+    return f"{head}; past {_size(int(m[1].replace(',', '')))}: {m[2]}, {_short_source(m[4])}"
 
 
 def collective_sources(doc: dict[str, Any]) -> list[dict[str, Any]]:
