@@ -85,6 +85,13 @@ def test_every_kind_is_registered_once_and_bad_input_is_one_line(tmp_path: Path)
         assert len(result.output.strip().splitlines()) == 1 and str(bad) in result.output
 
 
+def test_every_kind_has_its_views_and_only_kinds_do() -> None:
+    """Adding a kind is an entry in core's KINDS and one in report's VIEWS; a view of no kind is a leftover."""
+    from servescope.report.rerender import VIEWS
+
+    assert set(VIEWS) == {k.schema for k in KINDS}
+
+
 def test_plan_and_serve_html_in_headless_chromium(front_end_bound_server: str, tmp_path: Path) -> None:
     """The plan page shows the tok/s column and the KV-fit marks, the bench-serve page the front-end warning, in
     the same style (one stylesheet); Chromium renders both (one launch, the two pages framed in one)."""

@@ -12,10 +12,7 @@ import msgspec
 from servescope.core.comm import CurveDoc
 from servescope.core.document import Document
 
-__all__ = ["COMM_SCHEMA", "COMM_SCHEMA_VERSION", "CommResultDoc", "DecodeChoiceRow"]
-
-COMM_SCHEMA = "servescope.bench_comm"
-COMM_SCHEMA_VERSION = 1
+__all__ = ["CommResultDoc", "DecodeChoiceRow"]
 
 
 class DecodeChoiceRow(msgspec.Struct, kw_only=True, frozen=True):
@@ -32,8 +29,8 @@ class DecodeChoiceRow(msgspec.Struct, kw_only=True, frozen=True):
 class CommResultDoc(Document, kw_only=True, frozen=True):
     """One ``bench comm`` run. ``output`` is the curve file written (``-o``), ``None`` without one."""
 
-    schema: str = COMM_SCHEMA
-    schema_version: int = COMM_SCHEMA_VERSION
+    schema: str = "servescope.bench_comm"
+    schema_version: int = 1
     curves: CurveDoc
     best_at_decode: list[DecodeChoiceRow]
     environment: list[str]

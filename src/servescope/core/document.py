@@ -68,27 +68,23 @@ class DocumentKind:
         return kind
 
 
+def _kind(name: str, title: str, command: str, type_path: str, version: int = 1) -> DocumentKind:
+    """The kind ``servescope.NAME`` whose type is ``servescope.core.TYPE_PATH``."""
+    return DocumentKind(schema=f"servescope.{name}", version=version, title=title, command=command,
+                        type_path=f"servescope.core.{type_path}")
+
+
 KINDS: tuple[DocumentKind, ...] = (
-    DocumentKind(schema="servescope.analysis", version=1, title="analysis", command="analyze",
-                 type_path="servescope.core.analysis:AnalysisDoc"),
-    DocumentKind(schema="servescope.plan", version=1, title="plan", command="plan",
-                 type_path="servescope.core.plan:PlanDoc"),
-    DocumentKind(schema="servescope.bench_serve", version=1, title="bench serve", command="bench serve",
-                 type_path="servescope.core.serve:ServeResult"),
-    DocumentKind(schema="servescope.bench_comm", version=1, title="bench comm", command="bench comm",
-                 type_path="servescope.core.comm_result:CommResultDoc"),
-    DocumentKind(schema="servescope.bench_gemm", version=1, title="bench gemm", command="bench gemm",
-                 type_path="servescope.core.gemm:GemmBenchDoc"),
-    DocumentKind(schema="servescope.health", version=1, title="health result", command="health",
-                 type_path="servescope.core.health:HealthResult"),
-    DocumentKind(schema="servescope.settings", version=1, title="settings", command="settings",
-                 type_path="servescope.core.settings:SettingsDoc"),
-    DocumentKind(schema="servescope.gpu", version=1, title="gpu snapshot", command="gpu",
-                 type_path="servescope.core.gpu:GpuSnapshot"),
-    DocumentKind(schema="servescope.service", version=1, title="service status", command="service status",
-                 type_path="servescope.core.service:ServiceStatus"),
-    DocumentKind(schema="servescope.diff", version=1, title="diff", command="diff",
-                 type_path="servescope.core.diff:DiffDoc"),
+    _kind("analysis", "analysis", "analyze", "analysis:AnalysisDoc"),
+    _kind("plan", "plan", "plan", "plan:PlanDoc"),
+    _kind("bench_serve", "bench serve", "bench serve", "serve:ServeResult"),
+    _kind("bench_comm", "bench comm", "bench comm", "comm_result:CommResultDoc"),
+    _kind("bench_gemm", "bench gemm", "bench gemm", "gemm:GemmBenchDoc"),
+    _kind("health", "health result", "health", "health:HealthResult"),
+    _kind("settings", "settings", "settings", "settings:SettingsDoc"),
+    _kind("gpu", "gpu snapshot", "gpu", "gpu:GpuSnapshot"),
+    _kind("service", "service status", "service status", "service:ServiceStatus"),
+    _kind("diff", "diff", "diff", "diff:DiffDoc"),
 )
 _BY_SCHEMA = {k.schema: k for k in KINDS}
 _GEMM_KIND = "gemm_bench"

@@ -22,11 +22,8 @@ import msgspec
 
 from servescope.core.document import Document
 
-__all__ = ["DEFINITIONS", "SERVE_SCHEMA", "SERVE_SCHEMA_VERSION", "ClientLag", "Dist", "ServeFinding", "ServeOptions",
-           "ServePoint", "ServeResult", "ServerSide", "TokenCounts"]
-
-SERVE_SCHEMA = "servescope.bench_serve"
-SERVE_SCHEMA_VERSION = 1
+__all__ = ["DEFINITIONS", "ClientLag", "Dist", "ServeFinding", "ServeOptions", "ServePoint", "ServeResult",
+           "ServerSide", "TokenCounts"]
 
 DEFINITIONS: dict[str, str] = {
     "ttft_ms": "request sent -> first text chunk",
@@ -159,8 +156,8 @@ class ServeResult(Document, kw_only=True, frozen=True):
     The API key is never part of this document; ``api_key_source`` names where one came from.
     """
 
-    schema: str = SERVE_SCHEMA
-    schema_version: int = SERVE_SCHEMA_VERSION
+    schema: str = "servescope.bench_serve"
+    schema_version: int = 1
     servescope_version: str
     created_at: str
     url: str

@@ -1,8 +1,9 @@
 """The ``settings`` records: what each source saw, and the document ``servescope settings [--json]`` shows.
 
 Sources are collected by the feature that owns each foreign API (``/proc`` and HTTP in ``server/``, the
-unit in ``deploy/``, the GPUs in ``gpu/``); ``deploy.settings.effective_settings`` combines them into a
-:class:`SettingsDoc`. Secret values never enter the document: they are ``***`` (``MASK``).
+unit in ``deploy/``, the GPUs in ``gpu/``); ``deploy.settings.read_settings`` reads them and
+``deploy.effective.effective_settings`` combines them into a :class:`SettingsDoc`. Secret values never enter
+the document: they are ``***`` (``MASK``).
 
 Not available is ``None`` (``null`` in JSON, ``N/A`` in tables), never 0 or "".
 """
@@ -20,8 +21,6 @@ __all__ = [
     "GROUPS",
     "MASK",
     "SERVING_ENV_PREFIXES",
-    "SETTINGS_SCHEMA",
-    "SETTINGS_SCHEMA_VERSION",
     "Drift",
     "Endpoint",
     "Group",
@@ -34,9 +33,6 @@ __all__ = [
     "SourceNote",
     "is_serving_env",
 ]
-
-SETTINGS_SCHEMA = "servescope.settings"
-SETTINGS_SCHEMA_VERSION = 1
 
 #: Group ids in the order they are shown, with their titles.
 GROUPS: dict[str, str] = {
@@ -169,8 +165,8 @@ class SourceNote(msgspec.Struct, kw_only=True, frozen=True):
 class SettingsDoc(Document, kw_only=True, frozen=True):
     """The effective configuration of one deployed server; ``groups`` in :data:`GROUPS` order."""
 
-    schema: str = SETTINGS_SCHEMA
-    schema_version: int = SETTINGS_SCHEMA_VERSION
+    schema: str = "servescope.settings"
+    schema_version: int = 1
     servescope_version: str
     taken_at: str
     engine: str | None
