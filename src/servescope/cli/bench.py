@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 import typer
 from rich.console import Console
 
-from servescope.cli.common import BarProgress, bench_app, err, fail, save, user_errors, with_progress
+from servescope.cli.common import BarProgress, bench_app, err, fail, print_result, save, user_errors, with_progress
 from servescope.core.errors import InputError
 
 if TYPE_CHECKING:
@@ -44,10 +44,7 @@ def bench_gemm(
         doc = run_gemm_bench(shapes, device=device, iters=iters, progress=None if as_json else _gemm_progress)
         if output is not None:
             write_bytes_atomic(output, encode(doc))
-    if as_json:
-        sys.stdout.buffer.write(encode(doc))
-    else:
-        render_gemm(doc, Console(highlight=False))
+    print_result(doc, render_gemm, as_json=as_json)
 
 
 def _gemm_progress(done: int, total: int) -> None:
@@ -127,10 +124,7 @@ def bench_comm(
             write_text_atomic(env_out, "\n".join(doc.environment) + "\n")
         if json_out is not None:
             save(json_out, encode(doc))
-    if as_json:
-        sys.stdout.buffer.write(encode(doc))
-    else:
-        render_comm(doc, Console(highlight=False))
+    print_result(doc, render_comm, as_json=as_json)
     if doc.failures:
         fail(f"{len(doc.failures)} failed: {doc.failures[0]}")
 

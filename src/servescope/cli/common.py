@@ -6,6 +6,7 @@ through it.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,8 +23,8 @@ if TYPE_CHECKING:
     err: Console
 
 __all__ = [
-    "BarProgress", "app", "bench_app", "capture_app", "err", "fail", "gpu_app", "service_app", "user_errors",
-    "with_progress",
+    "BarProgress", "app", "bench_app", "capture_app", "err", "fail", "gpu_app", "print_result", "save", "service_app",
+    "user_errors", "with_progress",
 ]
 
 T = TypeVar("T")
@@ -108,6 +109,20 @@ def save(path: Path, data: bytes | str) -> None:
             write_text_atomic(path, data)
     except OSError as exc:
         raise InputError(str(path), f"cannot write: {exc.strerror or exc}") from None
+
+
+def print_result(result: T, render: Callable[[T, Console], None], *, as_json: bool,
+                 encode: Callable[[T], bytes] | None = None) -> None:
+    """A command's result on stdout: with ``--json`` its JSON (``encode``, by default the document's), else
+    ``render`` on a console of the terminal's width."""
+    if as_json:
+        from servescope.core.document import encode as encode_document
+
+        sys.stdout.buffer.write((encode or encode_document)(result))
+    else:
+        from rich.console import Console
+
+        render(result, Console(highlight=False))
 
 
 @contextmanager

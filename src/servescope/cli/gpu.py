@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -10,9 +9,10 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from servescope.cli.common import fail, gpu_app, save, user_errors
+from servescope.cli.common import fail, gpu_app, print_result, save, user_errors
 
 T = TypeVar("T")
+Prefer = Annotated[str, typer.Option("--prefer", help="nvml or nvidia-smi (the other is the fallback).")]
 
 
 def _show(query: Callable[..., T], render: Callable[[T, Console], None], *, prefer: str, as_json: bool,
@@ -29,15 +29,12 @@ def _show(query: Callable[..., T], render: Callable[[T, Console], None], *, pref
     if output is not None:
         with user_errors():
             save(output, encode_dataclass(record))
-    if as_json:
-        sys.stdout.buffer.write(encode_dataclass(record))
-    else:
-        render(record, Console(highlight=False))
+    print_result(record, render, as_json=as_json, encode=encode_dataclass)
 
 
 @gpu_app.command("list")
 def gpu_list(
-    prefer: Annotated[str, typer.Option("--prefer", help="nvml or nvidia-smi (the other is the fallback).")] = "nvml",
+    prefer: Prefer = "nvml",
     as_json: Annotated[bool, typer.Option("--json", help="Print the snapshot as JSON.")] = False,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the snapshot (JSON) here.")] = None,
 ) -> None:
@@ -50,7 +47,7 @@ def gpu_list(
 
 @gpu_app.command("topo")
 def gpu_topo(
-    prefer: Annotated[str, typer.Option("--prefer", help="nvml or nvidia-smi (the other is the fallback).")] = "nvml",
+    prefer: Prefer = "nvml",
     as_json: Annotated[bool, typer.Option("--json", help="Print the topology as JSON.")] = False,
 ) -> None:
     """Per GPU pair NVLink or the PCIe path and P2P; each GPU's PCIe link and CPU/NUMA affinity; a verdict."""
@@ -62,7 +59,7 @@ def gpu_topo(
 
 @gpu_app.command("holders")
 def gpu_holders(
-    prefer: Annotated[str, typer.Option("--prefer", help="nvml or nvidia-smi (the other is the fallback).")] = "nvml",
+    prefer: Prefer = "nvml",
     as_json: Annotated[bool, typer.Option("--json", help="Print the holders as JSON.")] = False,
 ) -> None:
     """Processes holding GPU memory, per GPU: pid, user, MiB, command line (secrets redacted), and the total."""

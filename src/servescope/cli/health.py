@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
-from servescope.cli.common import BarProgress, app, save, user_errors, with_progress
+from servescope.cli.common import BarProgress, app, print_result, save, user_errors, with_progress
 
 if TYPE_CHECKING:
     from servescope.core.health import HealthResult
@@ -87,9 +86,6 @@ def health(
         result = with_progress(as_json, check) if wait else check_health(request)
         if output is not None:
             save(output, encode(result))
-    if as_json:
-        sys.stdout.buffer.write(encode(result))
-    else:
-        render_health(result, Console(highlight=False))
+    print_result(result, render_health, as_json=as_json)
     if not result.ready:
         raise typer.Exit(1)

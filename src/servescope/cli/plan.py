@@ -44,7 +44,7 @@ def plan(
     """Predict the decode step per parallel layout (TP, TP+EP, DP-attention+EP, PP, TP×PP) and batch."""
     from servescope.core.atomic import write_text_atomic
     from servescope.plan.planner import PlanRequest, parse_batches, run_plan
-    from servescope.report.plan import plan_to_json, render_plan, render_plan_html
+    from servescope.report.plan import plan_to_json, render_plan, render_plan_headline, render_plan_html
 
     with user_errors():
         for flag, path in (("--comm", comm), ("--calibrate", calibrate)):
@@ -70,6 +70,5 @@ def plan(
         sys.stdout.write(text)
     else:
         console = Console(highlight=False)
-        for line in doc["forced"]:  # the headline: what this plan rests on that does not match it
-            console.print(f"[bold red]FORCED[/] {line.removeprefix('forced: ')}", soft_wrap=True)
+        render_plan_headline(doc, console)
         render_plan(doc, console)

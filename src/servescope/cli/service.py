@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from servescope.cli.common import fail, service_app, user_errors
+from servescope.cli.common import fail, print_result, service_app, user_errors
 from servescope.core.errors import InputError
 
 
@@ -93,10 +93,7 @@ def service_lint(
     with user_errors():
         unit = parse_unit(_read(unit_path), str(unit_path))
         result = lint_unit(unit, topology=_topology(topology), load_time_s=load_time, host=not no_host)
-    if as_json:
-        sys.stdout.buffer.write(encode_lint(result))
-    else:
-        render_lint(result, Console(highlight=False))
+    print_result(result, render_lint, as_json=as_json, encode=encode_lint)
     if result.errors:
         raise typer.Exit(1)
 
@@ -192,10 +189,7 @@ def service_status_cmd(
             status = service_status(name)
         except _systemctl_errors() as exc:
             fail(str(exc))
-    if as_json:
-        sys.stdout.buffer.write(encode_record(status))
-    else:
-        render_status(status, Console(highlight=False))
+    print_result(status, render_status, as_json=as_json, encode=encode_record)
 
 
 @service_app.command("restart")
@@ -226,9 +220,6 @@ def service_restart(
             result = restart_service(name, max_used_mib=max_used_mib, gpu_timeout_s=gpu_timeout, wait_ready=ready)
         except (_systemctl_errors(), GpuUnavailable, GpuQueryError) as exc:
             fail(str(exc))
-    if as_json:
-        sys.stdout.buffer.write(encode_record(result))
-    else:
-        render_restart(result, Console(highlight=False))
+    print_result(result, render_restart, as_json=as_json, encode=encode_record)
     if not result.started or result.ready is False:
         raise typer.Exit(1)

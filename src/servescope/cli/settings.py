@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from servescope.cli.common import app, user_errors
+from servescope.cli.common import app, print_result, user_errors
 
 
 @app.command("settings")
@@ -38,7 +36,6 @@ def settings(
     Secrets (--api-key, *_TOKEN, *_KEY, *_SECRET, passwords) are shown as ***. Flags are never cut; of the
     environment the terminal shows what matters to serving (the rest counted, --all-env shows it).
     """
-    from servescope.core.document import encode
     from servescope.deploy.settings import SettingsRequest, read_settings
     from servescope.report.settings import render_settings
     from servescope.server.client import resolve_api_key
@@ -46,7 +43,4 @@ def settings(
     with user_errors():
         doc = read_settings(SettingsRequest(unit=unit, unit_file=unit_file, pid=pid, url=url,
                                             api_key=resolve_api_key(api_key), timeout_s=timeout, all_env=all_env))
-    if as_json:
-        sys.stdout.buffer.write(encode(doc))
-    else:
-        render_settings(doc, Console(highlight=False))
+    print_result(doc, render_settings, as_json=as_json)
