@@ -14,9 +14,7 @@ import datetime as dt
 import json
 import os
 import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servescope.bench.torchrun import read_raw, run_torchrun
 from servescope.core.atomic import write_text_atomic
 from servescope.core.comm import OPS, CurveDoc, CurvePoint, OpCurve, bus_factor, curve_doc_to_json, time_us_at
 from servescope.core.comm_result import CommResultDoc, DecodeChoiceRow
@@ -202,7 +201,7 @@ def run_comm_bench(req: CommRequest, progress: Progress | None = None) -> CommBe
                 if progress:
                     progress(f"{label}: done in {time.monotonic() - started:.0f} s")
             except InputError as exc:
-                raw = _read_raw(raw_path)     # keep the curves this variant finished before it failed
+                raw = read_raw(raw_path)     # keep the curves this variant finished before it failed
                 if raw:
                     meta = meta or raw["meta"]
                     curves += _curves(raw, variant, meta["world_size"], failures)
@@ -212,7 +211,7 @@ def run_comm_bench(req: CommRequest, progress: Progress | None = None) -> CommBe
                     raise
                 failures.append(str(exc))
                 continue
-            raw = _read_raw(raw_path)
+            raw = read_raw(raw_path)
             if raw is None and req.rendezvous:
                 continue                      # several nodes: global rank 0 ran on another node and wrote there
             if raw is None:
@@ -253,15 +252,6 @@ def _curve_progress(progress: Progress, label: str, req: CommRequest, started: f
     return report
 
 
-def _new_curves(raw_path: Path, reported: int, on_curve: Callable[[str], None]) -> int:
-    """Report the curves rank 0 has written since ``reported`` (it rewrites its file after each); the new count."""
-    raw = _read_raw(raw_path)
-    curves = raw.get("curves", []) if raw else []
-    for c in curves[reported:]:
-        on_curve(f"{c['op']}{' [graph]' if c.get('graph') else ''}{' failed' if c.get('error') else ''}")
-    return max(reported, len(curves))
-
-
 def _save(req: CommRequest, doc: CurveDoc) -> None:
     if req.output is not None:
         write_text_atomic(req.output, curve_doc_to_json(doc))
@@ -299,19 +289,12 @@ def _curves(raw: dict[str, Any], variant: Variant, world: int, failures: list[st
     return out
 
 
-def _read_raw(path: Path) -> dict[str, Any] | None:
-    try:
-        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-    return data
-
-
 def _launch(req: CommRequest, variant: Variant, spec_path: Path, raw_path: Path, *,
             on_curve: Callable[[str], None] | None = None) -> None:
-    """One torchrun for one variant; on failure, the first rank's error line as an InputError.
+    """One torchrun for one variant (:func:`~servescope.bench.torchrun.run_torchrun`).
 
-    ``on_curve``: called with each op's name as rank 0 finishes its curve (its file is looked at every second).
+    Raises:
+        InputError: a worker failed (the first rank's error line), or the variant ran past ``req.timeout_s``.
     """
     spec = {"backend": req.backend, "dtype": req.dtype, "ops": list(req.ops), "iters": req.iters,
             "warmup": req.warmup, "graph": req.graph, "sizes": list(req.sizes)}
@@ -329,70 +312,7 @@ def _launch(req: CommRequest, variant: Variant, spec_path: Path, raw_path: Path,
     else:
         cmd.append("--standalone")
     cmd += ["-m", "servescope.bench.comm_worker", "--spec", str(spec_path), "--out", str(raw_path)]
-    log_path = raw_path.with_suffix(".log")
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = _wait(proc, raw_path, req.timeout_s, on_curve)
-        except BaseException:          # Ctrl-C or timeout: torchrun ends its workers on SIGTERM
-            _stop(proc)
-            if isinstance(sys.exc_info()[1], subprocess.TimeoutExpired):
-                raise InputError(f"variant {variant.name}", f"no result within {req.timeout_s:.0f} s; "
-                                 "workers stopped") from None
-            raise
-    if rc != 0:
-        raise InputError(f"variant {variant.name}", _failure_line(raw_path, log_path, rc))
-
-
-def _wait(proc: subprocess.Popen[bytes], raw_path: Path, timeout_s: float,
-          on_curve: Callable[[str], None] | None) -> int:
-    """``proc.wait(timeout_s)``, reporting finished curves meanwhile.
-
-    Raises:
-        subprocess.TimeoutExpired: as ``proc.wait`` does.
-    """
-    if on_curve is None:
-        return proc.wait(timeout=timeout_s)
-    deadline = time.monotonic() + timeout_s
-    reported = 0
-    while True:
-        try:
-            rc = proc.wait(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
-            if time.monotonic() >= deadline:
-                raise
-            reported = _new_curves(raw_path, reported, on_curve)
-            continue
-        _new_curves(raw_path, reported, on_curve)
-        return rc
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    for sig, wait_s in ((signal.SIGTERM, 40.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def _failure_line(raw_path: Path, log_path: Path, rc: int) -> str:
-    errs = sorted(raw_path.parent.glob(raw_path.name + ".rank*.err"))
-    for err in errs:
-        try:
-            return "worker failed: " + str(json.loads(err.read_text(encoding="utf-8"))["error"])
-        except (OSError, json.JSONDecodeError, KeyError):
-            continue
-    try:
-        lines = [ln.strip() for ln in log_path.read_text(encoding="utf-8", errors="replace").splitlines()]
-    except OSError:
-        lines = []
-    lines = [ln for ln in lines if ln and "warn" not in ln.lower()]
-    return f"torchrun exited {rc}" + (f": {lines[-1][:300]}" if lines else "")
+    run_torchrun(cmd, env, raw_path, timeout_s=req.timeout_s, source=f"variant {variant.name}", on_curve=on_curve)
 
 
 def best_at_decode(doc: CurveDoc, *, hidden: int, batches: Sequence[int]) -> list[DecodeChoiceRow]:
