@@ -1,5 +1,8 @@
 """EP on PCIe (issue 24 item 4): the all-to-all's two bounds, and the batch at which EP and TP cross.
 
+vLLM 0.26 runs an all-to-all only for DP=N EP=N with an all-to-all backend (``--all2all-backend``, asked here by
+``VLLM_ALL2ALL_BACKEND``; tests/plan/test_plan_ep_vllm.py): the all-to-all cases below are that layout's.
+
 Every expected time is computed here by plain arithmetic from the data files read with ``tomllib`` (the hardware
 profile's ``p2p_gbps``, ``data/plan.toml``'s link efficiency, PCIe α, wait and bridge figure) and the model's shape
 (hidden × 2 bytes, top_k), not from plan's functions. The model under test: each GPU's (G − 1)/G of its send
@@ -36,6 +39,8 @@ BRIDGE = PLAN["all_to_all_pcie"]["bridge_gbps"]["8"] * 1e3  # bytes/µs across t
 ALPHA = PLAN["comm"]["pcie"]["base_us"] + PLAN["comm"]["pcie"]["hop_us"]  # one step of the PCIe estimate
 WAIT = PLAN["comm"]["wait"]["us"]
 TOKEN = KIMI["top_k"] * KIMI["hidden"] * 2  # one token's top-k routed copies of its bf16 hidden vector
+DEEPEP = {"VLLM_ALL2ALL_BACKEND": "deepep_low_latency"}
+BUS = tomllib.loads((DATA / "comm" / "points.toml").read_text(encoding="utf-8"))["bandwidth"][0]["bus_gbps"] * 1e3
 
 
 def _a2a(doc: dict[str, Any], layout: str, batch: int) -> dict[str, Any]:
@@ -46,8 +51,8 @@ def _a2a(doc: dict[str, Any], layout: str, batch: int) -> dict[str, Any]:
 
 
 def _expected(batch: int) -> tuple[float, float, float]:
-    """(link µs, bridge µs, whole call µs) of Kimi-K2.5's TP=8 EP=8 all-to-all at ``batch``, by hand."""
-    per_rank = math.ceil(batch / G)  # tokens a rank holds after attention's reduce-scatter
+    """(link µs, bridge µs, whole call µs) of Kimi-K2.5's DP=8 EP=8 all-to-all at ``batch``, by hand."""
+    per_rank = math.ceil(batch / G)  # a replica's requests
     senders = math.ceil(batch / per_rank)  # ranks holding any
     send = per_rank * TOKEN  # the per-rank send buffer
     link = (G - 1) / G * send / LINK
@@ -57,7 +62,7 @@ def _expected(batch: int) -> tuple[float, float, float]:
 
 @pytest.fixture(scope="module")
 def kimi_pro() -> dict[str, Any]:
-    return run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=G, batches=(1, 3, 4, 64)))
+    return run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=G, batches=(1, 3, 4, 64), env=DEEPEP))
 
 
 def test_each_gpus_sends_serialised_through_its_own_link(kimi_pro: dict[str, Any]) -> None:
@@ -65,7 +70,7 @@ def test_each_gpus_sends_serialised_through_its_own_link(kimi_pro: dict[str, Any
     link, bridge, whole = _expected(1)
     assert link == pytest.approx(7 / 8 * 8 * 7168 * 2 / (64 * 0.8 * 1e3))  # 1.96 µs
     assert link > bridge
-    path = _a2a(kimi_pro, "TP=8 EP=8", 1)
+    path = _a2a(kimi_pro, "DP=8 EP=8", 1)
     assert path["us_each"] == pytest.approx(whole, rel=1e-9)  # 12.1 + 1.96 + 1.0 µs
     assert path["wait_us_each"] == WAIT and path["origin"] == "assumed"
     assert path["path"].endswith("the link binds") and "serialised through each GPU's x16 link" in path["path"]
@@ -77,18 +82,28 @@ def test_the_shared_bridge_takes_over_when_enough_gpus_send(kimi_pro: dict[str, 
     """The bridge carries every sender's share: from 4 senders (4 / 173.1 > 1 / 51.2) it is the longer bound."""
     link, bridge, whole = _expected(batch)
     assert (bridge > link) == (bound == "bridge")
-    path = _a2a(kimi_pro, "TP=8 EP=8", batch)
+    path = _a2a(kimi_pro, "DP=8 EP=8", batch)
     assert path["us_each"] == pytest.approx(whole, rel=1e-9)
     assert path["path"].endswith("the host bridge binds" if bound == "bridge" else "the link binds")
     if batch == 64:  # 8 ranks of 8 tokens: 7 × 917,504 B across the bridge at 173.1 GB/s = 37.1 µs
         assert bridge == pytest.approx(7 * 8 * TOKEN / 173.1e3) and whole == pytest.approx(12.1 + 37.10 + 1.0, abs=0.01)
 
 
-def test_dp_attention_ep_is_priced_the_same_way() -> None:
-    doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=G, batches=(64,)))
-    path = _a2a(doc, "DP=8 EP=8", 64)  # 8 requests a replica, each its 8 routed copies
-    send = 8 * TOKEN
-    assert path["us_each"] == pytest.approx(ALPHA + max(7 / 8 * send / LINK, 7 * send / BRIDGE) + WAIT)
+def test_the_default_backend_gathers_at_the_boxs_published_bus_bandwidth() -> None:
+    """allgather_reducescatter on 8 RTX PRO 6000: the α-β estimate, its bandwidth at most the 22.2 GB/s bus
+    bandwidth published for the all-reduce between these GPUs (assumed for the all-gather and reduce-scatter)."""
+    doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=G, batches=(8, 1024)))
+    x = next(x for x in doc["layouts"] if x["name"] == "DP=8 EP=8")
+    for p in x["points"]:
+        gathered = G * math.ceil(p["batch"] / G)
+        for op, nbytes in (("all_gather", gathered * (KIMI["hidden"] * 2 + 8 * 8)),
+                           ("reduce_scatter", gathered * KIMI["hidden"] * 2)):
+            [path] = p["collectives_per_step"][op]["paths"]
+            pcie = PLAN["comm"]["pcie"]
+            estimate = pcie["base_us"] + 7 * pcie["hop_us"] + 7 / 8 * nbytes / LINK  # 7 hops of a ring
+            assert path["us_each"] == pytest.approx(max(estimate, 7 / 8 * nbytes / BUS) + WAIT)
+            assert path["origin"] == "assumed" and "22.2 GB/s bus bandwidth published" in path["why"]
+            assert (7 / 8 * nbytes / BUS > estimate) == (p["batch"] == 1024)  # the ceiling binds at 14 MiB
 
 
 def test_nccl_proto_does_not_reach_the_all_to_all() -> None:
@@ -107,8 +122,8 @@ def test_nccl_proto_does_not_reach_the_all_to_all() -> None:
 def test_nvlink_boxes_keep_the_alpha_beta_all_to_all() -> None:
     """On NVLink (multicast, a switch fabric) the all-to-all is the α-β estimate + the wait, as before."""
     hw, f = load_hardware("h200"), default_factors()
-    doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="h200", gpus=G, batches=(1, 64)))
-    for layout, batch, send in [("TP=8 EP=8", 1, TOKEN), ("TP=8 EP=8", 64, 8 * TOKEN), ("DP=8 EP=8", 64, 8 * TOKEN)]:
+    doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="h200", gpus=G, batches=(1, 64), env=DEEPEP))
+    for layout, batch, send in [("DP=8 EP=8", 1, TOKEN), ("DP=8 EP=8", 64, 8 * TOKEN)]:
         path = _a2a(doc, layout, batch)
         nvlink = PLAN["comm"]["nvlink"]
         by_hand = nvlink["base_us"] + nvlink["hop_us"] + 7 / 8 * send / (450 * 0.8 * 1e3)
@@ -117,76 +132,84 @@ def test_nvlink_boxes_keep_the_alpha_beta_all_to_all() -> None:
         assert path["source"] == "α-β estimate" and path["path"] == "NCCL"
 
 
-def _nccl_curve(path: Path) -> Path:
-    """A published NCCL all-reduce curve of 8 RTX PRO 6000 (voipmonitor/rtx6kpro hardware/pcie-bandwidth.md):
-    24-28 µs up to 256 KiB (luke's NCCL column), 22.2 GB/s bus bandwidth at 32 MiB (Festr, dual Turin, default)."""
-    points = [(256, 24.6), (1024, 24.1), (8192, 24.2), (32768, 24.5), (65536, 24.1), (262144, 28.0),
-              (1 << 25, (1 << 25) * 2 * 7 / 8 / 22.2e3)]
-    doc = {"schema": "servescope.comm-curves/1", "source": "published", "provenance": "written by a test",
-           "device": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "interconnect": "pcie", "backend": "nccl",
-           "versions": {"torch": "n/a", "nccl": None}, "date": "2026", "host": None, "world_size": G,
-           "dtype": "bfloat16", "curves": [{"op": "all_reduce", "variant": "default", "env": {}, "graph": False,
-                                            "points": [{"bytes": b, "time_us": t, "algbw_gbps": 0.0,
-                                                        "busbw_gbps": 0.0, "iters": 20} for b, t in points]}]}
-    path.write_text(json.dumps(doc), encoding="utf-8")
-    return path
+def _qwen3_30b(tmp_path: Path) -> str:
+    """Qwen/Qwen3-30B-A3B's config.json (the fields plan reads): small enough for DP=8 EP=8 on 96 GB cards."""
+    config = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+              "intermediate_size": 6144, "num_hidden_layers": 48, "num_attention_heads": 32,
+              "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+              "moe_intermediate_size": 768, "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936,
+              "tie_word_embeddings": False, "torch_dtype": "bfloat16", "norm_topk_prob": True}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return str(path)
 
 
 def test_the_crossover_is_where_the_two_step_times_cross(tmp_path: Path) -> None:
-    """With this box's NCCL all-reduce curve TP is faster at small batches and EP from the crossover on; the
-    plan's own step times one batch below and at it (its layout table, asked for those batches) agree."""
-    curve = _nccl_curve(tmp_path / "pro6000.json")
-    doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=G, batches=(1, 32), comm=str(curve)))
+    """Qwen3-30B-A3B on 8 RTX PRO 6000, vLLM's default backend: TP=8 is faster at batch 1 and DP=8 EP=8 from the
+    crossover on; the plan's own step times one batch below and at it (its layout table, asked for those batches)
+    agree."""
+    model = _qwen3_30b(tmp_path)
+    doc = run_plan(PlanRequest(model=model, hardware="rtx-pro-6000", gpus=G, batches=(1, 32)))
     v = doc["ep_vs_tp"]
     c = v["crossover_batch"]
-    assert c is not None and 32 < c < 1024 and v["faster_first"] == "TP=8"
+    assert c is not None and 1 < c <= 32 and v["faster_first"] == "TP=8"
     below, at = v["at"]
     assert (below["batch"], at["batch"]) == (c - 1, c)
     assert below["tp"]["step_ms"] < below["ep"]["step_ms"] and at["ep"]["step_ms"] < at["tp"]["step_ms"]
-    assert v["crossings"][0] == {"batch": c, "faster_below": "TP=8", "faster_from": at["ep"]["layout"]}
+    assert v["crossings"][0] == {"batch": c, "faster_below": "TP=8", "faster_from": "DP=8 EP=8"}
     assert f"cross at batch {c}:" in v["sentence"]
-    table = run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=G, batches=(c - 1, c),
-                                 comm=str(curve)))
+    table = run_plan(PlanRequest(model=model, hardware="rtx-pro-6000", gpus=G, batches=(c - 1, c)))
     step = {(x["name"], p["batch"]): p["step_ms"] for x in table["layouts"] for p in x["points"]}
     for side in ("tp", "ep"):
         assert below[side]["step_ms"] == pytest.approx(step[(below[side]["layout"], c - 1)], rel=1e-12)
         assert at[side]["step_ms"] == pytest.approx(step[(at[side]["layout"], c)], rel=1e-12)
-    # the reason in numbers: each side's collectives as count × µs a call, the all-to-all's bound
+    # the reason in numbers: each side's collectives as count × µs a call
     tp_ar = next(x for x in at["tp"]["collectives"] if x["op"] == "all_reduce")
-    assert f"all_reduce {tp_ar['count']} × {tp_ar['us_each']:,.1f} µs (published curve)" in v["reasons"][1]
-    a2a = at["ep"]["all_to_all"]
-    assert a2a["bound"] == "bridge" and a2a["bridge_gbps"]["origin"] == "published"
-    assert any("the host bridge binds" in r for r in v["reasons"])
+    assert f"all_reduce {tp_ar['count']} × {tp_ar['us_each']:,.1f} µs (published point)" in v["reasons"][1]
+    ag = next(x for x in at["ep"]["collectives"] if x["op"] == "all_gather")
+    assert f"all_gather {ag['count']} × {ag['us_each']:,.1f} µs (assumed)" in v["reasons"][1]
+    assert at["ep"]["all_to_all"] is None  # the default backend gathers and scatters
 
 
-def test_with_the_bundled_figures_tp_wins_past_the_crossover(kimi_pro: dict[str, Any]) -> None:
-    """With the bundled figures (TP's all-reduce: the RTX 6000D points, past 64 KiB the 22.2 GB/s bus bandwidth
-    published for 8 RTX PRO 6000) EP is faster at small batches and TP from the crossover on."""
-    v = kimi_pro["ep_vs_tp"]
-    c = v["crossover_batch"]
-    assert c is not None and 64 < c < 1024 and v["faster_first"] == "TP=8 EP=8"
-    assert v["crossings"][0] == {"batch": c, "faster_below": "TP=8 EP=8", "faster_from": "TP=8"}
-    assert v["kv_max_batch"] == {"TP=8 EP=8": 11, "TP=8": 28}  # 49,063 and 114,868 KV tokens a GPU ÷ 4,096
+def test_without_a_crossover_the_plan_says_which_side_wins_everywhere() -> None:
+    """Kimi-K2.5 on 8 RTX PRO 6000: DP=8 EP=8 does not fit, and TP=8 EP=8 runs TP=8's all-reduces (DP = 1): it
+    differs by the busiest rank's experts only, so TP=8 is faster at batch 1 and as fast once every GPU's experts
+    are all active."""
+    doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=G, batches=(1, 64)))
+    v = doc["ep_vs_tp"]
+    assert v["crossover_batch"] is None and v["crossings"] == [] and v["searched"] == [1, 65536]
+    assert v["ep_layouts"] == ["TP=8 EP=8"] and v["faster_first"] == "TP=8"
+    first, last = v["at"]
+    assert (first["batch"], last["batch"]) == (1, 65536)
+    assert first["tp"]["step_ms"] < first["ep"]["step_ms"]
+    assert first["tp"]["parts_ms"]["collectives"] == first["ep"]["parts_ms"]["collectives"]
+    assert last["tp"]["step_ms"] == pytest.approx(last["ep"]["step_ms"], rel=1e-9)
+    assert v["sentence"].startswith("EP and TP do not cross from batch 1 to 65,536: TP=8 is faster than TP=8 EP=8 "
+                                    "or as fast at every batch")
+    assert any(r.startswith("at batch 65,536 they predict the same step") for r in v["reasons"])
+    assert v["kv_max_batch"] == {"TP=8 EP=8": 28, "TP=8": 28}  # 114,868 KV tokens a GPU ÷ 4,096
 
 
-def test_the_text_names_the_assumption_and_the_json_and_html_carry_it() -> None:
-    args = ["plan", "--model", "kimi-k2.5", "--hardware", "rtx-pro-6000", "--gpus", "8", "--batch", "1,64"]
+def test_the_text_names_the_assumption_and_the_json_and_html_carry_it(tmp_path: Path) -> None:
+    model = _qwen3_30b(tmp_path)
+    args = ["plan", "--model", model, "--hardware", "rtx-pro-6000", "--gpus", "8", "--batch", "1,64",
+            "--env", "VLLM_ALL2ALL_BACKEND=deepep_low_latency"]
     text = CliRunner().invoke(app, args, env={"COLUMNS": "100"})
     assert text.exit_code == 0, text.output
     flat = " ".join(text.stdout.split())
-    assert "EP vs TP: EP and TP cross at batch" in flat
+    assert "EP vs TP: EP and TP do not cross from batch 1 to 65,536: DP=8 EP=8 is faster" in flat
     assert ("PCIe without NVLink, so no multicast: each GPU's sends serialised through its own x16 link, the host "
             "bridge shared by every sender") in flat
     assert "173.1 GB/s (published)" in flat and "64 GB/s (datasheet) × 0.8 (assumed)" in flat
-    assert "12.1 µs latency (assumed)" in flat
-    doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=8, batches=(1, 64)))
+    assert "12.1 µs latency (assumed)" in flat and "vLLM 0.26.0 does not read this variable" in flat
+    doc = run_plan(PlanRequest(model=model, hardware="rtx-pro-6000", gpus=8, batches=(1, 64), env=DEEPEP))
     saved = json.loads(plan_to_json(doc))  # through the typed document and back
     assert saved["ep_vs_tp"] == json.loads(json.dumps(doc["ep_vs_tp"]))
     assert plan_document(saved).ep_vs_tp is not None
-    model = saved["ep_vs_tp"]["at"][0]["ep"]["all_to_all"]
-    assert {k: model[k]["origin"] for k in ("link_gbps", "link_efficiency", "bridge_gbps", "latency_us")} == {
+    a2a = saved["ep_vs_tp"]["at"][0]["ep"]["all_to_all"]
+    assert {k: a2a[k]["origin"] for k in ("link_gbps", "link_efficiency", "bridge_gbps", "latency_us")} == {
         "link_gbps": "datasheet", "link_efficiency": "assumed", "bridge_gbps": "published", "latency_us": "assumed"}
-    assert "voipmonitor/rtx6kpro" in model["bridge_gbps"]["source"]
+    assert "voipmonitor/rtx6kpro" in a2a["bridge_gbps"]["source"]
     html = render_plan_html(doc)
     assert "<h2>EP vs TP</h2>" in html and "bridge_gbps" in html and "voipmonitor/rtx6kpro" in html
 

@@ -136,7 +136,7 @@ def test_data_file_holds_the_sources_numbers() -> None:
     assert 'os.getenv("VLLM_ALLREDUCE_USE_SYMM_MEM", "1")' in envs and rules["symm_mem"]["default"] is True
     assert 'os.getenv("VLLM_USE_NCCL_SYMM_MEM", "0")' in envs and rules["nccl_symm_mem"]["default"] is False
     parallel = (VLLM / "config" / "parallel.py").read_text(encoding="utf-8")
-    assert f'all2all_backend: All2AllBackend = "{rules["ep"]["all2all_backend"]}"' in parallel
+    assert f'all2all_backend: All2AllBackend = "{rules["ep"]["default"]}"' in parallel  # more: test_plan_ep_vllm.py
 
 
 def _llama80_truth() -> dict[str, Any]:

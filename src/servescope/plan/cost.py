@@ -7,8 +7,8 @@ token a request sees. Four parts, added without overlap:
   reads on a token's path ÷ (HBM GB/s × ``hbm_efficiency``), or the GEMM FLOPs ÷ (dense TFLOP/s ×
   ``tflops_efficiency``) when that is longer. Routed experts count only the
   expected active ones (:func:`servescope.plan.model.active_experts` of the tokens the MoE layer sees, or of
-  one token when ``routing`` is "alike": B copies of one sequence pick the same experts), divided over the EP
-  ranks.
+  one token when ``routing`` is "alike": B copies of one sequence pick the same experts); under EP those of the
+  busiest rank (:func:`servescope.plan.model.busiest_rank_experts`).
 - **attention**: ``attention_fixed_us`` (kernel floors; 0 until calibrated) + KV-cache bytes read = requests
   per attention rank × context × KV bytes per token per layer (MLA: ``kv_lora_rank + qk_rope_head_dim``
   elements) × layers ÷ (HBM GB/s × ``attention_efficiency``).
@@ -26,18 +26,20 @@ activation bytes):
 - TP > 1: 2 all_reduce per layer of ``T·h`` bytes (after attention's o-projection and after the MLP/MoE),
   1 all_reduce of ``T·h`` for the vocab-parallel embedding, 1 all_gather of the logits (``T × padded
   vocab × activation bytes``, gathered size).
-- TP + EP: dense layers as TP; each MoE layer instead has 1 reduce_scatter of ``T·h`` (attention's output
-  lands split by token), a dispatch and a combine all_to_all of ``ceil(T/ep) × top_k × h`` bytes each
-  (per-rank send buffer), and 1 all_gather of ``T·h`` to give attention all tokens again.
-- DP attention + EP: per MoE layer a dispatch and a combine all_to_all of ``ceil(B/dp) × top_k × h``;
-  nothing else (dense layers, embedding and lm_head are whole on every GPU).
-- An all_to_all's ``senders`` are the ranks that hold tokens: ``ceil(T / ceil(T/ep))`` (fewer than ``ep`` when
-  ``T < ep``); between PCIe GPUs the host bridge carries only theirs (:mod:`servescope.plan.alltoall`).
+- TP + EP (DP = 1), as vLLM 0.26 runs it (:mod:`servescope.plan.ep_backend`): the same collectives as TP. No
+  all2all backend runs; every rank sees every token and the MoE output (routed + shared) is all-reduced over TP.
+- DP attention + EP, by the all2all backend: the default ``allgather_reducescatter`` has per MoE layer 1 all_gather
+  of every rank's ``ceil(B/dp)`` tokens (``dp × ceil(B/dp) × (h + top_k × 8)`` bytes gathered: hidden vectors,
+  top-k weights and ids) and 1 reduce_scatter of their outputs (``dp × ceil(B/dp) × h``); an all-to-all backend
+  (DeepEP, …) a dispatch and a combine all_to_all of ``ceil(B/dp) × top_k × h`` (per-rank send buffer), whose
+  ``senders`` are the ranks holding tokens, ``ceil(B / ceil(B/dp))`` (between PCIe GPUs the host bridge carries
+  only theirs: :mod:`servescope.plan.alltoall`). Dense layers, embedding and lm_head are whole on every GPU.
 - PP: ``pp − 1`` send_recv of ``T·h`` per step (stage boundaries on the path).
 
 PP: the batch runs as ``pp`` microbatches of ``T = ceil(B/pp)``; a token passes every stage, so the step is
 the path through all layers at microbatch ``T`` plus the sends (stage imbalance and bubbles are not
-modelled). EP load imbalance is not modelled (experts are assumed evenly loaded).
+modelled). Under EP the step waits for the rank with the most active experts
+(:func:`~servescope.plan.model.busiest_rank_experts`); the tokens a rank computes are taken at the mean.
 """
 
 from __future__ import annotations
@@ -46,10 +48,11 @@ import math
 from dataclasses import dataclass, field
 
 from servescope.plan.collectives import CommCosts
+from servescope.plan.ep_backend import EpBackend, ep_backend
 from servescope.plan.factors import Factors
 from servescope.plan.hardware import HardwareProfile
 from servescope.plan.layouts import Layout
-from servescope.plan.model import VOCAB_PADDING, ModelArch, active_experts
+from servescope.plan.model import VOCAB_PADDING, ModelArch, active_experts, busiest_rank_experts
 from servescope.plan.weights import kv_bytes_per_token_layer, rank_weights, stage_layers
 
 __all__ = ["GIB", "Collective", "LayoutMemory", "PointCost", "collectives_per_step", "layout_memory",
@@ -61,7 +64,8 @@ GIB = float(1 << 30)
 @dataclass(frozen=True, kw_only=True)
 class Collective:
     """``count`` ops of kind ``op`` per step over ``group`` GPUs, each of ``bytes_each`` (nccl-tests size);
-    ``senders``: the GPUs of an all_to_all that hold tokens (``None``: all)."""
+    ``senders``: the GPUs of an all_to_all that hold tokens (``None``: all); ``why``: the engine rule that runs it
+    (an EP layout's MoE collectives: the all2all backend, or none at DP = 1)."""
 
     op: str
     count: int
@@ -69,6 +73,7 @@ class Collective:
     group: int
     what: str
     senders: int | None = None
+    why: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,32 +131,40 @@ def _act_bytes(arch: ModelArch) -> int:
     return int(arch.hidden * arch.dtype_bytes)
 
 
-def collectives_per_step(arch: ModelArch, layout: Layout, batch: int) -> list[Collective]:
-    """The collectives one decode step of ``batch`` requests runs under ``layout`` (see the module doc)."""
+def collectives_per_step(arch: ModelArch, layout: Layout, batch: int,
+                         backend: EpBackend | None = None) -> list[Collective]:
+    """The collectives one decode step of ``batch`` requests runs under ``layout`` (see the module doc);
+    ``backend``: the all2all backend of a DP > 1 EP layout (default: vLLM's, :func:`ep_backend` of no env)."""
     out: list[Collective] = []
     tokens = math.ceil(batch / layout.pp)
     h = _act_bytes(arch)
     dense_layers, moe_layers = arch.layers - arch.moe_layers, arch.moe_layers
+    b = backend or ep_backend({})
 
-    def add(op: str, count: int, nbytes: int, group: int, what: str, senders: int | None = None) -> None:
+    def add(op: str, count: int, nbytes: int, group: int, what: str, senders: int | None = None,
+            why: str = "") -> None:
         if count > 0 and group > 1:
-            out.append(Collective(op=op, count=count, bytes_each=nbytes, group=group, what=what, senders=senders))
-
-    def holding(n: int, ranks: int) -> int:  # ranks that hold at least one of n tokens split ceil(n/ranks) a rank
-        return math.ceil(n / math.ceil(n / ranks))
+            out.append(Collective(op=op, count=count, bytes_each=nbytes, group=group, what=what, senders=senders,
+                                  why=why))
 
     if layout.kind == "dp_ep":
-        a2a = math.ceil(batch / layout.dp) * arch.top_k * h
-        add("all_to_all", 2 * moe_layers, a2a, layout.ep, "MoE dispatch + combine", holding(batch, layout.dp))
+        per_rank = math.ceil(batch / layout.dp)
+        why = f"all2all backend {b.name}: {b.why}; {b.how}"
+        if b.dispatch == "all_gather":
+            gathered = per_rank * layout.dp  # every rank padded to the largest
+            add("all_gather", moe_layers, gathered * (h + arch.top_k * b.extra_bytes_per_routed), layout.ep,
+                f"MoE dispatch ({b.name}): every rank's tokens, top-k weights and ids to every rank", why=why)
+            add("reduce_scatter", moe_layers, gathered * h, layout.ep,
+                f"MoE combine ({b.name}): expert outputs summed back to each token's rank", why=why)
+        else:
+            add("all_to_all", 2 * moe_layers, per_rank * arch.top_k * h, layout.ep,
+                f"MoE dispatch + combine ({b.name})", math.ceil(batch / per_rank), why=why)
         return out
     tp = layout.tp
     if layout.ep > 1:
-        add("all_reduce", 2 * dense_layers, tokens * h, tp, "dense layers: attention out + MLP down")
-        add("all_reduce", 1, tokens * h, tp, "vocab-parallel embedding")
-        add("reduce_scatter", moe_layers, tokens * h, tp, "MoE layers: attention out, split by token")
-        add("all_to_all", 2 * moe_layers, math.ceil(tokens / layout.ep) * arch.top_k * h, layout.ep,
-            "MoE dispatch + combine", holding(tokens, layout.ep))
-        add("all_gather", moe_layers, tokens * h, tp, "MoE layers: all tokens back for attention")
+        add("all_reduce", arch.layers + dense_layers + 1, tokens * h, tp,
+            "attention out per layer, dense MLP down, embedding")
+        add("all_reduce", moe_layers, tokens * h, tp, "MoE output (routed + shared) per MoE layer", why=b.dp1_why)
     else:
         add("all_reduce", 2 * arch.layers + 1, tokens * h, tp, "attention out + MLP/MoE down per layer, embedding")
     vocab = -(-arch.vocab // VOCAB_PADDING) * VOCAB_PADDING
@@ -216,13 +229,13 @@ def predict_point(arch: ModelArch, layout: Layout, hw: HardwareProfile, comm: Co
     flops = 2 * attn_requests * (w.attention_params * arch.layers + w.dense_params * dense_layers + w.head_params)
     if moe_layers:
         # Alike requests (one sequence repeated) route every token to the same top_k experts.
-        active = active_experts(arch.experts, arch.top_k, 1 if f.routing == "alike" else moe_tokens)
-        local_active = min(float(w.experts_held), active / layout.ep)
-        shared_tokens = attn_requests if layout.ep == 1 else math.ceil(moe_tokens / layout.ep)
-        read += moe_layers * (w.router + w.shared + local_active * w.expert)
+        routed_tokens = 1 if f.routing == "alike" else moe_tokens
+        local_active = (busiest_rank_experts(arch.experts, arch.top_k, routed_tokens, layout.ep) if layout.ep > 1
+                        else active_experts(arch.experts, arch.top_k, routed_tokens))
+        read += moe_layers * (w.router + w.shared + min(float(w.experts_held), local_active) * w.expert)
         pairs = moe_tokens * arch.top_k / layout.ep  # token-expert pairs this GPU computes
-        flops += 2 * moe_layers * (attn_requests * w.router_params + shared_tokens * w.shared_params
-                                   + pairs * w.expert_params)
+        # the shared expert: its TP slice on every token the rank's attention holds (whole under DP attention)
+        flops += 2 * moe_layers * (attn_requests * (w.router_params + w.shared_params) + pairs * w.expert_params)
     bytes_us = read / (hw.hbm_gbps * 1e3 * f.hbm_efficiency)
     rate = hw.tflops_for(arch.expert_weight_dtype if moe_layers else arch.weight_dtype)
     flops_us = flops / (rate * 1e6 * f.tflops_efficiency) if rate else 0.0
@@ -231,17 +244,18 @@ def predict_point(arch: ModelArch, layout: Layout, hw: HardwareProfile, comm: Co
     kv_read = attn_requests * context * kv_bytes_per_token_layer(arch, layout.tp, f.kv_bytes) * arch.layers
     attention_us = f.attention_fixed_us + kv_read / (hw.hbm_gbps * 1e3 * f.attention_efficiency)
 
-    colls = collectives_per_step(arch, layout, batch)
+    colls = collectives_per_step(arch, layout, batch, ep_backend(comm.env))
     coll_ms: dict[str, float] = {}
     coll_origins: list[str] = []
     wait_ms: dict[str, float] = {}
     paths: list[dict[str, object]] = []
     for c in colls:
         priced = comm.price(c.op, c.group, c.bytes_each, senders=c.senders)
+        why = f"{c.why}; {priced.why}" if c.why else priced.why
         coll_ms[c.op] = coll_ms.get(c.op, 0.0) + c.count * priced.us / 1e3
         wait_ms[c.op] = wait_ms.get(c.op, 0.0) + c.count * priced.wait_us / 1e3
         paths.append({"op": c.op, "what": c.what, "count": c.count, "bytes_each": c.bytes_each, "group": c.group,
-                      "impl": priced.impl, "path": priced.path, "why": priced.why, "origin": priced.origin,
+                      "impl": priced.impl, "path": priced.path, "why": why, "origin": priced.origin,
                       "us_each": priced.us,
                       "wait_us_each": priced.wait_us, "source": priced.source})
         if priced.origin not in coll_origins:

@@ -7,7 +7,8 @@ faster side changes between two of them, bisection on the model finds the intege
 the faster side one batch below the crossover is the other one. The reasons give, at the crossover batch (without
 one: at the first and the last batch searched), each side's collectives as count × µs a call, the parts that
 differ, the all-to-all's two bounds on PCIe with each input's provenance (:mod:`servescope.plan.alltoall`), and
-how many requests each side's KV cache holds at the plan's context.
+how many requests each side's KV cache holds at the plan's context. Step times within :data:`TIE` of each other are
+the same step: TP, the simpler layout, is taken as the faster, and the sentence says "or as fast".
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from servescope.plan.collectives import PCIE_A2A_SOURCE, CommCosts
 from servescope.plan.cost import LayoutMemory, PointCost
 from servescope.plan.layouts import Layout
 
-__all__ = ["FIRST", "LAST", "ep_vs_tp"]
+__all__ = ["FIRST", "LAST", "TIE", "ep_vs_tp"]
 
 FIRST, LAST = 1, 65536
+TIE = 1e-6  # relative: step times this close are the same step (TP, the simpler layout, is taken as faster)
 _PARTS = ("weights", "attention", "collectives", "other")
 
 Predict = Callable[[Layout, LayoutMemory, int], PointCost]
@@ -56,7 +58,11 @@ class _Sides:
         return out
 
     def ep_faster(self, batch: int) -> bool:
-        return self.best(self.ep, batch)[1].step_ms < self.best(self.tp, batch)[1].step_ms
+        return self.best(self.ep, batch)[1].step_ms < self.best(self.tp, batch)[1].step_ms * (1 - TIE)
+
+    def tied(self, batch: int) -> bool:
+        ep, tp = self.best(self.ep, batch)[1].step_ms, self.best(self.tp, batch)[1].step_ms
+        return abs(ep - tp) <= TIE * tp
 
 
 def _grid(last: int) -> list[int]:
@@ -204,10 +210,13 @@ def ep_vs_tp(ep: Sequence[tuple[Layout, LayoutMemory]], tp: Sequence[tuple[Layou
         end = at(last)
         points = [start, end]
         other = start["tp" if faster_first == start["ep"]["layout"] else "ep"]["layout"]
+        ties = [b for b in (FIRST, last) if sides.tied(b)]
         sentence = (f"EP and TP do not cross from batch {FIRST} to {last:,}: {faster_first} is faster than {other} "
-                    f"at every batch {_steps(start, end)}")
+                    f"{'or as fast ' if ties else ''}at every batch {_steps(start, end)}")
         reasons = [*_reasons(start, kv, context),
                    *_reasons(end, {}, context, assumption=start["ep"]["all_to_all"] is None)]
+        reasons += [f"at batch {b:,} they predict the same step, {at(b)['tp']['step_ms']:,.2f} ms: the same "
+                    "collectives and weight reads" for b in ties]
     return {"ep_layouts": [x.name for x, _ in ep], "tp_layouts": [x.name for x, _ in tp], "searched": [FIRST, last],
             "faster_first": faster_first, "crossover_batch": crossings[0]["batch"] if crossings else None,
             "crossings": crossings, "at": points, "kv_max_batch": kv, "sentence": sentence, "reasons": reasons}

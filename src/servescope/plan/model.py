@@ -33,6 +33,7 @@ __all__ = [
     "ModelArch",
     "active_experts",
     "arch_from_hf_config",
+    "busiest_rank_experts",
     "gemm_shapes",
     "list_model_presets",
     "load_model_arch",
@@ -122,6 +123,24 @@ def active_experts(experts: int, top_k: int, batch: int) -> float:
     ``(1 - top_k/experts) ** batch``. Real routers are skewed, which leaves fewer experts with more tokens.
     """
     return experts * (1.0 - (1.0 - top_k / experts) ** batch)
+
+
+def busiest_rank_experts(experts: int, top_k: int, batch: int, ranks: int) -> float:
+    """Expected distinct experts active on the busiest of ``ranks`` EP ranks, each holding ``experts / ranks``.
+
+    A decode step waits for its slowest rank. Under uniform routing each expert is active with probability
+    ``p = active_experts / experts``; a rank's count is taken as Binomial(n = experts / ranks, p) and the ranks as
+    independent, so the expected maximum is ``Σ_{m<n} 1 − F(m)^ranks`` (F the binomial CDF). One rank: ``n·p``.
+    """
+    n = -(-experts // ranks)
+    p = active_experts(experts, top_k, batch) / experts
+    if ranks <= 1 or p >= 1.0:
+        return n * p
+    cdf, total = 0.0, 0.0
+    for m in range(n):
+        cdf += math.comb(n, m) * p**m * (1.0 - p) ** (n - m)
+        total += 1.0 - min(cdf, 1.0) ** ranks
+    return total
 
 
 def gemm_shapes(arch: ModelArch, *, tp: int, batch: int) -> list[GemmShape]:

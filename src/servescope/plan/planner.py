@@ -35,6 +35,7 @@ from servescope.core.plan import PLAN_SCHEMA, PLAN_SCHEMA_VERSION
 from servescope.plan.calibrate import apply_calibration, calibrate, capture_tp, read_capture
 from servescope.plan.collectives import ALL_OPS, PCIE_A2A_SOURCE, CommCosts, CurveSource, bundled_curves, user_curves
 from servescope.plan.cost import LayoutMemory, PointCost, layout_memory, predict_point
+from servescope.plan.ep_backend import ep_backend
 from servescope.plan.ep_vs_tp import LAST, ep_vs_tp
 from servescope.plan.factors import default_factors
 from servescope.plan.hardware import HardwareProfile, load_hardware
@@ -66,7 +67,8 @@ class PlanRequest:
             (:mod:`servescope.plan.provenance`) instead of refusing it; it is named in ``forced`` and ``notes``.
         env: the serving unit's environment (``NCCL_PROTO``, ``NCCL_ALGO``, ``NCCL_P2P_LEVEL``,
             ``VLLM_ALLREDUCE_USE_SYMM_MEM``, …): the all-reduce path and the NCCL curve variant
-            (:mod:`servescope.plan.paths`).
+            (:mod:`servescope.plan.paths`); ``VLLM_ALL2ALL_BACKEND``: the all2all backend of a DP > 1 EP layout
+            (:mod:`servescope.plan.ep_backend`).
     """
 
     model: str
@@ -277,6 +279,8 @@ def run_plan(request: PlanRequest) -> dict[str, Any]:
     comm = CommCosts(hw, factors, sources, graph=request.graph, env=request.env,
                      user_path=sources[0].path if request.comm is not None else None)
     notes += comm.nccl_env.notes
+    if arch.experts:
+        notes += ep_backend(request.env).notes
     calibration = None
     if request.calibrate is not None:
         source, capture, raw = read_capture(request.calibrate)

@@ -4,8 +4,10 @@ Counted: every linear layer (attention, dense MLP, routed and shared experts, ro
 the lm_head; not counted: norms and biases (< 0.01% of a large model). Splits follow vLLM: column- and
 row-parallel layers divide by TP, MLA's ``q_a``/``kv_a`` projections and the router are replicated, GQA
 keeps at least one KV head per rank, the embedding and lm_head are vocab-parallel over TP (the vocabulary
-padded to a multiple of 64). Under EP a GPU holds ``experts / ep`` whole experts and a full copy of the
-shared expert; under DP attention every GPU holds all of attention and the dense layers.
+padded to a multiple of 64). Under EP a GPU holds ``experts / ep`` whole experts; the shared expert is a plain
+MLP of the TP group, split over TP like a dense MLP (vLLM 0.26 model_executor/models/deepseek_v2.py:
+``DeepseekV2MLP`` column- and row-parallel unless the MoE runs sequence parallel, which needs DP > 1). Under DP
+attention (TP = 1) every GPU holds all of attention, the dense layers and the shared expert.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ class RankWeights:
         attention: one layer's attention projections.
         dense_mlp: one dense layer's MLP.
         router: one MoE layer's router (replicated).
-        shared: one MoE layer's shared expert(s).
+        shared: one MoE layer's shared expert(s): a 1/tp slice (whole under DP attention).
         expert: one routed expert as this GPU holds it (a 1/moe_tp slice, or whole under EP).
         experts_held: routed experts per MoE layer on this GPU.
         embedding: the embedding (first stage).
@@ -74,8 +76,7 @@ def rank_weights(arch: ModelArch, layout: Layout) -> RankWeights:
     attn = _attention_params(arch, tp)
     dense = 3 * arch.hidden * arch.intermediate / tp
     router = float(arch.hidden * arch.experts) if arch.experts else 0.0
-    shared_tp = tp if layout.ep == 1 else 1
-    shared = 3 * arch.hidden * arch.shared_experts * arch.moe_intermediate / shared_tp
+    shared = 3 * arch.hidden * arch.shared_experts * arch.moe_intermediate / tp  # a TP-split MLP, EP or not
     expert = 3 * arch.hidden * arch.moe_intermediate / layout.moe_tp if arch.experts else 0.0
     held = -(-arch.experts // layout.ep) if arch.experts else 0
     vocab = -(-arch.vocab // VOCAB_PADDING) * VOCAB_PADDING
