@@ -24,10 +24,18 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from servescope.cli import app
+from servescope.core.document import encode
 from servescope.core.settings import SettingsDoc
 from servescope.deploy.effective import effective_settings
 from servescope.deploy.installed import read_unit_settings
-from servescope.deploy.settings import choose_pid, is_server_argv, pick_process, server_url
+from servescope.deploy.settings import (
+    SettingsRequest,
+    choose_pid,
+    is_server_argv,
+    pick_process,
+    read_settings,
+    server_url,
+)
 from servescope.report.settings import render_settings
 from servescope.server.process import find_processes, read_process_record
 
@@ -389,6 +397,17 @@ def test_unreachable_server_is_a_note_not_an_error(start_server: StartServer) ->
     note = {s["name"]: s for s in doc["sources"]}["server"]
     assert not note["ok"] and "refused" in note["detail"]
     assert doc["drift"] == []
+
+
+def test_read_settings_is_the_command_without_the_cli(start_server: StartServer) -> None:
+    """``settings --pid P --all-env --json`` prints read_settings(SettingsRequest(pid=P, all_env=True)): the whole
+    command is one feature call with a typed request."""
+    server = start_server(["--tensor-parallel-size", "2", "--api-key", API_KEY, "--port", "1"], {"HF_TOKEN": HF_TOKEN})
+    _, printed = _settings("--pid", str(server.pid), "--all-env")
+    doc = read_settings(SettingsRequest(pid=server.pid, all_env=True))
+    assert doc.all_env and doc.pid == server.pid and doc.url == "http://127.0.0.1:1"
+    assert {**json.loads(encode(doc)), "taken_at": None} == {**printed, "taken_at": None}
+    _assert_no_secret(encode(doc).decode())
 
 
 def test_subprocess_smoke(start_server: StartServer) -> None:

@@ -241,8 +241,7 @@ def bench_serve(
         raise typer.Exit(1)
 
 
-def _read(path: Path | None) -> bytes:
-    assert path is not None
+def _read(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except OSError as exc:
