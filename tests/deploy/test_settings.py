@@ -28,7 +28,9 @@ from servescope.core.document import encode
 from servescope.core.settings import SettingsDoc
 from servescope.deploy.effective import effective_settings
 from servescope.deploy.installed import read_unit_settings
-from servescope.deploy.settings import (
+from servescope.report.settings import render_settings
+from servescope.server.process import find_processes, read_process_record
+from servescope.server.settings import (
     SettingsRequest,
     choose_pid,
     is_server_argv,
@@ -36,8 +38,6 @@ from servescope.deploy.settings import (
     read_settings,
     server_url,
 )
-from servescope.report.settings import render_settings
-from servescope.server.process import find_processes, read_process_record
 
 from .conftest import example_text
 

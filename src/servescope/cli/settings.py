@@ -1,4 +1,4 @@
-"""settings: the complete effective configuration of a deployed server (:mod:`servescope.deploy.settings`)."""
+"""settings: the complete effective configuration of a deployed server (:mod:`servescope.server.settings`)."""
 
 from __future__ import annotations
 
@@ -36,9 +36,9 @@ def settings(
     Secrets (--api-key, *_TOKEN, *_KEY, *_SECRET, passwords) are shown as ***. Flags are never cut; of the
     environment the terminal shows what matters to serving (the rest counted, --all-env shows it).
     """
-    from servescope.deploy.settings import SettingsRequest, read_settings
     from servescope.report.settings import render_settings
     from servescope.server.client import resolve_api_key
+    from servescope.server.settings import SettingsRequest, read_settings
 
     with user_errors():
         doc = read_settings(SettingsRequest(unit=unit, unit_file=unit_file, pid=pid, url=url,

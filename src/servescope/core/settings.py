@@ -1,7 +1,7 @@
 """The ``settings`` records: what each source saw, and the document ``servescope settings [--json]`` shows.
 
 Sources are collected by the feature that owns each foreign API (``/proc`` and HTTP in ``server/``, the
-unit in ``deploy/``, the GPUs in ``gpu/``); ``deploy.settings.read_settings`` reads them and
+unit in ``deploy/``, the GPUs in ``gpu/``); ``server.settings.read_settings`` reads them and
 ``deploy.effective.effective_settings`` combines them into a :class:`SettingsDoc`. Secret values never enter
 the document: they are ``***`` (``MASK``).
 

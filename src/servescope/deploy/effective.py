@@ -2,7 +2,7 @@
 masked.
 
 :func:`effective_settings` takes plain records (the unit, ``/proc/PID``, what the server reports, the GPUs;
-collected by :func:`servescope.deploy.settings.read_settings`) and computes everything shown: groups, drift
+collected by :func:`servescope.server.settings.read_settings`) and computes everything shown: groups, drift
 (:mod:`servescope.deploy.drift`) and redaction. Every string of the document passes one redaction step:
 secret-named flags and variables read ``***``, and every secret value seen anywhere (``--api-key X``,
 ``HF_TOKEN``) is replaced wherever else it appears.

@@ -13,8 +13,8 @@ weights load. A wait (:func:`check_health` of a :class:`HealthRequest` with ``wa
 three: refused + process alive = ``loading``; refused + process gone (or a zombie, or the unit failed) =
 ``crashed``, returned at once with the last lines of the log; ``/health`` 503 = ``engine dead``. Without a
 process to watch, refused + GPU memory rising over the last minute = ``loading`` too (the memory probe is
-passed in by the caller: ``server/`` does not read GPUs itself); each not-ready check names the memory in use
-and how it moved.
+passed in by the caller, :attr:`HealthRequest.gpu_memory`); each not-ready check names the memory in use and
+how it moved.
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ running process, the server's own report and the GPUs, with the drift between th
 - the server: ``server.reported.read_server_record`` at ``--url`` or :func:`server_url` of the command line;
 - the GPUs: ``gpu.inventory.take_snapshot``.
 
+It lives in ``server/``, beside the readers of the running process and server; the unit and the rules that
+compare it with them are ``deploy/``'s (``deploy/`` is below ``server/``: trace analysis reads its rules too).
+
 Example:
     >>> doc = read_settings(SettingsRequest(unit="vllm.service"))     # doctest: +SKIP
     >>> [(d.kind, d.key) for d in doc.drift]                         # doctest: +SKIP
