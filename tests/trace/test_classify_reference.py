@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from servescope.core.analysis import BASES
+from servescope.core.categories import CATEGORY_OTHER
 from servescope.trace.breakdown import _kernel_rows
 from servescope.trace.classify import (
     CaptureReference,
@@ -32,7 +33,7 @@ from servescope.trace.classify import (
 )
 from servescope.trace.decode import decode_trace
 from servescope.trace.table import KIND_KERNEL, KIND_NAMES, KIND_USER_ANNOTATION, TraceData
-from servescope.trace.taxonomy import CATEGORY_OTHER, Taxonomy, load_taxonomy
+from servescope.trace.taxonomy import Taxonomy, load_taxonomy
 from servescope.trace.work import Work, launch_rows, select_work
 from tracefiles import ROOT, TRACES
 

@@ -10,10 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from servescope.core.categories import CATEGORY_OTHER
 from servescope.core.errors import InputError
 from servescope.trace.decode import decode_trace
 from servescope.trace.table import KIND_NAMES
-from servescope.trace.taxonomy import CATEGORY_OTHER, Taxonomy, load_taxonomy
+from servescope.trace.taxonomy import Taxonomy, load_taxonomy
 from servescope.trace.work import select_work
 from tracefiles import all_shared_traces, load_events
 

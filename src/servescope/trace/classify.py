@@ -23,9 +23,10 @@ import numpy as np
 import numpy.typing as npt
 
 from servescope.core.analysis import BASES
+from servescope.core.categories import CATEGORY_OTHER
 from servescope.trace.launch import frame_categories, launch_context
 from servescope.trace.table import KIND_KERNEL, KIND_NAMES, TraceData
-from servescope.trace.taxonomy import CATEGORY_OTHER, Taxonomy
+from servescope.trace.taxonomy import Taxonomy
 from servescope.trace.work import Work
 
 if TYPE_CHECKING:

@@ -26,7 +26,8 @@ import numpy as np
 import numpy.typing as npt
 
 from servescope.trace.table import KIND_KERNEL, KIND_USER_ANNOTATION, Table, TraceData, distinct_ids
-from servescope.trace.taxonomy import Rule, Taxonomy
+from servescope.trace.taxonomy import Taxonomy
+from servescope.trace.taxonomy_file import Rule
 from servescope.trace.work import Work
 
 __all__ = ["LaunchContext", "frame_categories", "launch_context"]

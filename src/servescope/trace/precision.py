@@ -34,7 +34,8 @@ from servescope.core.analysis import PhaseStats
 from servescope.trace.classify import CaptureReference, Classified
 from servescope.trace.launch import frame_categories
 from servescope.trace.table import KIND_KERNEL, TraceData
-from servescope.trace.taxonomy import PRECISION_ROLES, Rule, Taxonomy
+from servescope.trace.taxonomy import Taxonomy
+from servescope.trace.taxonomy_file import PRECISION_ROLES, Rule
 from servescope.trace.work import Work
 
 __all__ = ["Precision", "precision_of", "quant_facts"]

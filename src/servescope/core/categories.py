@@ -1,0 +1,189 @@
+"""What each category of the taxonomy is: its group, the label reports show, its colour and its role in the planner.
+
+Categories are data, declared in ``[categories]`` of ``servescope/data/taxonomy.toml`` and of a user taxonomy read
+on top of it (``analyze --taxonomy FILE``), either as ``name = "group"`` or as
+``name = { group = "compute", label = "…", colour = "#1f77b4", role = "weights" }``. A label defaults to the name,
+a colour to a stable hue of the group's (the HTML report picks it), a role to ``collectives`` for a category of the
+``communication`` group and ``other`` for the rest. So adding a category is one entry there, and the reports and
+the planner (:func:`categories_of`) learn it without a change of code.
+
+An analysis document keeps each category's group and names its taxonomy (``options.taxonomy``: ``builtin`` or the
+user file's path); :func:`categories_of` reads the rest from that taxonomy.
+
+Example:
+    >>> bundled_categories()["gemm"].role
+    'weights'
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache, lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from servescope.core.errors import InputError
+
+if TYPE_CHECKING:
+    from servescope.core.analysis import AnalysisDoc
+
+__all__ = [
+    "BUILTIN_SOURCE",
+    "CATEGORY_OTHER",
+    "COMMUNICATION",
+    "GROUPS",
+    "ROLES",
+    "Category",
+    "bundled_categories",
+    "bundled_taxonomy",
+    "categories_of",
+    "category_table",
+    "read_taxonomy",
+]
+
+GROUPS = ("communication", "compute", "memory", "other")
+COMMUNICATION = "communication"
+CATEGORY_OTHER = "other"  # what a name no rule matches is
+# The parts of a step the planner prices apart (servescope.plan.calibrate): the weights read, the KV read, the
+# collectives, and the rest.
+ROLES = ("weights", "attention", "collectives", "other")
+BUILTIN_SOURCE = "servescope/data/taxonomy.toml"
+_FIELDS = ("group", "label", "colour", "role")
+_COLOUR = re.compile(r"#[0-9a-fA-F]{6}")
+
+
+@dataclass(frozen=True)
+class Category:
+    """One category: ``group`` (one of :data:`GROUPS`), the ``label`` reports show, its ``colour`` (``#rrggbb``;
+    None: the report picks a hue of the group's) and its ``role`` in the planner (one of :data:`ROLES`)."""
+
+    name: str
+    group: str
+    label: str
+    colour: str | None
+    role: str
+
+
+def _default_role(group: str) -> str:
+    return "collectives" if group == COMMUNICATION else "other"
+
+
+def _unknown(name: str, group: str) -> Category:
+    return Category(name, group, name, None, _default_role(group))
+
+
+def category_table(document: Mapping[str, Any], source: str,
+                   under: Mapping[str, Category] | None = None) -> dict[str, Category]:
+    """The categories a taxonomy file declares, in its order; with ``under`` (the bundled table), that table with
+    the file's categories put over it: a category it declares again keeps its group and takes the fields the file
+    gives, a new one comes before ``other``.
+
+    Raises:
+        InputError: ``[categories]`` is not a table, a category's entry has an unknown field, a group not in
+            :data:`GROUPS`, a bundled category moved to another group, an empty label, a colour not ``#rrggbb`` or
+            a role not in :data:`ROLES`.
+    """
+    raw = document.get("categories", {})
+    if not isinstance(raw, dict):
+        raise InputError(source, "categories: must be a table of category = group")
+    declared = {name: _entry(name, value, source, (under or {}).get(name)) for name, value in raw.items()}
+    if under is None:
+        return declared
+    merged = {name: category for name, category in under.items() if name != CATEGORY_OTHER}
+    merged.update((name, category) for name, category in declared.items() if name != CATEGORY_OTHER)
+    merged[CATEGORY_OTHER] = declared.get(CATEGORY_OTHER, under[CATEGORY_OTHER])
+    return merged
+
+
+def _entry(name: str, value: Any, source: str, bundled: Category | None) -> Category:
+    where = f"categories.{name}"
+    fields = {"group": value} if isinstance(value, str) else value
+    if not isinstance(fields, dict):
+        raise InputError(source, f"{where}: a group, or a table of {', '.join(_FIELDS)}")
+    unknown = [key for key in fields if key not in _FIELDS]
+    if unknown:
+        raise InputError(source, f"{where}: unknown field {unknown[0]!r} (allowed: {', '.join(_FIELDS)})")
+    group = fields.get("group")
+    if group not in GROUPS:
+        raise InputError(source, f"{where}: group {group!r} is not one of: {', '.join(GROUPS)}")
+    if bundled is not None and bundled.group != group:
+        raise InputError(source, f"{where}: the bundled taxonomy puts it in group {bundled.group!r}; "
+                                 f"declare a new category instead of moving it to {group!r}")
+    base = bundled or _unknown(name, group)
+    label = fields.get("label", base.label)
+    if not isinstance(label, str) or not label.strip() or not label.isprintable():
+        raise InputError(source, f"{where}: label must be a line of text")
+    colour = fields.get("colour", base.colour)
+    if colour is not None and (not isinstance(colour, str) or not _COLOUR.fullmatch(colour)):
+        raise InputError(source, f"{where}: colour {colour!r} is not #rrggbb")
+    role = fields.get("role", base.role)
+    if role not in ROLES:
+        raise InputError(source, f"{where}: role {role!r} is not one of: {', '.join(ROLES)}")
+    return Category(name, group, label, colour, role)
+
+
+@cache
+def bundled_taxonomy() -> dict[str, Any]:
+    """``servescope/data/taxonomy.toml``, parsed once (shared: read, never change it)."""
+    text = (resources.files("servescope") / "data" / "taxonomy.toml").read_text(encoding="utf-8")
+    return _loads(text, BUILTIN_SOURCE)
+
+
+@cache
+def bundled_categories() -> dict[str, Category]:
+    """The bundled taxonomy's categories, in display order (shared: read, never change it)."""
+    return category_table(bundled_taxonomy(), BUILTIN_SOURCE)
+
+
+def read_taxonomy(path: Path, source: str) -> dict[str, Any]:
+    """A user taxonomy file, parsed.
+
+    Raises:
+        InputError: the file is missing, a directory, unreadable, not UTF-8 or not TOML (named ``source``).
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(source, "no such file") from None
+    except IsADirectoryError:
+        raise InputError(source, "is a directory, not a TOML file") from None
+    except UnicodeDecodeError:
+        raise InputError(source, "not UTF-8 text") from None
+    except OSError as exc:
+        raise InputError(source, f"cannot read: {exc.strerror or exc}") from None
+    return _loads(text, source)
+
+
+def _loads(text: str, source: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(source, f"bad TOML: {exc}") from None
+
+
+def categories_of(doc: AnalysisDoc) -> dict[str, Category]:
+    """Every category of the analysis ``doc``, as the taxonomy it names declares it (the user file read again,
+    where it still can be; else the bundled one). A category that taxonomy does not declare in the document's
+    group (the file gone or changed since) keeps the document's group and takes that group's defaults."""
+    source = doc.options.get("taxonomy")
+    table = _declared(source) if isinstance(source, str) else bundled_categories()
+    out: dict[str, Category] = {}
+    for name, group in doc.categories.items():
+        known = table.get(name)
+        out[name] = known if known is not None and known.group == group else _unknown(name, group)
+    return out
+
+
+@lru_cache(maxsize=8)
+def _declared(source: str) -> dict[str, Category]:
+    """The categories of the taxonomy ``source`` names (``builtin``, or a user file over the bundled one)."""
+    if source == "builtin":
+        return bundled_categories()
+    try:
+        return category_table(read_taxonomy(Path(source), source), source, under=bundled_categories())
+    except InputError:
+        return bundled_categories()
