@@ -4,7 +4,8 @@ For each trace folder of ``tests/data``, each bundled example and each trace of 
 as ``analyze -o`` writes it, its text (as ``analyze`` prints it) and its HTML page. For each saved result document
 of ``tests/data`` and the examples (settings, profile, plan, bench, health, gpu, service, diff): its text and HTML
 as ``report`` renders them. Absolute paths of this checkout and of the corpus become ``<repo>`` and ``<shared>``,
-so a clone elsewhere compares equal; text is rendered 400 columns wide, so no line wraps on a path's length.
+so a clone elsewhere compares equal; text is rendered 4000 columns wide, so no line wraps on a path's length, and
+compared without its padding (a table is as wide as its longest path).
 
 ``--write`` stores them under ``tests/data/house/`` (JSON and text gzipped whole, so a change can be read; HTML by
 its SHA-256, being megabytes of embedded script); without it, the tool compares and prints what differs.
@@ -21,6 +22,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("SERVESCOPE_SHARED") or ROOT.parent / "shared").resolve()
 STORE = ROOT / "tests" / "data" / "house"
 EXAMPLES = ROOT / "src" / "servescope" / "data" / "examples"
-WIDTH = 400
+WIDTH = 4000
 
 
 def trace_inputs() -> list[Path]:
@@ -71,6 +73,13 @@ def normalise(text: str) -> str:
     return text
 
 
+def normalise_text(text: str) -> str:
+    """A printed screen without its padding: a table's columns are as wide as its longest path, so a checkout
+    elsewhere pads them otherwise. Runs of spaces become two, rules one dash, line ends lose their spaces."""
+    text = re.sub(r"─{2,}", "─", re.sub(r" {2,}", "  ", normalise(text)))
+    return "\n".join(line.rstrip() for line in text.split("\n"))
+
+
 def _cli(args: list[str]) -> tuple[int, str]:
     from typer.testing import CliRunner
 
@@ -94,7 +103,7 @@ def documents_of_trace(path: Path, tmp: Path) -> Iterator[tuple[str, str]]:
         return normalise(content.replace(created, "<created>") if created else content)
 
     yield "exit", str(code)
-    yield "txt", stable(text)
+    yield "txt", normalise_text(stable(text))
     if doc is not None:
         yield "json", stable(doc)
     if out_html.exists():
@@ -110,9 +119,9 @@ def documents_of_saved(path: Path) -> Iterator[tuple[str, str]]:
     try:
         doc = decode(path.read_bytes(), str(path))
     except InputError as exc:  # a data file of another kind (comm curves): the line report refuses it with
-        yield "txt", normalise(str(exc))
+        yield "txt", normalise_text(str(exc))
         return
-    yield "txt", normalise(render_document(doc, "text", width=WIDTH))
+    yield "txt", normalise_text(render_document(doc, "text", width=WIDTH))
     yield "html", normalise(render_document(doc, "html", width=WIDTH))
 
 
