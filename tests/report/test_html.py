@@ -14,7 +14,8 @@ import pytest
 from test_tables import ADD_KERNEL, make_doc
 
 from servescope.core.analysis import AnalysisDoc, Finding, KernelRow
-from servescope.report.html import CATEGORY_COLORS, category_color, render_analysis_html, shares_phase
+from servescope.core.categories import Category, bundled_categories
+from servescope.report.html import category_color, render_analysis_html, shares_phase
 
 CHART_IDS = ("chart-steps-rank0", "chart-steps-rank1", "chart-shares")
 NASTY = 'void evil<a & b, c > d>(int&) "quoted" <script>alert(1)</script>'
@@ -69,13 +70,13 @@ def test_names_are_escaped() -> None:
 
 
 def test_colors_are_stable_and_communication_is_red() -> None:
-    assert category_color("comm.all_reduce") == CATEGORY_COLORS["comm.all_reduce"] == "#d62728"
-    from servescope.trace.taxonomy import load_taxonomy
-
-    assert set(load_taxonomy().categories) <= set(CATEGORY_COLORS)  # every bundled category has its colour
-    assert category_color("new_thing", "compute") == category_color("new_thing", "compute")
+    bundled = bundled_categories()
+    assert category_color(bundled["comm.all_reduce"]) == "#d62728"
+    assert all(c.colour for c in bundled.values())  # every bundled category has its colour (taxonomy.toml)
+    new_thing = Category("new_thing", "compute", "new_thing", None, "other")
+    assert category_color(new_thing) == category_color(new_thing)
     red_or_orange = {"#ef3b2c", "#fc9272", "#e6550d", "#fdd0a2", "#99000d", "#f768a1"}
-    assert category_color("my_collective", "communication") in red_or_orange
+    assert category_color(Category("my_collective", "communication", "x", None, "collectives")) in red_or_orange
 
 
 def test_shares_phase_prefers_decode_then_most_steps() -> None:

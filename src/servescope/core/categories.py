@@ -38,6 +38,7 @@ __all__ = [
     "GROUPS",
     "ROLES",
     "Category",
+    "CategoryTable",
     "bundled_categories",
     "bundled_taxonomy",
     "categories_of",
@@ -66,6 +67,14 @@ class Category:
     label: str
     colour: str | None
     role: str
+
+
+class CategoryTable(dict[str, Category]):
+    """A document's categories by name; a name it does not declare reads as a category of group ``other``,
+    labelled by its name, coloured by the report and counted as ``other`` by the planner."""
+
+    def __missing__(self, name: str) -> Category:
+        return _unknown(name, CATEGORY_OTHER)
 
 
 def _default_role(group: str) -> str:
@@ -165,13 +174,13 @@ def _loads(text: str, source: str) -> dict[str, Any]:
         raise InputError(source, f"bad TOML: {exc}") from None
 
 
-def categories_of(doc: AnalysisDoc) -> dict[str, Category]:
+def categories_of(doc: AnalysisDoc) -> CategoryTable:
     """Every category of the analysis ``doc``, as the taxonomy it names declares it (the user file read again,
     where it still can be; else the bundled one). A category that taxonomy does not declare in the document's
     group (the file gone or changed since) keeps the document's group and takes that group's defaults."""
     source = doc.options.get("taxonomy")
     table = _declared(source) if isinstance(source, str) else bundled_categories()
-    out: dict[str, Category] = {}
+    out = CategoryTable()
     for name, group in doc.categories.items():
         known = table.get(name)
         out[name] = known if known is not None and known.group == group else _unknown(name, group)

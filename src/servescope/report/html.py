@@ -2,7 +2,8 @@
 
 The page needs no network to view: plotly.js is inlined in the first chart and every later chart reuses it.
 Chart divs have stable ids, ``chart-steps-rank{R}`` (time per step by category on rank R) and
-``chart-shares`` (category shares of one phase on every rank). Every name from a trace is escaped.
+``chart-shares`` (category shares of one phase on every rank). Every name from a trace is escaped. A category
+shows with the label and colour its taxonomy gives it (:mod:`servescope.core.categories`).
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from servescope.core.analysis import AnalysisDoc, CrossRankStats, PhaseStats, RankAnalysis
+from servescope.core.categories import COMMUNICATION, Category, CategoryTable, categories_of
 from servescope.report.kernel_names import demangle_all, shorten_kernel_name
 from servescope.report.page import CSS as _CSS
 from servescope.report.tables import (
-    COMMUNICATION,
     decided_by,
     format_count,
     format_evidence,
@@ -33,18 +34,9 @@ from servescope.report.tables import (
     top_kernels,
 )
 
-__all__ = ["CATEGORY_COLORS", "category_color", "render_analysis_html", "shares_phase"]
+__all__ = ["category_color", "render_analysis_html", "shares_phase"]
 
-# Stable colours by category name: communication in reds/oranges, memory in greys.
-CATEGORY_COLORS: dict[str, str] = {  # keyed by the bundled taxonomy's category names
-    "comm.all_reduce": "#d62728", "comm.all_gather": "#ff7f0e", "comm.reduce_scatter": "#e6550d",
-    "comm.all_to_all": "#a50f15", "comm.send_recv": "#fd8d3c", "comm.other": "#f16913",
-    "gemm": "#1f77b4", "moe": "#17becf", "attention": "#2ca02c", "conv": "#6baed6",
-    "norm": "#8c564b", "rotary": "#c49c94", "activation": "#e377c2", "sampling": "#bcbd22",
-    "quantize": "#6b6ecf", "embedding": "#393b79", "optimizer": "#637939", "indexing": "#9c9ede",
-    "sort_scan": "#b5cf6b", "reduction": "#8c6d31", "elementwise": "#9467bd", "framework": "#aec7e8",
-    "memcpy": "#7f7f7f", "memset": "#c7c7c7", "other": "#dbdb8d",
-}
+# A category without a colour of its own takes one of its group's, stable by name: communication in reds.
 _COMM_FALLBACK = ("#ef3b2c", "#fc9272", "#e6550d", "#fdd0a2", "#99000d", "#f768a1")
 _OTHER_FALLBACK = ("#3182bd", "#31a354", "#756bb1", "#636363", "#8c6d31", "#843c39", "#7b4173", "#5254a3")
 
@@ -52,12 +44,12 @@ _OTHER_FALLBACK = ("#3182bd", "#31a354", "#756bb1", "#636363", "#8c6d31", "#843c
 Cell = str | tuple[str, str]  # text, or (text, title shown on hover)
 
 
-def category_color(name: str, group: str | None = None) -> str:
-    """The colour of a category: fixed for known names, else stable by name within its group's hues."""
-    if name in CATEGORY_COLORS:
-        return CATEGORY_COLORS[name]
-    hues = _COMM_FALLBACK if group == COMMUNICATION else _OTHER_FALLBACK
-    return hues[zlib.crc32(name.encode()) % len(hues)]
+def category_color(category: Category) -> str:
+    """The colour of a category: its taxonomy's, else stable by name within its group's hues."""
+    if category.colour is not None:
+        return category.colour
+    hues = _COMM_FALLBACK if category.group == COMMUNICATION else _OTHER_FALLBACK
+    return hues[zlib.crc32(category.name.encode()) % len(hues)]
 
 
 def shares_phase(doc: AnalysisDoc) -> str | None:
@@ -100,16 +92,16 @@ def _rank_categories(rank: RankAnalysis) -> list[str]:
     return sorted(totals, key=lambda c: (-totals[c], c))
 
 
-def _steps_figure(doc: AnalysisDoc, rank: RankAnalysis) -> Any:
+def _steps_figure(categories: CategoryTable, rank: RankAnalysis) -> Any:
     import plotly.graph_objects as go
 
     fig = go.Figure()
     for name in _rank_categories(rank):
         present = [s for s in rank.steps if s.categories.get(name)]  # no empty bars for absent ones
         fig.add_trace(go.Bar(
-            x=[s.index for s in present], y=[s.categories[name] for s in present], name=name,
+            x=[s.index for s in present], y=[s.categories[name] for s in present], name=categories[name].label,
             customdata=[[s.phase, s.name] for s in present],
-            marker_color=category_color(name, doc.categories.get(name)),
+            marker_color=category_color(categories[name]),
             hovertemplate="step %{x} (%{customdata[0]})<br>%{fullData.name}: %{y:.1f} µs<extra></extra>",
         ))
     fig.update_layout(barmode="stack", template="plotly_white", height=420, margin={"t": 50},
@@ -118,7 +110,7 @@ def _steps_figure(doc: AnalysisDoc, rank: RankAnalysis) -> Any:
     return fig
 
 
-def _shares_figure(doc: AnalysisDoc, phase: str) -> Any:
+def _shares_figure(doc: AnalysisDoc, categories: CategoryTable, phase: str) -> Any:
     import plotly.graph_objects as go
 
     ranks = [r for r in sorted(doc.ranks, key=lambda r: r.rank) if phase in r.phases]
@@ -129,8 +121,8 @@ def _shares_figure(doc: AnalysisDoc, phase: str) -> Any:
     fig = go.Figure()
     for name in sorted(shares, key=lambda c: (-sum(shares[c].values()), c)):
         on = [r.rank for r in ranks if r.rank in shares[name]]
-        fig.add_trace(go.Bar(x=[f"rank {r}" for r in on], y=[shares[name][r] * 100 for r in on], name=name,
-                             marker_color=category_color(name, doc.categories.get(name)),
+        fig.add_trace(go.Bar(x=[f"rank {r}" for r in on], y=[shares[name][r] * 100 for r in on],
+                             name=categories[name].label, marker_color=category_color(categories[name]),
                              hovertemplate="%{x}<br>%{fullData.name}: %{y:.1f}%<extra></extra>"))
     fig.update_layout(barmode="stack", template="plotly_white", height=420, margin={"t": 50},
                       title=f"{phase}: share of device time by category", yaxis_title="% of device time",
@@ -138,11 +130,11 @@ def _shares_figure(doc: AnalysisDoc, phase: str) -> Any:
     return fig
 
 
-def _phase_section(doc: AnalysisDoc, rank: int, phase: str, stats: PhaseStats) -> str:
+def _phase_section(doc: AnalysisDoc, categories: CategoryTable, rank: int, phase: str, stats: PhaseStats) -> str:
     steps, per_step = phase_summary(stats)
     items = sorted(stats.categories.items(), key=lambda item: (-item[1].total_us, item[0]))
     rows: list[list[Cell]] = [
-        [name, doc.categories.get(name, "N/A"), format_share(c.share), format_us(c.per_step_us),
+        [categories[name].label, doc.categories.get(name, "N/A"), format_share(c.share), format_us(c.per_step_us),
          format_count(c.calls_per_step), format_us(c.mean_call_us)] for name, c in items
     ]
     classes = ["comm" if doc.categories.get(name) == COMMUNICATION else "" for name, _ in items]
@@ -153,9 +145,9 @@ def _phase_section(doc: AnalysisDoc, rank: int, phase: str, stats: PhaseStats) -
     return f"<h4>rank {rank} · {_e(phase)}</h4><p>{_e(steps)}<br>{_e(per_step)}{quant_line}</p>{table}"
 
 
-def _across_section(doc: AnalysisDoc, cross: CrossRankStats) -> str:
+def _across_section(doc: AnalysisDoc, categories: CategoryTable, cross: CrossRankStats) -> str:
     items = sorted(cross.categories.items(), key=lambda item: (-item[1].median_us, item[0]))
-    spread = [("step (span)", cross.step_us), *items]
+    spread = [("step (span)", cross.step_us), *((categories[name].label, c) for name, c in items)]
     rows: list[list[Cell]] = [
         [name, format_us(c.min_us), str(c.min_rank), format_us(c.median_us), format_us(c.max_us),
          str(c.max_rank)] for name, c in spread
@@ -215,13 +207,14 @@ def render_analysis_html(doc: AnalysisDoc, *, top: int = 15) -> str:
             config={"displaylogo": False, "responsive": True},
         )))
 
+    categories = categories_of(doc)
     ranks = sorted(doc.ranks, key=lambda r: r.rank)
     for rank in ranks:
         if rank.steps:
-            add_chart(_steps_figure(doc, rank), f"chart-steps-rank{rank.rank}")
+            add_chart(_steps_figure(categories, rank), f"chart-steps-rank{rank.rank}")
     phase = shares_phase(doc)
     if phase is not None:
-        add_chart(_shares_figure(doc, phase), "chart-shares")
+        add_chart(_shares_figure(doc, categories, phase), "chart-shares")
 
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
@@ -244,17 +237,17 @@ def render_analysis_html(doc: AnalysisDoc, *, top: int = 15) -> str:
         parts.append(f"<h3>rank {rank.rank}: {_e(rank.path)}</h3><p>work: {_e(rank.work_kind)}, steps from "
                      f"{_e(rank.step_source)}, unattributed {format_ms(rank.unattributed_us)} ms; "
                      f"{_e(decided_by(rank))}</p>")
-        parts.extend(_phase_section(doc, rank.rank, p, rank.phases[p]) for p in ordered_phases(rank.phases))
+        parts.extend(_phase_section(doc, categories, rank.rank, p, rank.phases[p]) for p in ordered_phases(rank.phases))
     if doc.across_ranks:
         parts.append("<h2>Across ranks</h2>")
         for p in ordered_phases(c.phase for c in doc.across_ranks):
-            parts.extend(_across_section(doc, c) for c in doc.across_ranks if c.phase == p)
+            parts.extend(_across_section(doc, categories, c) for c in doc.across_ranks if c.phase == p)
     picked = top_kernels(doc.kernels, top)
     demangle_all(k.name for k in picked)  # one c++filt call for the names LLVM's demangler cannot read
     parts.append(f"<h2>Top {len(picked)} of {len(doc.kernels)} kernels</h2>")
     parts.append(_table(
         ["rank", "category", "count", "total ms", "mean µs", "name"],
-        [[str(k.rank), k.category, f"{k.count:,}", format_ms(k.total_us),
+        [[str(k.rank), categories[k.category].label, f"{k.count:,}", format_ms(k.total_us),
           format_us(k.total_us / k.count if k.count else None),
           (shorten_kernel_name(k.name, max_chars=90), k.name)]  # the full name shows on hover
          for k in picked], numeric=(0, 2, 3, 4)))

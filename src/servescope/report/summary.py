@@ -3,7 +3,8 @@
 Per phase (decode first): the step time, tokens, the top categories with their share of the device time and
 time per step, the idle share of the step, and the verdict the analysis stored for the phase (the host, the
 collectives, or the kernels of one category bound it: decided with the findings, by the same rules). Then the
-top findings. Everything here is read from the analysis document, so a saved analysis summarises as a fresh one.
+top findings. Everything here is read from the analysis document (a category's label from the taxonomy it names,
+:mod:`servescope.core.categories`), so a saved analysis summarises as a fresh one.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from rich.console import Console
 from rich.text import Text
 
 from servescope.core.analysis import AnalysisDoc, Finding, PhaseStats, RankAnalysis, Verdict
+from servescope.core.categories import CategoryTable, categories_of
 from servescope.core.messages import step_time
 
 __all__ = ["bottleneck", "render_summary"]
@@ -50,12 +52,12 @@ def _phase_line(phase: str, rank: RankAnalysis, stats: PhaseStats, many_ranks: b
     return " · ".join(parts)
 
 
-def _categories_line(stats: PhaseStats) -> str:
+def _categories_line(stats: PhaseStats, categories: CategoryTable) -> str:
     """The top categories as shares of the phase's device time (as the tables count them: they add up to 100%
     however streams overlap), then the idle time as a share of the step's wall time: each says its base."""
     step = stats.step_us.mean or 1.0
     top = sorted(stats.categories.items(), key=lambda nc: -nc[1].share)[:_TOP_CATEGORIES]
-    shown = [f"{name} {c.share:.0%} ({step_time(c.per_step_us)})" for name, c in top]
+    shown = [f"{categories[name].label} {c.share:.0%} ({step_time(c.per_step_us)})" for name, c in top]
     lines = ["  device time: " + " · ".join(shown)]
     more = []
     idle = stats.idle_us_per_step / step
@@ -92,6 +94,7 @@ def render_summary(doc: AnalysisDoc, console: Console, phases: Sequence[str] | N
             console.print(Text(f"  {trace.path}: {trace.malformed_events} malformed event"
                                f"{'s' if trace.malformed_events != 1 else ''} of {trace.events:,} left out (first: "
                                f"{'; '.join(trace.malformed_examples)})", style="yellow"))
+    categories = categories_of(doc)
     shown_phases = [p for p in _PHASE_ORDER if any(p in r.phases for r in doc.ranks) and p != "empty"
                     and (phases is None or p in phases)]
     for phase in shown_phases:
@@ -100,7 +103,7 @@ def render_summary(doc: AnalysisDoc, console: Console, phases: Sequence[str] | N
             continue
         rank, stats = found
         console.print(Text(_phase_line(phase, rank, stats, len(doc.ranks) > 1), style="bold"))
-        console.print(Text(_categories_line(stats)))
+        console.print(Text(_categories_line(stats, categories)))
         neck = bottleneck(doc, phase)
         if neck is not None:
             console.print(Text("  bottleneck: " + neck.sentence, style="bold"))

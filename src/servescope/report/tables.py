@@ -1,7 +1,8 @@
 """Terminal tables of an analysis document (``servescope analyze`` / ``servescope report``).
 
-Only renders: every figure comes from the :class:`~servescope.core.analysis.AnalysisDoc`. Times print as
-ms with 3 decimals or µs with 1, shares as % with 1, and anything not available as ``N/A``.
+Only renders: every figure comes from the :class:`~servescope.core.analysis.AnalysisDoc`, a category's label from
+the taxonomy the document names (:mod:`servescope.core.categories`). Times print as ms with 3 decimals or µs with 1,
+shares as % with 1, and anything not available as ``N/A``.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from servescope.core.analysis import (
     RankAnalysis,
     Summary,
 )
+from servescope.core.categories import COMMUNICATION, CategoryTable, categories_of
 from servescope.report.kernel_names import distinct_kernel_names, shorten_kernel_name
 
 __all__ = [
-    "COMMUNICATION",
     "KNOWN_PHASES",
     "format_count",
     "format_evidence",
@@ -43,7 +44,6 @@ __all__ = [
 ]
 
 KNOWN_PHASES = ("decode", "mixed", "prefill", "unknown", "empty")  # display order
-COMMUNICATION = "communication"
 _SEVERITY_ORDER = {"high": 0, "medium": 1, "info": 2}
 _SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "info": "dim"}
 _NA = "N/A"
@@ -195,7 +195,8 @@ def quant_summary(stats: PhaseStats) -> str | None:
             f"{format_share(stats.quant_fused_share)} ({format_us(stats.quant_fused_us_per_step)} µs/step){most}")
 
 
-def _render_phase(doc: AnalysisDoc, console: Console, rank: int, phase: str, stats: PhaseStats) -> None:
+def _render_phase(doc: AnalysisDoc, categories: CategoryTable, console: Console, rank: int, phase: str,
+                  stats: PhaseStats) -> None:
     steps, per_step = phase_summary(stats)
     _line(console, f"rank {rank} · {phase}: {steps}", "bold")
     _line(console, f"  {per_step}")
@@ -211,7 +212,7 @@ def _render_phase(doc: AnalysisDoc, console: Console, rank: int, phase: str, sta
     for name, cat in sorted(stats.categories.items(), key=lambda item: (-item[1].total_us, item[0])):
         group = _group(doc, name)
         by_group[group] = by_group.get(group, 0.0) + cat.share
-        table.add_row(Text(name), group, format_share(cat.share), format_us(cat.per_step_us),
+        table.add_row(Text(categories[name].label), group, format_share(cat.share), format_us(cat.per_step_us),
                       format_count(cat.calls_per_step), format_us(cat.mean_call_us),
                       style="red" if group == COMMUNICATION else None)
     console.print(table)
@@ -220,7 +221,7 @@ def _render_phase(doc: AnalysisDoc, console: Console, rank: int, phase: str, sta
         _line(console, "  by group: " + ", ".join(f"{g} {format_share(s)}" for g, s in ordered))
 
 
-def _render_rank(doc: AnalysisDoc, console: Console, rank: RankAnalysis,
+def _render_rank(doc: AnalysisDoc, categories: CategoryTable, console: Console, rank: RankAnalysis,
                  phases: Sequence[str] | None) -> None:
     console.print()
     _line(console, f"rank {rank.rank}: {rank.path} (work: {rank.work_kind}, steps from {rank.step_source}, "
@@ -236,7 +237,7 @@ def _render_rank(doc: AnalysisDoc, console: Console, rank: RankAnalysis,
         _line(console, "  no steps" + ("" if phases is None else " in the selected phases"))
     for phase in names:
         console.print()
-        _render_phase(doc, console, rank.rank, phase, rank.phases[phase])
+        _render_phase(doc, categories, console, rank.rank, phase, rank.phases[phase])
 
 
 _BASIS_WORDS = {"op": "launching op", "graph": "graph capture", "peer": "same kernels launched eagerly",
@@ -263,7 +264,7 @@ def skew_text(skew: Summary | None) -> str:
     return _NA if skew is None else f"mean {format_us(skew.mean)} µs, median {format_us(skew.median)} µs"
 
 
-def _render_across(doc: AnalysisDoc, console: Console, cross: CrossRankStats) -> None:
+def _render_across(doc: AnalysisDoc, categories: CategoryTable, console: Console, cross: CrossRankStats) -> None:
     console.print()
     ranks = ", ".join(str(r) for r in cross.ranks)
     compared = plural(cross.steps_compared, "step")
@@ -275,7 +276,8 @@ def _render_across(doc: AnalysisDoc, console: Console, cross: CrossRankStats) ->
     rows = sorted(cross.categories.items(), key=lambda item: (-item[1].median_us, item[0]))
     for i, (name, c) in enumerate([("step (span)", cross.step_us), *rows]):
         style = "red" if i and _group(doc, name) == COMMUNICATION else None
-        table.add_row(Text(name), format_us(c.min_us), str(c.min_rank), format_us(c.median_us),
+        label = categories[name].label if i else name
+        table.add_row(Text(label), format_us(c.min_us), str(c.min_rank), format_us(c.median_us),
                       format_us(c.max_us), str(c.max_rank), style=style, end_section=i == 0)
     console.print(table)
     coll = _table()
@@ -293,7 +295,7 @@ def _render_across(doc: AnalysisDoc, console: Console, cross: CrossRankStats) ->
     _line(console, f"  collective start skew: {skew_text(cross.collective_start_skew_us)}")
 
 
-def _render_kernels(console: Console, kernels: Sequence[KernelRow], top: int) -> None:
+def _render_kernels(categories: CategoryTable, console: Console, kernels: Sequence[KernelRow], top: int) -> None:
     picked = top_kernels(kernels, top)
     if not picked:
         return
@@ -306,8 +308,8 @@ def _render_kernels(console: Console, kernels: Sequence[KernelRow], top: int) ->
     for header in ("count", "total ms", "mean µs"):  # numbers are never cut: the name gives way
         table.add_column(header, justify="right", no_wrap=True, min_width=len(header))
     table.add_column("by", no_wrap=True)
-    rows = [[*([str(k.rank)] if many_ranks else []), k.category[:18], f"{k.count:,}", format_ms(k.total_us),
-             format_us(k.total_us / k.count if k.count else None), k.basis] for k in picked]
+    rows = [[*([str(k.rank)] if many_ranks else []), categories[k.category].label[:18], f"{k.count:,}",
+             format_ms(k.total_us), format_us(k.total_us / k.count if k.count else None), k.basis] for k in picked]
     headers = [*(["rank"] if many_ranks else []), "category", "count", "total ms", "mean µs", "by"]
     fixed = sum(max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)) + 3 * len(headers)
     width = max(20, min(60, console.width - fixed))  # the name takes what is left of the line
@@ -364,11 +366,12 @@ def render_analysis(doc: AnalysisDoc, console: Console, *, top: int = 15,
     console.print()
     _line(console, "details", "bold underline")
     _render_traces(doc, console)
+    categories = categories_of(doc)
     for rank in sorted(doc.ranks, key=lambda r: r.rank):
-        _render_rank(doc, console, rank, phases)
+        _render_rank(doc, categories, console, rank, phases)
     for phase in ordered_phases((c.phase for c in doc.across_ranks), phases):
         for cross in doc.across_ranks:
             if cross.phase == phase:
-                _render_across(doc, console, cross)
-    _render_kernels(console, doc.kernels, top)
+                _render_across(doc, categories, console, cross)
+    _render_kernels(categories, console, doc.kernels, top)
     _render_findings(console, doc.findings)
