@@ -113,6 +113,7 @@ from pathlib import Path
 from typing import Any
 
 from servescope.core.analysis import AnalysisDoc, KernelRow, PhaseStats, RankAnalysis, StepRow, decode_analysis
+from servescope.core.categories import CategoryTable, categories_of
 from servescope.core.errors import InputError
 from servescope.plan.captured import captured_points
 from servescope.plan.collectives import CommCosts
@@ -123,13 +124,13 @@ from servescope.plan.layouts import Layout
 from servescope.plan.model import ModelArch
 from servescope.plan.paths import Point
 
-__all__ = ["GRAPH_REPLAYED", "MIN_GROUP_STEPS", "WEIGHT_CATEGORIES", "Calibration", "apply_calibration", "calibrate",
+__all__ = ["GRAPH_REPLAYED", "MIN_GROUP_STEPS", "Calibration", "apply_calibration", "calibrate",
            "capture_tp", "read_capture"]
 
-WEIGHT_CATEGORIES = ("gemm", "moe", "quantize")
-# A kernel of the moe or quantize category that multiplies by a weight matrix, by its name (MoE GEMMs: fused_moe,
-# CUTLASS / grouped GEMMs, Marlin, matmul_ogs; the rest of those categories is routing, sums and activation
-# quantisation, whose time follows the tokens, not the weights).
+# A category's part of the step is its role in the taxonomy (core.categories: gemm, moe and quantize are weights,
+# attention is attention, comm.* are collectives). A kernel of a weights category other than gemm that multiplies
+# by a weight matrix, by its name (MoE GEMMs: fused_moe, CUTLASS / grouped GEMMs, Marlin, matmul_ogs; the rest of
+# those categories is routing, sums and activation quantisation, whose time follows the tokens, not the weights).
 GEMM_NAME = re.compile(r"gemm|gemv|nvjet|xmma|matmul|grouped_?mm|scaled_mm|fused_moe|marlin|machete", re.IGNORECASE)
 PARTS = ("weights", "attention", "collectives", "other")
 MIN_GROUP_STEPS = 3  # decode steps a batch size needs before the per-step fit uses it
@@ -175,10 +176,15 @@ class Calibration:
 @dataclass(frozen=True)
 class _Streaming:
     """Per weight or attention category, the shares of its time and of its calls that stream bytes (the rest
-    is small calls, priced as *other*); a category missing here streams wholly."""
+    is small calls, priced as *other*); a category missing here streams wholly. ``categories``: each category's
+    role, the part of the step it counts in."""
 
     time: dict[str, float]
     calls: dict[str, float]
+    categories: CategoryTable
+
+    def role(self, name: str) -> str:
+        return self.categories[name].role
 
     def part_us(self, name: str, us: float) -> float:
         return us * self.time.get(name, 1.0)
@@ -187,10 +193,10 @@ class _Streaming:
         return calls * self.calls.get(name, 1.0)
 
 
-def _streams(row: KernelRow, attention_floor_us: float | None) -> bool:
+def _streams(row: KernelRow, role: str, attention_floor_us: float | None) -> bool:
     """Whether a kernel of a weight or attention category streams what its part models (rules in the module
     doc): weights, a GEMM; attention, a call longer than the profile's attention floor."""
-    if row.category == "attention":
+    if role == "attention":
         return attention_floor_us is None or row.total_us > attention_floor_us * row.count
     return row.category == "gemm" or GEMM_NAME.search(row.name) is not None
 
@@ -198,25 +204,28 @@ def _streams(row: KernelRow, attention_floor_us: float | None) -> bool:
 def _streaming(doc: AnalysisDoc, rank: int, hw: HardwareProfile) -> _Streaming:
     """The shares of :class:`_Streaming` from the document's kernel rows of ``rank`` (all phases)."""
     floor = hw.kernel_floor_us.get("attention")
+    categories = categories_of(doc)
     totals: dict[str, list[float]] = {}  # category -> [time, calls, streaming time, streaming calls]
     for row in doc.kernels:
-        if row.rank != rank or (row.category not in WEIGHT_CATEGORIES and row.category != "attention"):
+        role = categories[row.category].role
+        if row.rank != rank or role not in ("weights", "attention"):
             continue
         t = totals.setdefault(row.category, [0.0, 0.0, 0.0, 0.0])
         t[0] += row.total_us
         t[1] += row.count
-        if _streams(row, floor):
+        if _streams(row, role, floor):
             t[2] += row.total_us
             t[3] += row.count
     return _Streaming(time={c: t[2] / t[0] for c, t in totals.items() if t[0] > 0},
-                      calls={c: t[3] / t[1] for c, t in totals.items() if t[1] > 0})
+                      calls={c: t[3] / t[1] for c, t in totals.items() if t[1] > 0}, categories=categories)
 
 
 def _split(step_us: float, cats: dict[str, float], streaming: _Streaming) -> dict[str, float]:
     """Measured parts (µs) of one step (or a phase's mean step) from its category times."""
-    weights = sum(streaming.part_us(name, us) for name, us in cats.items() if name in WEIGHT_CATEGORIES)
-    attention = streaming.part_us("attention", cats.get("attention", 0.0))
-    comm = sum(us for name, us in cats.items() if name.startswith("comm."))
+    role = streaming.role
+    weights = sum(streaming.part_us(name, us) for name, us in cats.items() if role(name) == "weights")
+    attention = sum((streaming.part_us(name, us) for name, us in cats.items() if role(name) == "attention"), 0.0)
+    comm = sum(us for name, us in cats.items() if role(name) == "collectives")
     return {"weights": weights, "attention": attention, "collectives": comm,
             "other": max(0.0, step_us - weights - attention - comm), "step": step_us}
 
@@ -229,9 +238,10 @@ def _calls(phase: PhaseStats, streaming: _Streaming) -> dict[str, float]:
     """Calls per step of each part; the small calls of weights and attention count as *other*."""
     out = {"weights": 0.0, "attention": 0.0, "other": 0.0}
     for name, c in phase.categories.items():
-        if name.startswith("comm."):
+        role = streaming.role(name)
+        if role == "collectives":
             continue
-        part = "weights" if name in WEIGHT_CATEGORIES else "attention" if name == "attention" else "other"
+        part = role if role in ("weights", "attention") else "other"
         streams = streaming.part_calls(name, c.calls_per_step) if part != "other" else 0.0
         out[part] += streams
         out["other"] += c.calls_per_step - streams
@@ -340,9 +350,11 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
         raise InputError(source, "no decode steps to calibrate from (capture a decode workload)")
     tp = capture_tp(doc)
 
+    categories = categories_of(doc)
+
     def comm_us(r: RankAnalysis) -> float:
         cats = r.phases["decode"].categories
-        return sum(c.per_step_us for n, c in cats.items() if n.startswith("comm."))
+        return sum(c.per_step_us for n, c in cats.items() if categories[n].role == "collectives")
 
     rank = min(ranks, key=lambda r: (comm_us(r), r.rank))
     phase = rank.phases["decode"]
