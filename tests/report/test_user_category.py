@@ -1,0 +1,53 @@
+"""A category added as data alone (one entry and its rule in a user taxonomy, ``analyze --taxonomy FILE``): its
+label, colour and planner role reach the printed text, the HTML page and the planner, with no change of code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from servescope.cli import app
+from servescope.core.analysis import decode_analysis
+from servescope.core.categories import categories_of
+from servescope.plan import calibrate
+from tracefiles import ROOT
+
+EXAMPLE = ROOT / "src" / "servescope" / "data" / "examples" / "h200-vllm-moe-b16"
+USER_TAXONOMY = """
+[categories]
+expert_gemm = { group = "compute", label = "MoE expert GEMMs", colour = "#123abc", role = "weights" }
+
+[[rule]]
+category = "expert_gemm"
+regex = '^fused_moe_kernel$'
+outranks_launch = true
+"""
+
+
+def test_a_category_added_as_data_reaches_the_text_the_html_and_the_planner(tmp_path: Path) -> None:
+    taxonomy, out_json, out_html = tmp_path / "mine.toml", tmp_path / "a.json", tmp_path / "a.html"
+    taxonomy.write_text(USER_TAXONOMY, encoding="utf-8")
+    result = CliRunner().invoke(app, ["analyze", str(EXAMPLE), "--taxonomy", str(taxonomy), "-o", str(out_json),
+                                      "--html", str(out_html)],
+                                env={"COLUMNS": "160", "NO_COLOR": "1", "TERM": "dumb"})
+    assert result.exit_code == 0, result.output
+    doc = decode_analysis(out_json.read_bytes(), str(out_json))
+    decode = doc.ranks[0].phases["decode"]
+    assert doc.categories["expert_gemm"] == "compute" and decode.categories["expert_gemm"].share > 0.5
+
+    # the text: the summary's top categories and the phase table name it by its label
+    assert "device time: MoE expert GEMMs" in result.stdout
+    assert any(line.split("  ")[0].strip() == "MoE expert GEMMs" for line in result.stdout.splitlines())
+    # the HTML: its bars in its colour, its label in the legend and the tables
+    page = out_html.read_text(encoding="utf-8")
+    assert '"color":"#123abc"' in page and '"name":"MoE expert GEMMs"' in page
+    assert "<td>MoE expert GEMMs</td><td>compute</td>" in page
+    # the planner: its role, and its time in the weights part of the measured step
+    categories = categories_of(doc)
+    assert categories["expert_gemm"].role == "weights"
+    parts = calibrate._phase_parts(decode, calibrate._Streaming(time={}, calls={}, categories=categories))
+    weights = sum(c.per_step_us for name, c in decode.categories.items() if categories[name].role == "weights")
+    assert parts["weights"] == pytest.approx(weights)
+    assert parts["weights"] >= decode.categories["expert_gemm"].per_step_us
