@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from servescope.bench.serve.sweep import LoadSpec, run_bench_serve
 from servescope.cli import app
 from servescope.server.client import ApiKey
-from servescope.server.loadgen import LoadSpec, run_bench_serve
 
 from .conftest import LiveServer
 
@@ -166,8 +166,8 @@ def test_server_dying_mid_run_keeps_what_was_measured(ready_server: LiveServer, 
 
 @pytest.mark.no_server
 def test_a_point_split_over_workers_adds_up() -> None:
-    from servescope.server.loadpool import auto_workers, split_job
-    from servescope.server.streams import PointJob
+    from servescope.bench.serve.pool import auto_workers, split_job
+    from servescope.bench.serve.streams import PointJob
 
     job = PointJob(url="http://127.0.0.1:1", api_key=None, timeout_s=1.0, body={}, prompts=["a"] * 10,
                    first_prompt=0, concurrency=513, rate=None, requests=1001, duration_s=None,

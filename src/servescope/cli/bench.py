@@ -191,6 +191,7 @@ def bench_serve(
     Exit 0 when every request succeeded, 1 when some failed or the server died mid-run (what was measured
     is kept), 2 for bad input or a server that cannot be benchmarked.
     """
+    from servescope.bench.serve.sweep import LoadSpec, run_bench_serve
     from servescope.core.atomic import write_bytes_atomic, write_text_atomic
     from servescope.core.document import decode_as, encode
     from servescope.core.serve import ServeResult
@@ -202,7 +203,6 @@ def bench_serve(
         render_serve_png,
     )
     from servescope.server.client import resolve_api_key
-    from servescope.server.loadgen import LoadSpec, run_bench_serve
 
     with user_errors():
         rates = _parse_list("--rate", rate, float)

@@ -31,9 +31,9 @@ from servescope.core.analysis import StepReference
 from servescope.core.errors import InputError
 from servescope.server.client import ApiKey, ServerClient
 from servescope.server.errors import EndpointNotFound, NotOpenAICompatible, ServerError
-from servescope.server.loadgen import make_prompts
 from servescope.server.metrics import Snapshot, scrape_metrics, server_side
 from servescope.server.process import find_processes, read_process_record
+from servescope.server.prompts import make_prompts
 
 if TYPE_CHECKING:
     from servescope.core.analysis import AnalysisDoc
@@ -92,7 +92,7 @@ class ProfileCapture:
     batch: int
     output_tokens: int
     input_tokens: int
-    prompt_source: str  # how the prompts were made (one per request): loadgen.make_prompts' source
+    prompt_source: str  # how the prompts were made (one per request): prompts.make_prompts' source
     usage: list[dict[str, int]] = field(default_factory=list)  # per request, as the server reported it
     requests_s: float = 0.0
     traces_wait_s: float = 0.0

@@ -4,7 +4,7 @@ The server (``sse_server.py``, its own process, real sockets on 127.0.0.1) logs 
 when it wrote each token, on ``time.perf_counter()``: that log is the truth the client's figures are checked
 against. Its ``/metrics`` serves vLLM's histograms from the same stamps, scaled (``--engine-scale``) to play an
 engine that agrees with what reached the socket, or one that says it was faster than its front end delivered.
-No vLLM here: this module overrides the folder's autouse ``vllm_server`` fixture.
+No vLLM here.
 """
 
 from __future__ import annotations
@@ -24,21 +24,15 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from server.sse import running_sse_server
+from servescope.bench.serve import sweep
+from servescope.bench.serve.bottleneck import judge_point, load_serve_rules
+from servescope.bench.serve.pool import run_point_in_workers, split_job
+from servescope.bench.serve.streams import PointJob
+from servescope.bench.serve.sweep import LoadSpec, run_bench_serve, summarize, workers_for
 from servescope.cli import app
 from servescope.core.document import read_document
 from servescope.core.serve import ClientLag, Dist, ServePoint, ServerSide, TokenCounts
 from servescope.report.serve import render_serve
-from servescope.server import loadgen
-from servescope.server.bottleneck import judge_point, load_serve_rules
-from servescope.server.loadgen import LoadSpec, run_bench_serve, summarize, workers_for
-from servescope.server.loadpool import run_point_in_workers, split_job
-from servescope.server.streams import PointJob
-
-
-@pytest.fixture(autouse=True)
-def vllm_server() -> None:
-    """Overrides the folder's vLLM server: these tests bring their own."""
-    return None
 
 
 @pytest.fixture
@@ -113,7 +107,7 @@ def test_workers_share_a_point_on_one_clock_and_merge_exactly(sse_server: Callab
 def test_bench_serve_shares_streams_by_default_and_says_so(sse_server: Callable[..., str], tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """No --workers: 2 streams run in this process, 20 over two (one per 16 streams) on a 4-CPU machine."""
-    monkeypatch.setattr(loadgen, "available_cpus", lambda: 4)
+    monkeypatch.setattr(sweep, "available_cpus", lambda: 4)
     url = sse_server("--ttft-ms", "20", "--interval-ms", "10")
     out = tmp_path / "run.json"
     result = CliRunner().invoke(app, ["bench", "serve", url, "--concurrency", "2,20", "--output-tokens", "8",

@@ -3,7 +3,7 @@
 A :class:`Point` sends streamed completions and keeps one :class:`Sample` per request. Two ways to drive
 it: :func:`closed_loop` (``concurrency`` streams, each sending its next request when the last one ends)
 and :func:`poisson` (arrivals at ``rate`` requests/s, optionally capped at ``max_concurrency`` in flight).
-:func:`run_point_here` runs either beside a 1 ms lag timer; :mod:`.loadpool` runs it in several processes.
+:func:`run_point_here` runs either beside a 1 ms lag timer; :mod:`.pool` runs it in several processes.
 
 Sample times are ``time.perf_counter()`` (CLOCK_MONOTONIC on Linux), so samples taken by worker processes
 on the same machine share one time line with the parent's.

@@ -5,12 +5,13 @@ request is a streamed ``/v1/completions`` with ``max_tokens = min_tokens = N`` a
 of exactly ``input_tokens`` tokens by the server's own tokenizer (vLLM ``/tokenize`` + ``/detokenize``;
 without them, one common English word per token, documented as ``prompt_source``), and
 ``stream_options.include_usage`` + ``continuous_usage_stats`` so token counts come from the server.
-``/metrics`` is scraped before, during (every second) and after each point; see :mod:`.metrics`.
+``/metrics`` is scraped before, during (every second) and after each point; see
+:mod:`servescope.server.metrics`. The prompts come from :mod:`servescope.server.prompts`.
 
 A 1 ms timer runs beside the streams and records how late it fires (event-loop lag): when that grows
 the client, not the server, is the bottleneck, and the result says so (``client_bound``). By default a
 point's streams are shared out over worker processes, one per 16 streams, at most one per CPU but one
-(:mod:`.loadpool`; ``workers`` overrides), so that the client stays on time; the requests themselves live in
+(:mod:`.pool`; ``workers`` overrides), so that the client stays on time; the requests themselves live in
 :mod:`.streams`. A client on time that still measures more than the engine's own histograms names the
 server's API front end (``front_end_bound``; :mod:`.bottleneck`).
 If the server dies mid-run the point stops launching, in-flight requests count as errors, and the sweep
@@ -22,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import math
 import platform
-import random
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +32,9 @@ from typing import Any
 import numpy as np
 
 from servescope import __version__
+from servescope.bench.serve.bottleneck import is_client_bound, judge_point
+from servescope.bench.serve.pool import auto_workers, available_cpus, run_point_in_workers
+from servescope.bench.serve.streams import Point, PointJob, Sample, run_point_here
 from servescope.core.errors import InputError
 from servescope.core.serve import (
     DEFINITIONS,
@@ -42,26 +45,16 @@ from servescope.core.serve import (
     ServeResult,
     TokenCounts,
 )
-from servescope.server.bottleneck import is_client_bound, judge_point
 from servescope.server.client import ApiKey, ServerClient
-from servescope.server.errors import EndpointNotFound, NotOpenAICompatible
-from servescope.server.loadpool import auto_workers, available_cpus, run_point_in_workers
 from servescope.server.metrics import Snapshot, scrape_metrics, server_side
-from servescope.server.streams import Point, PointJob, Sample, run_point_here
+from servescope.server.prompts import make_prompts
 
-__all__ = ["LoadSpec", "PointProgress", "make_prompts", "point_streams", "run_bench_serve", "run_bench_serve_async",
+__all__ = ["LoadSpec", "PointProgress", "point_streams", "run_bench_serve", "run_bench_serve_async",
            "summarize", "workers_for"]
 
 PointProgress = Callable[[str, int, int], None]
 """Called as requests finish: (point label, finished, planned)."""
 
-_WORDS = ("the time people year way day thing man world life hand part child eye woman place work week case "
-          "point number group problem fact water room mother area money story month lot right study book job "
-          "word business issue side kind head house service friend father power hour game line end member law "
-          "car city name team minute idea kid body back parent face others level office door health person art "
-          "war history party result change morning reason research girl guy moment air teacher force").split()
-_FALLBACK_SOURCE = "approximate: one English word per token (the server has no /tokenize)"
-_SERVER_SOURCE = "server /tokenize + /detokenize"
 _SCRAPE_EVERY_S = 1.0
 _ERROR_EXAMPLES = 3
 
@@ -73,7 +66,7 @@ class LoadSpec:
     ``requests`` per point (default ``max(8, 4 × concurrency)``, or ``8 × rate`` for rate points);
     ``duration_s`` stops launching new requests that many seconds into a point (whichever comes first).
     ``workers`` processes share each point's streams; 0 (the default) sizes them per point from its streams
-    and the CPUs (:func:`servescope.server.loadpool.auto_workers`).
+    and the CPUs (:func:`servescope.bench.serve.pool.auto_workers`).
     """
 
     url: str
@@ -126,52 +119,6 @@ def summarize(samples: list[Sample], *, output_tokens: int, input_tokens: int) -
     }
 
 
-# ------------------------------------------------------------------------------------------------ prompts
-
-def _words(rng: random.Random, count: int) -> str:
-    return " ".join(rng.choice(_WORDS) for _ in range(count))
-
-
-async def _count_tokens(client: ServerClient, model: str, text: str) -> int:
-    answer = await client.post_json("/tokenize", {"model": model, "prompt": text, "add_special_tokens": True})
-    return int(answer["count"]) if "count" in answer else len(answer["tokens"])
-
-
-async def _exact_prompt(client: ServerClient, model: str, ids: list[int], target: int, special: int) -> str:
-    """Text that tokenizes to ``target`` tokens: ``ids`` cut to size, detokenized, checked and trimmed."""
-    take = max(1, target - special)
-    text = ""
-    for _ in range(6):
-        text = str((await client.post_json("/detokenize", {"model": model, "tokens": ids[:take]}))["prompt"])
-        got = await _count_tokens(client, model, text)
-        if got == target:
-            break
-        take = max(1, min(len(ids), take + (target - got)))
-    return text
-
-
-async def make_prompts(client: ServerClient, model: str, *, tokens: int, count: int,
-                       seed: int) -> tuple[list[str], str]:
-    """``count`` distinct prompts of ``tokens`` tokens each, and how they were made (``prompt_source``).
-
-    Each starts at a different random word so a prefix cache cannot serve one from another.
-    """
-    rng = random.Random(seed)
-    try:
-        special = await _count_tokens(client, model, "")
-        prompts: list[str] = []
-        for _ in range(count):
-            text = _words(rng, tokens * 2 + 8)
-            answer = await client.post_json("/tokenize", {"model": model, "prompt": text,
-                                                          "add_special_tokens": False})
-            prompts.append(await _exact_prompt(client, model, [int(t) for t in answer["tokens"]], tokens, special))
-    except (EndpointNotFound, NotOpenAICompatible, KeyError, TypeError, ValueError):
-        # no /tokenize + /detokenize of vLLM's shape: words, one per token roughly
-        rng = random.Random(seed)
-        return [_words(rng, tokens) for _ in range(count)], _FALLBACK_SOURCE
-    return prompts, _SERVER_SOURCE
-
-
 async def _scraper(client: ServerClient, snaps: list[Snapshot], stop: asyncio.Event) -> None:
     while not stop.is_set():
         try:
@@ -219,7 +166,7 @@ def point_streams(spec: LoadSpec, concurrency: int | None, rate: float | None, w
 def workers_for(spec: LoadSpec, concurrency: int | None, rate: float | None = None,
                 warm_e2e_s: float | None = None, cpus: int | None = None) -> int:
     """Worker processes for one point: ``spec.workers`` (at most one per stream), else sized by
-    :func:`~servescope.server.loadpool.auto_workers` from its streams and the CPUs."""
+    :func:`~servescope.bench.serve.pool.auto_workers` from its streams and the CPUs."""
     if spec.workers > 0:
         return spec.workers if concurrency is None else min(spec.workers, concurrency)
     return auto_workers(point_streams(spec, concurrency, rate, warm_e2e_s),

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from multiprocessing.synchronize import Event as MpEvent
 from typing import Any
 
+from servescope.bench.serve.streams import PointJob, PointRun, run_point_here
 from servescope.core.errors import InputError
-from servescope.server.streams import PointJob, PointRun, run_point_here
 
 __all__ = ["STREAMS_PER_WORKER", "auto_workers", "available_cpus", "run_point_in_workers", "split_job"]
 

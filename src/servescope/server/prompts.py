@@ -1,0 +1,67 @@
+"""Prompts of an exact length in tokens, by a live server's own tokenizer: for ``bench serve`` and ``profile``.
+
+A prompt of ``tokens`` tokens is made with vLLM's ``/tokenize`` + ``/detokenize`` (random common words,
+tokenized, cut to size, detokenized and checked); a server without them gets one common English word per token,
+and the result says which (``prompt_source``).
+"""
+
+from __future__ import annotations
+
+import random
+
+from servescope.server.client import ServerClient
+from servescope.server.errors import EndpointNotFound, NotOpenAICompatible
+
+__all__ = ["make_prompts"]
+
+_WORDS = ("the time people year way day thing man world life hand part child eye woman place work week case "
+          "point number group problem fact water room mother area money story month lot right study book job "
+          "word business issue side kind head house service friend father power hour game line end member law "
+          "car city name team minute idea kid body back parent face others level office door health person art "
+          "war history party result change morning reason research girl guy moment air teacher force").split()
+_FALLBACK_SOURCE = "approximate: one English word per token (the server has no /tokenize)"
+_SERVER_SOURCE = "server /tokenize + /detokenize"
+
+
+def _words(rng: random.Random, count: int) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(count))
+
+
+async def _count_tokens(client: ServerClient, model: str, text: str) -> int:
+    answer = await client.post_json("/tokenize", {"model": model, "prompt": text, "add_special_tokens": True})
+    return int(answer["count"]) if "count" in answer else len(answer["tokens"])
+
+
+async def _exact_prompt(client: ServerClient, model: str, ids: list[int], target: int, special: int) -> str:
+    """Text that tokenizes to ``target`` tokens: ``ids`` cut to size, detokenized, checked and trimmed."""
+    take = max(1, target - special)
+    text = ""
+    for _ in range(6):
+        text = str((await client.post_json("/detokenize", {"model": model, "tokens": ids[:take]}))["prompt"])
+        got = await _count_tokens(client, model, text)
+        if got == target:
+            break
+        take = max(1, min(len(ids), take + (target - got)))
+    return text
+
+
+async def make_prompts(client: ServerClient, model: str, *, tokens: int, count: int,
+                       seed: int) -> tuple[list[str], str]:
+    """``count`` distinct prompts of ``tokens`` tokens each, and how they were made (``prompt_source``).
+
+    Each starts at a different random word so a prefix cache cannot serve one from another.
+    """
+    rng = random.Random(seed)
+    try:
+        special = await _count_tokens(client, model, "")
+        prompts: list[str] = []
+        for _ in range(count):
+            text = _words(rng, tokens * 2 + 8)
+            answer = await client.post_json("/tokenize", {"model": model, "prompt": text,
+                                                          "add_special_tokens": False})
+            prompts.append(await _exact_prompt(client, model, [int(t) for t in answer["tokens"]], tokens, special))
+    except (EndpointNotFound, NotOpenAICompatible, KeyError, TypeError, ValueError):
+        # no /tokenize + /detokenize of vLLM's shape: words, one per token roughly
+        rng = random.Random(seed)
+        return [_words(rng, tokens) for _ in range(count)], _FALLBACK_SOURCE
+    return prompts, _SERVER_SOURCE
