@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -115,12 +116,12 @@ def test_curve_file_round_trips_through_the_loader(gloo_run: tuple[dict, dict, s
 def test_bench_comm_as_a_plain_function(tmp_path: Path) -> None:
     """The function the command calls, without the CLI: one real gloo launch (2 ranks), its document returned
     and its curve file written."""
-    from servescope.bench.comm import bench_comm
+    from servescope.bench.comm import CommRequest, bench_comm
     from servescope.core.comm_result import CommResultDoc
 
     out = tmp_path / "curves.json"
-    doc = bench_comm(ops=["all_reduce"], sizes="1K,4K", backend="gloo", nproc=2, iters=3, warmup=1,
-                     model="llama-3-70b", tp=2, batches=[1], output=out)
+    doc = bench_comm(CommRequest(ops=("all_reduce",), sizes="1K,4K", backend="gloo", nproc=2, iters=3, warmup=1,
+                                 model="llama-3-70b", tp=2, batches=(1,), output=out))
     assert isinstance(doc, CommResultDoc) and doc.failures == [] and doc.output == str(out)
     assert json.loads(out.read_text())["curves"] == json.loads(json.dumps(msgspec.to_builtins(doc.curves)))["curves"]
     [curve] = doc.curves.curves
@@ -134,18 +135,18 @@ def test_bench_comm_as_a_plain_function(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("options", "flag"), [
-    ({"ops": ["all_reduce", "broadcast"]}, "--ops"),
-    ({"ops": []}, "--ops"),
+    ({"ops": ("all_reduce", "broadcast")}, "--ops"),
+    ({"ops": ()}, "--ops"),
     ({"dtype": "int8"}, "--dtype"),
-    ({"variants": ["NCCL_PROTO"]}, "--variant"),
+    ({"variants": ("NCCL_PROTO",)}, "--variant"),
     ({"sizes": "64M:1K"}, "--sizes"),
     ({"tp": 4}, "--tp"),
 ])
 def test_bench_comm_bad_options_raise_one_input_error_naming_the_flag(options: dict[str, object], flag: str) -> None:
-    from servescope.bench.comm import bench_comm
+    from servescope.bench.comm import CommRequest, bench_comm
 
     with pytest.raises(InputError) as caught:
-        bench_comm(**{"backend": "gloo", "nproc": 2, **options})  # type: ignore[arg-type]
+        bench_comm(dataclasses.replace(CommRequest(backend="gloo", nproc=2), **options))
     assert caught.value.source == flag and "\n" not in str(caught.value)
 
 

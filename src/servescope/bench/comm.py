@@ -34,6 +34,7 @@ __all__ = [
     "ELEM_BYTES",
     "CommBenchResult",
     "CommRequest",
+    "CommRun",
     "Variant",
     "bench_comm",
     "best_at_decode",
@@ -64,7 +65,45 @@ class Variant:
 
 @dataclass(frozen=True, kw_only=True)
 class CommRequest:
-    """Everything that changes a number in a ``bench comm`` run."""
+    """What ``servescope bench comm`` is asked, as its options give it (checked by :func:`bench_comm`).
+
+    Attributes:
+        ops: collectives, some of :data:`~servescope.core.comm.OPS`.
+        sizes: bytes as nccl-tests gives them, ``LOW:HIGH[:FACTOR]`` or a list (:func:`parse_sizes`).
+        variants: env variants (:func:`parse_variant`); ``default`` is always run first.
+        graph: also time each op replayed from a CUDA graph (nccl only).
+        nproc: processes (GPUs) per node; ``None``: every GPU under nccl, 2 under gloo.
+        backend: ``auto``, ``nccl`` or ``gloo``.
+        dtype, iters, warmup: the element type; timed samples and untimed ops per size.
+        model: a preset or config.json whose hidden size adds the decode all_reduce sizes of ``batches``
+            and picks the best variant there; ``tp``, when given, must equal the world size.
+        rendezvous: torchrun's multi-node flags, underscored (``nnodes``, ``master_addr`` … :data:`RDZV_FLAGS`).
+        output: the curve file, rewritten after every variant.
+        timeout_s: seconds per variant launch; ``keep_going``: go on after a failed variant.
+    """
+
+    ops: tuple[str, ...] = OPS
+    sizes: str = "1K:64M"
+    variants: tuple[str, ...] = ()
+    graph: bool = False
+    nproc: int | None = None
+    backend: str = "auto"
+    dtype: str = "bfloat16"
+    iters: int = 50
+    warmup: int = 10
+    model: str | None = None
+    tp: int | None = None
+    batches: tuple[int, ...] = (1, 8, 32)
+    rendezvous: Mapping[str, str] = field(default_factory=dict)
+    output: Path | None = None
+    timeout_s: float = 900.0
+    keep_going: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommRun:
+    """A ``bench comm`` run as :func:`bench_comm` resolved it: everything that changes a number (sizes aligned to
+    the world size, variants parsed, the backend chosen)."""
 
     ops: tuple[str, ...] = OPS
     sizes: tuple[int, ...]
@@ -170,7 +209,7 @@ def default_nproc(backend: str) -> int:
     return max(torch.cuda.device_count(), 1) if backend == "nccl" else 2
 
 
-def run_comm_bench(req: CommRequest, progress: Progress | None = None) -> CommBenchResult:
+def run_comm_bench(req: CommRun, progress: Progress | None = None) -> CommBenchResult:
     """Curves of every op × variant (× eager/graph), one torchrun launch per variant.
 
     Raises:
@@ -231,7 +270,7 @@ def _size_text(nbytes: int) -> str:
     return str(nbytes)
 
 
-def measuring_line(req: CommRequest) -> str:
+def measuring_line(req: CommRun) -> str:
     """What a run measures, in one line (its first progress line)."""
     sizes = sorted(req.sizes)
     span = _size_text(sizes[0]) if len(sizes) == 1 else f"{_size_text(sizes[0])}..{_size_text(sizes[-1])}"
@@ -241,7 +280,7 @@ def measuring_line(req: CommRequest) -> str:
             f"{len(req.variants)} variant{'s' if len(req.variants) != 1 else ''}")
 
 
-def _curve_progress(progress: Progress, label: str, req: CommRequest, started: float) -> Callable[[str], None]:
+def _curve_progress(progress: Progress, label: str, req: CommRun, started: float) -> Callable[[str], None]:
     total = len(req.ops) * (2 if req.graph else 1)
     seen: list[str] = []
 
@@ -252,12 +291,12 @@ def _curve_progress(progress: Progress, label: str, req: CommRequest, started: f
     return report
 
 
-def _save(req: CommRequest, doc: CurveDoc) -> None:
+def _save(req: CommRun, doc: CurveDoc) -> None:
     if req.output is not None:
         write_text_atomic(req.output, curve_doc_to_json(doc))
 
 
-def _doc(req: CommRequest, meta: dict[str, Any], curves: list[OpCurve], date: str) -> CurveDoc:
+def _doc(req: CommRun, meta: dict[str, Any], curves: list[OpCurve], date: str) -> CurveDoc:
     world = int(meta.get("world_size", req.nproc))
     base = " ".join(f"{k}={v}" for k, v in SAFE_ENV.items()) if req.backend == "nccl" else "none"
     inherited = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")) or "none"
@@ -289,7 +328,7 @@ def _curves(raw: dict[str, Any], variant: Variant, world: int, failures: list[st
     return out
 
 
-def _launch(req: CommRequest, variant: Variant, spec_path: Path, raw_path: Path, *,
+def _launch(req: CommRun, variant: Variant, spec_path: Path, raw_path: Path, *,
             on_curve: Callable[[str], None] | None = None) -> None:
     """One torchrun for one variant (:func:`~servescope.bench.torchrun.run_torchrun`).
 
@@ -358,63 +397,52 @@ def environment_lines(doc: CurveDoc, choices: Sequence[DecodeChoiceRow]) -> list
     return lines
 
 
-def bench_comm(*, ops: Sequence[str] = OPS, sizes: str = "1K:64M", variants: Sequence[str] = (), graph: bool = False,
-               nproc: int | None = None, backend: str = "auto", dtype: str = "bfloat16", iters: int = 50,
-               warmup: int = 10, model: str | None = None, tp: int | None = None,
-               batches: Sequence[int] = (1, 8, 32), rendezvous: Mapping[str, str] | None = None,
-               output: Path | None = None, timeout_s: float = 900.0, keep_going: bool = False,
-               progress: Progress | None = None) -> CommResultDoc:
+def bench_comm(request: CommRequest, *, progress: Progress | None = None) -> CommResultDoc:
     """What ``servescope bench comm`` measures: the curves, the best all_reduce at decode sizes and its unit lines.
 
-    Args:
-        sizes: bytes as nccl-tests gives them, ``LOW:HIGH[:FACTOR]`` or a list (:func:`parse_sizes`).
-        variants: env variants (:func:`parse_variant`); ``default`` is always run first.
-        nproc: processes (GPUs) per node; ``None``: every GPU under nccl, 2 under gloo.
-        model: a preset or config.json whose hidden size adds the decode all_reduce sizes of ``batches``
-            and picks the best variant there; ``tp``, when given, must equal the world size.
-        rendezvous: torchrun's multi-node flags, underscored (``nnodes``, ``master_addr`` … :data:`RDZV_FLAGS`).
-        output: the curve file, rewritten after every variant.
+    ``progress`` gets one line as each op and variant finishes.
 
     Raises:
         InputError: a bad option (one line naming its flag), a missing ``bench`` extra, or a failed worker
             (with ``keep_going``, failed variants are listed in ``failures`` instead).
 
     Example:
-        >>> doc = bench_comm(ops=["all_reduce"], sizes="1K:64K", backend="gloo", model="llama-3-70b",
-        ...                  batches=[1, 8])                                   # doctest: +SKIP
-        >>> doc.best_at_decode[0].variant                                       # doctest: +SKIP
+        >>> doc = bench_comm(CommRequest(ops=("all_reduce",), sizes="1K:64K", backend="gloo",
+        ...                              model="llama-3-70b", batches=(1, 8)))          # doctest: +SKIP
+        >>> doc.best_at_decode[0].variant                                               # doctest: +SKIP
     """
-    op_list = tuple(o.strip() for o in ops if o.strip())
+    r = request
+    op_list = tuple(o.strip() for o in r.ops if o.strip())
     bad = [o for o in op_list if o not in OPS]
     if bad or not op_list:
         raise InputError("--ops", f"unknown {', '.join(bad) or '(none)'}; expected some of {', '.join(OPS)}")
-    if dtype not in DTYPES:
-        raise InputError("--dtype", f"{dtype!r}: expected bfloat16, float16 or float32")
-    chosen_variants = [parse_variant("default")] + [parse_variant(v) for v in variants if v.strip() != "default"]
+    if r.dtype not in DTYPES:
+        raise InputError("--dtype", f"{r.dtype!r}: expected bfloat16, float16 or float32")
+    chosen_variants = [parse_variant("default")] + [parse_variant(v) for v in r.variants if v.strip() != "default"]
     hidden = None
-    if model is not None:
+    if r.model is not None:
         from servescope.plan.model import load_model_arch
 
-        hidden = load_model_arch(model).hidden
-    chosen = resolve_backend(backend)
-    per_node = nproc if nproc is not None else default_nproc(chosen)
-    rdzv = {k: v for k, v in (rendezvous or {}).items() if v is not None}
+        hidden = load_model_arch(r.model).hidden
+    chosen = resolve_backend(r.backend)
+    per_node = r.nproc if r.nproc is not None else default_nproc(chosen)
+    rdzv = {k: v for k, v in r.rendezvous.items() if v is not None}
     unknown = set(rdzv) - set(RDZV_FLAGS)
     if unknown:
         raise ValueError(f"unknown rendezvous keys {sorted(unknown)}; expected some of {', '.join(RDZV_FLAGS)}")
     nodes = rdzv.get("nnodes", "").split(":")[-1]
     world = per_node * int(nodes) if nodes.isdigit() else per_node
-    if tp is not None and tp != world:
-        raise InputError("--tp", f"{tp}, but the bench runs {world} ranks; time the TP group's size (--gpus {tp})")
-    size_list = list(parse_sizes(sizes))
+    if r.tp is not None and r.tp != world:
+        raise InputError("--tp", f"{r.tp}, but the bench runs {world} ranks; time the TP group's size (--gpus {r.tp})")
+    size_list = list(parse_sizes(r.sizes))
     if hidden is not None:
-        size_list += [hidden * b * ELEM_BYTES[dtype] for b in batches]
-    req = CommRequest(ops=op_list, sizes=align_sizes(size_list, world_size=world, dtype=dtype),
-                      variants=tuple(chosen_variants), nproc=per_node, backend=chosen, dtype=dtype, iters=iters,
-                      warmup=warmup, graph=graph, rendezvous=rdzv, output=output, timeout_s=timeout_s,
-                      keep_going=keep_going)
-    result = run_comm_bench(req, progress)
-    choices = best_at_decode(result.doc, hidden=hidden, batches=batches) if hidden else []
+        size_list += [hidden * b * ELEM_BYTES[r.dtype] for b in r.batches]
+    run = CommRun(ops=op_list, sizes=align_sizes(size_list, world_size=world, dtype=r.dtype),
+                  variants=tuple(chosen_variants), nproc=per_node, backend=chosen, dtype=r.dtype, iters=r.iters,
+                  warmup=r.warmup, graph=r.graph, rendezvous=rdzv, output=r.output, timeout_s=r.timeout_s,
+                  keep_going=r.keep_going)
+    result = run_comm_bench(run, progress)
+    choices = best_at_decode(result.doc, hidden=hidden, batches=r.batches) if hidden else []
     return CommResultDoc(curves=result.doc, best_at_decode=choices,
                          environment=environment_lines(result.doc, choices) if choices else [],
                          failures=list(result.failures), output=result.output)

@@ -98,6 +98,7 @@ def bench_comm(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Collective latency curves (nccl-tests algbw/busbw), one fresh process group per NCCL env variant."""
+    from servescope.bench.comm import CommRequest
     from servescope.bench.comm import bench_comm as measure
     from servescope.core.atomic import write_text_atomic
     from servescope.core.document import encode
@@ -108,14 +109,16 @@ def bench_comm(
         rendezvous = {"nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": rdzv_endpoint,
                       "rdzv_backend": rdzv_backend, "rdzv_id": rdzv_id, "master_addr": master_addr,
                       "master_port": master_port}
+        request = CommRequest(ops=tuple(ops.split(",")), sizes=sizes, variants=tuple(variant or ()), graph=graph,
+                              nproc=gpus, backend=backend, dtype=dtype, iters=iters, warmup=warmup, model=model,
+                              tp=tp, batches=tuple(batches),
+                              rendezvous={k: v for k, v in rendezvous.items() if v is not None}, output=output,
+                              timeout_s=timeout, keep_going=keep_going)
         # what it measures, each op and variant as it finishes: a default run takes a minute on a CPU
         progress = None if as_json else (lambda m: err.print(f"bench comm: {m}", markup=False))
         previous = signal.signal(signal.SIGTERM, _interrupt)   # `timeout`/systemd stop: end the workers too
         try:
-            doc = measure(ops=ops.split(","), sizes=sizes, variants=variant or (), graph=graph, nproc=gpus,
-                          backend=backend, dtype=dtype, iters=iters, warmup=warmup, model=model, tp=tp,
-                          batches=batches, rendezvous={k: v for k, v in rendezvous.items() if v is not None},
-                          output=output, timeout_s=timeout, keep_going=keep_going, progress=progress)
+            doc = measure(request, progress=progress)
         except KeyboardInterrupt:
             fail(f"interrupted; the variants that finished are in {output}" if output else "interrupted", code=130)
         finally:
