@@ -209,15 +209,11 @@ class CommCosts:
         return None
 
     def _point(self, op: str, impl: str, group: int, origin: str) -> Point | None:
-        for p in (self.calibrated if origin == CALIBRATED else self.points):
-            if (p.op == op and p.impl == impl and p.group == group and p.origin == origin
-                    and self.hw.name in p.profiles):
-                return p
-        return None
+        return next((p for p in (self.calibrated if origin == CALIBRATED else self.points)
+                     if p.origin == origin and p.is_for(op, impl, group, self.hw.name)), None)
 
     def _bandwidth(self, op: str, impl: str, group: int) -> Bandwidth | None:
-        return next((b for b in self.bandwidths if b.op == op and b.impl == impl and b.group == group
-                     and self.hw.name in b.profiles), None)
+        return next((b for b in self.bandwidths if b.is_for(op, impl, group, self.hw.name)), None)
 
     def _from_point(self, point: Point, op: str, group: int, nbytes: float,
                     curve: tuple[OpCurve, CurveSource] | None, *, ll: bool = False) -> float:

@@ -22,7 +22,7 @@ from typing import Any
 
 from servescope.plan.hardware import HardwareProfile
 
-__all__ = ["IMPLS", "Bandwidth", "NcclEnv", "PathChoice", "Point", "allreduce_path", "engine_rules",
+__all__ = ["IMPLS", "Bandwidth", "Figure", "NcclEnv", "PathChoice", "Point", "allreduce_path", "engine_rules",
            "load_bandwidths", "load_points", "nccl_env_effects", "point_time_us"]
 
 IMPLS = ("nccl", "nccl_symm_mem", "quick_reduce", "custom_1stage", "custom_2stage", "symm_mem_multimem",
@@ -41,13 +41,24 @@ class PathChoice:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Point:
-    """Per-call times of one implementation over ``group`` GPUs at message sizes, with provenance."""
+class Figure:
+    """What a figure of ``data/comm/points.toml`` was taken on: ``op`` run as ``impl`` over ``group`` GPUs of one
+    of the hardware ``profiles`` (the fields a :class:`Point` and a :class:`Bandwidth` begin with)."""
 
     op: str
     impl: str
     profiles: tuple[str, ...]
     group: int
+
+    def is_for(self, op: str, impl: str, group: int, profile: str) -> bool:
+        """Whether this figure was taken on ``op`` as ``impl`` over ``group`` GPUs of ``profile``."""
+        return self.op == op and self.impl == impl and self.group == group and profile in self.profiles
+
+
+@dataclass(frozen=True, kw_only=True)
+class Point(Figure):
+    """Per-call times of one implementation over ``group`` GPUs at message sizes, with provenance."""
+
     bytes: tuple[int, ...]
     us: tuple[float, ...]
     origin: str
@@ -56,13 +67,9 @@ class Point:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Bandwidth:
+class Bandwidth(Figure):
     """A bus bandwidth published for ``op`` on ``impl`` over ``group`` GPUs of ``profiles``, measured at ``bytes``."""
 
-    op: str
-    impl: str
-    profiles: tuple[str, ...]
-    group: int
     bus_gbps: float
     bytes: int
     origin: str
@@ -137,17 +144,15 @@ def allreduce_path(nbytes: int, group: int, hw: HardwareProfile, env: dict[str, 
                               label=f"custom all-reduce {'one' if one else 'two'}-shot: {links}, below "
                                     f"{_size(shot_limit)}",
                               why=f"custom all-reduce {kind}: {nbytes:,} B below its {limit:,} B limit on {group} "
-                                  f"{'NVLink' if hw.interconnect == 'nvlink' else 'P2P'} GPUs ({where} "
-                                  f"custom_all_reduce.py, csrc/custom_all_reduce.cuh)")
+                                  f"{links} GPUs ({where} custom_all_reduce.py, csrc/custom_all_reduce.cuh)")
         why_not.append(f"{nbytes:,} B is not below the custom all-reduce limit {limit:,} B")
         short = f"custom: {_size(limit)} and above"
     if symm_on and nbytes <= int(symm["max_bytes"][cap][str(group)]) and nbytes % 4 == 0:
         multi = group in symm["multimem_world_sizes"].get(cap, [])
+        path = f"torch symmetric memory {'multimem' if multi else 'two-shot'}"
         return PathChoice(impl="symm_mem_multimem" if multi else "symm_mem_two_shot",
-                          label=f"torch symmetric memory {'multimem' if multi else 'two-shot'}: NVLink multicast, "
-                                f"up to {_size(int(symm['max_bytes'][cap][str(group)]))}",
-                          why=f"torch symmetric memory {'multimem' if multi else 'two-shot'}: "
-                              f"{'; '.join(why_not)}; NVLink multicast on sm_{cap.replace('.', '')} "
+                          label=f"{path}: NVLink multicast, up to {_size(int(symm['max_bytes'][cap][str(group)]))}",
+                          why=f"{path}: {'; '.join(why_not)}; NVLink multicast on sm_{cap.replace('.', '')} "
                               f"({where} symm_mem.py)")
     if not symm_on:
         sm = cap.replace(".", "") or "?"
@@ -195,6 +200,12 @@ def nccl_env_effects(env: dict[str, str]) -> NcclEnv:
     return NcclEnv(prefer=prefer, ll_only=ll, notes=notes)
 
 
+def _figure(entry: dict[str, Any]) -> dict[str, Any]:
+    """The :class:`Figure` fields of a ``[[point]]`` or ``[[bandwidth]]`` entry."""
+    return {"op": entry["op"], "impl": entry["impl"], "profiles": tuple(entry["profiles"]),
+            "group": int(entry["group"])}
+
+
 def load_points(*, exclude_sources: tuple[str, ...] = ()) -> list[Point]:
     """The points of ``data/comm/points.toml``, leaving out those whose source contains any of
     ``exclude_sources`` (a test's independent route)."""
@@ -203,8 +214,7 @@ def load_points(*, exclude_sources: tuple[str, ...] = ()) -> list[Point]:
     for p in tomllib.loads(text).get("point", []):
         if any(x in p["source"] for x in exclude_sources):
             continue
-        out.append(Point(op=p["op"], impl=p["impl"], profiles=tuple(p["profiles"]), group=int(p["group"]),
-                         bytes=tuple(int(b) for b in p["bytes"]), us=tuple(float(u) for u in p["us"]),
+        out.append(Point(**_figure(p), bytes=tuple(int(b) for b in p["bytes"]), us=tuple(float(u) for u in p["us"]),
                          origin=p["origin"], source=p["source"], stands_for=p.get("stands_for", "")))
     return out
 
@@ -212,8 +222,8 @@ def load_points(*, exclude_sources: tuple[str, ...] = ()) -> list[Point]:
 def load_bandwidths() -> list[Bandwidth]:
     """The ``[[bandwidth]]`` entries of ``data/comm/points.toml``."""
     text = files("servescope").joinpath("data", "comm", "points.toml").read_text(encoding="utf-8")
-    return [Bandwidth(op=b["op"], impl=b["impl"], profiles=tuple(b["profiles"]), group=int(b["group"]),
-                      bus_gbps=float(b["bus_gbps"]), bytes=int(b["bytes"]), origin=b["origin"], source=b["source"])
+    return [Bandwidth(**_figure(b), bus_gbps=float(b["bus_gbps"]), bytes=int(b["bytes"]), origin=b["origin"],
+                      source=b["source"])
             for b in tomllib.loads(text).get("bandwidth", [])]
 
 
