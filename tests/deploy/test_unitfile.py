@@ -116,6 +116,15 @@ def test_malformed_lines_name_the_line_systemd_names(tmp_path: Path, text: str, 
         load_unit(tmp_path / "bad.service")
 
 
+def test_an_unreadable_unit_file_is_one_line_saying_why(tmp_path: Path) -> None:
+    (tmp_path / "latin1.service").write_bytes(b"[Unit]\nDescription=caf\xe9\n")
+    with pytest.raises(InputError, match=r"latin1\.service: not UTF-8 text; not a unit file$"):
+        load_unit(tmp_path / "latin1.service")
+    (tmp_path / "dir.service").mkdir()
+    with pytest.raises(InputError, match=r"dir\.service: is a directory, not a unit file$"):
+        load_unit(tmp_path / "dir.service")
+
+
 def test_missing_unit_and_bad_environment(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no such unit file"):
         load_unit(tmp_path / "absent.service")

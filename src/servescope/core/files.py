@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 
 from servescope.core.errors import InputError
 
-__all__ = ["HARDWARE_DIR", "hardware_profile_names", "read_json"]
+__all__ = ["HARDWARE_DIR", "hardware_profile_names", "read_json", "unreadable"]
 
 #: Where the bundled hardware profiles live inside the package.
 HARDWARE_DIR = ("data", "hardware")
@@ -31,6 +32,21 @@ def read_json(path: str | Path | Traversable, *, source: str | None = None) -> A
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(where, f"not JSON: {exc.msg} at line {exc.lineno}") from None
+
+
+def unreadable(source: str, exc: OSError | UnicodeDecodeError,
+               problems: Mapping[type[OSError | UnicodeDecodeError], str]) -> InputError:
+    """The one-line error for a file that could not be read: what ``problems`` says for the first of its
+    exception types that ``exc`` is (``{FileNotFoundError: "no such file", ...}``), else ``cannot read: WHY``.
+
+    Example:
+        >>> unreadable("a.json", FileNotFoundError(2, "No such file"), {FileNotFoundError: "no such file"}).problem
+        'no such file'
+    """
+    problem = next((said for kind, said in problems.items() if isinstance(exc, kind)), None)
+    if problem is None:
+        problem = f"cannot read: {(exc.strerror if isinstance(exc, OSError) else None) or exc}"
+    return InputError(source, problem)
 
 
 def hardware_profile_names() -> list[str]:

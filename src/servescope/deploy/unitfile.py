@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servescope.core.errors import InputError
+from servescope.core.files import unreadable
 
 __all__ = [
     "ExecCommand",
@@ -183,19 +184,19 @@ def parse_unit_text(text: str, source: str) -> list[UnitEntry]:
     return entries
 
 
+_UNREADABLE: dict[type[OSError | UnicodeDecodeError], str] = {
+    FileNotFoundError: "no such unit file",
+    IsADirectoryError: "is a directory, not a unit file",
+    PermissionError: "permission denied reading the unit file",
+    UnicodeDecodeError: "not UTF-8 text; not a unit file",
+}
+
+
 def _read_text(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(str(path), "no such unit file") from None
-    except IsADirectoryError:
-        raise InputError(str(path), "is a directory, not a unit file") from None
-    except PermissionError:
-        raise InputError(str(path), "permission denied reading the unit file") from None
-    except UnicodeDecodeError:
-        raise InputError(str(path), "not UTF-8 text; not a unit file") from None
-    except OSError as exc:
-        raise InputError(str(path), f"cannot read: {exc.strerror or exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise unreadable(str(path), exc, _UNREADABLE) from None
 
 
 def default_dropin_dirs(path: Path) -> list[Path]:

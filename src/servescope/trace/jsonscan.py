@@ -23,6 +23,7 @@ import deflate
 import msgspec
 
 from servescope.core.errors import InputError
+from servescope.core.files import unreadable
 from servescope.trace.collect import Collector
 from servescope.trace.events import BlockDecoder
 
@@ -64,6 +65,12 @@ WHITESPACE = b" \t\r\n"
 Buffer = bytes | bytearray | mmap.mmap  # libdeflate inflates into a bytearray; copying it would double the peak
 
 
+_UNREADABLE: dict[type[OSError | UnicodeDecodeError], str] = {
+    FileNotFoundError: "no such file",
+    IsADirectoryError: "is a directory, not a trace file",
+}
+
+
 class NotStreamable(Exception):
     """The streaming path cannot cut this file safely; the whole-buffer path decides."""
 
@@ -78,12 +85,8 @@ def load_bytes(path: Path) -> Buffer:
         with path.open("rb") as handle:  # into a bytearray: events are decoded in place (decode_in_place)
             raw = bytearray(os.fstat(handle.fileno()).st_size)
             del raw[handle.readinto(raw) :]  # the file may have shrunk since
-    except FileNotFoundError:
-        raise InputError(str(path), "no such file") from None
-    except IsADirectoryError:
-        raise InputError(str(path), "is a directory, not a trace file") from None
     except OSError as exc:
-        raise InputError(str(path), f"cannot read: {exc.strerror or exc}") from None
+        raise unreadable(str(path), exc, _UNREADABLE) from None
     if raw[:2] == b"\x1f\x8b":
         # libdeflate is ~6x faster than zlib but sizes its output from the trailer (the last 4 bytes):
         # use it only when that trailer is plausible, and let zlib decide everything else (padding,
