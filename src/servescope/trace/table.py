@@ -11,7 +11,7 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
     import numpy as np
@@ -37,6 +37,22 @@ KIND_NAMES = ("kernel", "gpu_memcpy", "gpu_memset", "cpu_op", "python_function",
               "gpu_user_annotation")
 STEP_MARKER_PREFIX = "ProfilerStep#"  # torch.profiler's schedule: a range per step, written as an annotation or op
 _TYPECODES = ("b", "i", "d", "d", "q", "i")  # kind, name, ts_us, dur_us, correlation, thread
+
+
+D = TypeVar("D", bound="np.generic")
+
+
+class _Column(Generic[D]):
+    """Column ``index`` of a :class:`Table`, read as a numpy array of ``D`` (the arrays are made on first read)."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __get__(self, table: Table, owner: type[Table] | None = None) -> npt.NDArray[D]:
+        column: npt.NDArray[D] = table._numpy()[self.index]
+        return column
 
 
 class Table:
@@ -142,29 +158,12 @@ class Table:
             )
         return self._arrays
 
-    @property
-    def kind(self) -> npt.NDArray[np.int8]:
-        return self._numpy()[0]  # type: ignore[no-any-return]
-
-    @property
-    def name(self) -> npt.NDArray[np.int32]:
-        return self._numpy()[1]  # type: ignore[no-any-return]
-
-    @property
-    def ts_us(self) -> npt.NDArray[np.float64]:
-        return self._numpy()[2]  # type: ignore[no-any-return]
-
-    @property
-    def dur_us(self) -> npt.NDArray[np.float64]:
-        return self._numpy()[3]  # type: ignore[no-any-return]
-
-    @property
-    def correlation(self) -> npt.NDArray[np.int64]:
-        return self._numpy()[4]  # type: ignore[no-any-return]
-
-    @property
-    def thread(self) -> npt.NDArray[np.int32]:
-        return self._numpy()[5]  # type: ignore[no-any-return]
+    kind: _Column[np.int8] = _Column(0)
+    name: _Column[np.int32] = _Column(1)
+    ts_us: _Column[np.float64] = _Column(2)
+    dur_us: _Column[np.float64] = _Column(3)
+    correlation: _Column[np.int64] = _Column(4)
+    thread: _Column[np.int32] = _Column(5)
 
 
 @dataclass(slots=True)
