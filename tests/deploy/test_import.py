@@ -69,3 +69,21 @@ def test_import_of_a_non_engine_unit_exit_2(tmp_path: Path) -> None:
     unit.write_text("[Service]\nExecStart=/bin/sleep 100\n")
     result = CliRunner().invoke(app, ["service", "import", str(unit)])
     assert result.exit_code == 2 and "runs neither vLLM nor SGLang" in result.output
+
+
+def test_write_import_puts_secrets_beside_the_spec(tmp_path: Path) -> None:
+    """The function `service import -o` calls: the spec at the path, the secrets as NAME.env (0600) beside it,
+    nothing more when the unit has none."""
+    from servescope.deploy.importer import import_unit, spec_toml, write_import
+    from servescope.deploy.lint import parse_unit
+
+    text = ("[Service]\nEnvironment=HF_TOKEN=hf_zzz NCCL_ALGO=Ring\n"
+            "ExecStart=/usr/bin/python3 -m vllm.entrypoints.openai.api_server --model m\n")
+    result = import_unit(parse_unit(text, "kimi.service"))
+    spec = tmp_path / "spec.toml"
+    env = write_import(result, spec)
+    assert env == tmp_path / "kimi.env" and env.read_text() == "HF_TOKEN=hf_zzz\n"
+    assert stat.S_IMODE(os.stat(env).st_mode) == 0o600
+    assert spec.read_text() == spec_toml(result) and "hf_zzz" not in spec.read_text()
+    plain = import_unit(parse_unit(text.replace("HF_TOKEN=hf_zzz ", ""), "plain.service"))
+    assert write_import(plain, tmp_path / "plain.toml") is None and not (tmp_path / "plain.env").exists()

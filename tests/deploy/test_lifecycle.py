@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
@@ -98,3 +99,27 @@ def test_start_stop_and_systemctl_failure(monkeypatch: pytest.MonkeyPatch, syste
     monkeypatch.setenv("FAKE_SYSTEMCTL_FAIL", "start")
     failed = CliRunner().invoke(app, ["service", "start", "svc"])
     assert failed.exit_code == 2 and "Access denied" in failed.output
+
+
+def test_restart_until_ready_waits_for_the_unit_and_url(monkeypatch: pytest.MonkeyPatch,
+                                                        systemctl: FakeSystemctl) -> None:
+    """The function `service restart` calls: the restart, then health's wait on the URL and the unit."""
+    from servescope.server import health
+    from servescope.server.health import HealthRequest, restart_until_ready
+
+    systemctl.add_unit("svc.service")
+    _use_recording(monkeypatch, "idle")
+    asked: list[HealthRequest] = []
+
+    def check(request: HealthRequest) -> SimpleNamespace:
+        asked.append(request)
+        assert systemctl.calls()[-1] == ["start", "svc.service"]
+        return SimpleNamespace(ready=True)
+
+    monkeypatch.setattr(health, "check_health", check)
+    result = restart_until_ready("svc", url="http://127.0.0.1:9", max_used_mib=1000, gpu_timeout_s=0,
+                                 ready_timeout_s=5)
+    assert (result.started, result.ready, result.detail) == (True, True, "ready: True")
+    [request] = asked
+    assert (request.url, request.wait, request.timeout_s, request.unit) == ("http://127.0.0.1:9", True, 5,
+                                                                           "svc.service")

@@ -51,28 +51,6 @@ def service_render(
             typer.echo(f"wrote {output / unit.filename} (runs on: {unit.role})")
 
 
-def _topology(value: str | None) -> str | None:
-    from servescope.gpu.errors import GpuQueryError, GpuUnavailable
-    from servescope.gpu.inventory import take_snapshot
-    from servescope.gpu.smi import parse_topo_matrix
-
-    if value in ("nvlink", "pcie"):
-        return value
-    if value is not None:
-        try:
-            topo = parse_topo_matrix(_read(Path(value)))
-        except ValueError as exc:
-            raise InputError(value, f"not `nvidia-smi topo -m` output ({exc})") from None
-        return "nvlink" if topo.has_nvlink else "pcie"
-    try:
-        snap = take_snapshot()
-    except (GpuUnavailable, GpuQueryError):
-        return None
-    if snap.topology is None:
-        return None
-    return "nvlink" if snap.topology.has_nvlink else "pcie"
-
-
 @service_app.command("lint")
 def service_lint(
     unit_path: Annotated[Path, typer.Argument(metavar="UNIT", help="A unit file.")],
@@ -88,11 +66,12 @@ def service_lint(
 ) -> None:
     """Explain each problem of a unit, with its line and what to do. Exit 1 when an error-level rule fires."""
     from servescope.deploy.lint import lint_unit, parse_unit
+    from servescope.gpu.topology import link_kind
     from servescope.report.service import encode_lint, render_lint
 
     with user_errors():
         unit = parse_unit(_read(unit_path), str(unit_path))
-        result = lint_unit(unit, topology=_topology(topology), load_time_s=load_time, host=not no_host)
+        result = lint_unit(unit, topology=link_kind(topology), load_time_s=load_time, host=not no_host)
     print_result(result, render_lint, as_json=as_json, encode=encode_lint)
     if result.errors:
         raise typer.Exit(1)
@@ -106,27 +85,22 @@ def service_import(
     as_json: Annotated[bool, typer.Option("--json", help="Print the spec and what moved as JSON.")] = False,
 ) -> None:
     """Turn a vLLM/SGLang unit into a spec; secrets move to an EnvironmentFile, never into the spec."""
-    from servescope.core.atomic import write_text_atomic
-    from servescope.deploy.importer import import_unit, spec_toml
+    from servescope.deploy.importer import import_unit, spec_toml, write_import
     from servescope.deploy.lint import parse_unit
     from servescope.report.service import encode_import, render_import
 
     with user_errors():
         result = import_unit(parse_unit(_read(unit_path), str(unit_path)))
-        text = spec_toml(result)
         env_path = None
         if output is not None:
-            write_text_atomic(output, text)
-            if result.secrets:
-                env = output.with_name(f"{result.name}.env")
-                write_text_atomic(env, "".join(f"{k}={v}\n" for k, v in result.secrets.items()), mode=0o600)
-                env_path = str(env)
+            env = write_import(result, output)
+            env_path = None if env is None else str(env)
         elif result.secrets and not as_json:
             typer.echo(f"# {len(result.secrets)} secret(s) not written: use -o to write them to NAME.env", err=True)
     if as_json:
         sys.stdout.buffer.write(encode_import(result, None if output is None else str(output)))
     elif output is None:
-        typer.echo(text, nl=False)
+        typer.echo(spec_toml(result), nl=False)
     else:
         render_import(result, str(output), env_path, Console(highlight=False))
 
@@ -205,19 +179,14 @@ def service_restart(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """stop → wait for free GPU memory → start → wait until ready; never starts while memory is held (exit 1)."""
-    from servescope.deploy.lifecycle import restart_service, unit_name
     from servescope.gpu.errors import GpuQueryError, GpuUnavailable
     from servescope.report.service import encode_record, render_restart
-    from servescope.server.health import HealthRequest, check_health
-
-    def ready() -> tuple[bool, str]:
-        health = check_health(HealthRequest(url=url, wait=True, timeout_s=ready_timeout, poll_s=2.0,
-                                            unit=unit_name(name)))
-        return health.ready, f"ready: {health.ready}"
+    from servescope.server.health import restart_until_ready
 
     with user_errors():
         try:
-            result = restart_service(name, max_used_mib=max_used_mib, gpu_timeout_s=gpu_timeout, wait_ready=ready)
+            result = restart_until_ready(name, url=url, max_used_mib=max_used_mib, gpu_timeout_s=gpu_timeout,
+                                         ready_timeout_s=ready_timeout)
         except (_systemctl_errors(), GpuUnavailable, GpuQueryError) as exc:
             fail(str(exc))
     print_result(result, render_restart, as_json=as_json, encode=encode_record)

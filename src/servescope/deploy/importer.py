@@ -7,11 +7,12 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from servescope.core.atomic import write_text_atomic
 from servescope.core.errors import InputError
 from servescope.deploy.lint import UnitText, split_command, time_span_s
 from servescope.deploy.spec import defaults, is_secret_name
 
-__all__ = ["ImportResult", "detect_engine", "import_unit", "spec_toml"]
+__all__ = ["ImportResult", "detect_engine", "import_unit", "spec_toml", "write_import"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,3 +149,14 @@ def spec_toml(result: ImportResult) -> str:
         lines += ["", f"[{key}]"]
         lines += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in table.items()]
     return "\n".join(lines) + "\n"
+
+
+def write_import(result: ImportResult, output: Path) -> Path | None:
+    """Write the spec (:func:`spec_toml`) to ``output``, and its secrets beside it as ``NAME.env`` (``KEY=VALUE``
+    lines, mode 0600), each atomically; the secrets file, or None when the unit had none."""
+    write_text_atomic(output, spec_toml(result))
+    if not result.secrets:
+        return None
+    env = output.with_name(f"{result.name}.env")
+    write_text_atomic(env, "".join(f"{k}={v}\n" for k, v in result.secrets.items()), mode=0o600)
+    return env

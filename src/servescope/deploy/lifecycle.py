@@ -1,7 +1,8 @@
 """The service's life: install, start, stop, status, and a restart that never starts while GPU memory is held.
 
 ``restart`` = ``systemctl stop`` → wait for free GPU memory (``gpu wait-free``) → ``systemctl start`` →
-wait until ready (``health --wait``). When memory stays held, it stops there and names who holds it.
+wait until ready (``health --wait``, passed in: :func:`servescope.server.health.restart_until_ready` is the
+whole ``service restart``). When memory stays held, it stops there and names who holds it.
 """
 
 from __future__ import annotations

@@ -11,15 +11,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from servescope.core.errors import InputError
 from servescope.core.gpu import GpuSnapshot
-from servescope.gpu.errors import GpuUnavailable
+from servescope.gpu.errors import GpuQueryError, GpuUnavailable
 from servescope.gpu.inventory import take_snapshot
+from servescope.gpu.smi import parse_topo_matrix
 
 __all__ = [
     "PCIE_PATHS",
     "GpuLinks",
     "GpuPair",
     "TopologyReport",
+    "link_kind",
     "nccl_verdict",
     "pci_affinity",
     "read_topology",
@@ -236,3 +239,37 @@ def read_topology(*, prefer: str = "nvml", sysfs: Path = SYSFS_PCI) -> TopologyR
     if not snapshot.gpus:
         raise GpuUnavailable(f"no GPU found ({snapshot.source})")
     return topology_report(snapshot, affinity=lambda bus: pci_affinity(bus, root=sysfs))
+
+
+def link_kind(source: str | None) -> str | None:
+    """``"nvlink"`` or ``"pcie"``: how the GPUs a unit runs on are linked, for the NCCL rules of ``service lint``.
+
+    ``source`` is one of those two words, an ``nvidia-smi topo -m`` output file (NVLink between any pair:
+    ``nvlink``), or None for this machine's GPUs, which gives None where no GPU query works or it reports no
+    topology (the NCCL rules are then skipped).
+
+    Raises:
+        InputError: the file cannot be read, or is not ``nvidia-smi topo -m`` output.
+    """
+    if source in ("nvlink", "pcie"):
+        return source
+    if source is not None:
+        path = Path(source)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise InputError(str(path), "not a text file") from None
+        except OSError as exc:
+            raise InputError(str(path), f"cannot read ({exc.strerror or exc})") from None
+        try:
+            topo = parse_topo_matrix(text)
+        except ValueError as exc:
+            raise InputError(source, f"not `nvidia-smi topo -m` output ({exc})") from None
+        return "nvlink" if topo.has_nvlink else "pcie"
+    try:
+        snap = take_snapshot()
+    except (GpuUnavailable, GpuQueryError):
+        return None
+    if snap.topology is None:
+        return None
+    return "nvlink" if snap.topology.has_nvlink else "pcie"

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from servescope import __version__
 from servescope.core.errors import InputError
@@ -40,7 +41,11 @@ from servescope.server.process import (
     read_unit_log_tail,
 )
 
-__all__ = ["CHECK_TIMEOUT_S", "WAIT_TIMEOUT_S", "GpuMemoryProbe", "HealthRequest", "ProgressCallback", "check_health"]
+if TYPE_CHECKING:
+    from servescope.deploy.lifecycle import RestartResult
+
+__all__ = ["CHECK_TIMEOUT_S", "WAIT_TIMEOUT_S", "GpuMemoryProbe", "HealthRequest", "ProgressCallback", "check_health",
+           "restart_until_ready"]
 
 ProgressCallback = Callable[[float, str, "str | None"], None]
 """Called after each poll with (elapsed_s, phase, newest log line or None)."""
@@ -354,3 +359,23 @@ def check_health(request: HealthRequest, *, progress: ProgressCallback | None = 
     if request.wait:
         return asyncio.run(_wait_until_ready(request, progress, clock, sleep))
     return asyncio.run(_check_once(request))
+
+
+def restart_until_ready(name: str, *, url: str, max_used_mib: int, gpu_timeout_s: float,
+                        ready_timeout_s: float) -> RestartResult:
+    """``service restart``: :func:`~servescope.deploy.lifecycle.restart_service` (stop, wait for GPU memory below
+    ``max_used_mib``, start), then the wait of ``health --wait`` on ``url`` and the unit, up to ``ready_timeout_s``.
+
+    The wait is passed in here because deploy/ never imports server/ (server/ reads deploy/'s units).
+
+    Raises:
+        SystemctlError: systemctl failed. GpuUnavailable, GpuQueryError: GPU memory cannot be read.
+    """
+    from servescope.deploy.lifecycle import restart_service, unit_name
+
+    def ready() -> tuple[bool, str]:
+        health = check_health(HealthRequest(url=url, wait=True, timeout_s=ready_timeout_s, poll_s=2.0,
+                                            unit=unit_name(name)))
+        return health.ready, f"ready: {health.ready}"
+
+    return restart_service(name, max_used_mib=max_used_mib, gpu_timeout_s=gpu_timeout_s, wait_ready=ready)
