@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from servescope.cli.common import app, fail, save, user_errors, with_progress
 
+if TYPE_CHECKING:
+    from servescope.core.analysis import AnalysisDoc
+
 __all__ = ["analyze", "diff", "report", "write_outputs"]
 
 
-def write_outputs(doc: object, *, json_out: Path | None, html_out: Path | None, encoded: bytes | None = None) -> None:
+def write_outputs(doc: AnalysisDoc, *, json_out: Path | None, html_out: Path | None,
+                  encoded: bytes | None = None) -> None:
     """Write the analysis as JSON (``encoded`` when already made) and as HTML, each atomically."""
     if json_out is not None:
         if encoded is None:
@@ -29,7 +33,7 @@ def write_outputs(doc: object, *, json_out: Path | None, html_out: Path | None, 
     if html_out is not None:
         from servescope.report.html import render_analysis_html
 
-        save(html_out, render_analysis_html(doc))  # type: ignore[arg-type]
+        save(html_out, render_analysis_html(doc))
 
 
 @app.command()
@@ -125,8 +129,10 @@ def report(
 
     The document's ``schema`` field says which kind it is.
     """
+    from rich.console import Console
+
     from servescope.core.document import read_document
-    from servescope.report.rerender import render_document, render_html, render_text, text_console
+    from servescope.report.rerender import render_document, render_html, render_text
 
     with user_errors():
         doc = read_document(document)
@@ -135,7 +141,7 @@ def report(
     if as_json:
         sys.stdout.write(render_document(doc, "json"))
         return
-    render_text(doc, text_console(doc), top=top)
+    render_text(doc, Console(highlight=False), top=top)
 
 
 @app.command()

@@ -35,8 +35,7 @@ from servescope.report.service import render_status
 from servescope.report.settings import render_settings
 from servescope.report.tables import render_analysis
 
-__all__ = ["FORMATS", "VIEWS", "HtmlView", "TextView", "View", "render_document", "render_html", "render_text",
-           "text_console"]
+__all__ = ["FORMATS", "VIEWS", "HtmlView", "TextView", "View", "render_document", "render_html", "render_text"]
 
 FORMATS = ("text", "json", "html")
 
@@ -106,11 +105,6 @@ def _view(doc: object) -> View:
         raise ValueError(f"no view of {schema}") from None
 
 
-def text_console(doc: object, *, width: int | None = None, file: io.StringIO | None = None) -> Console:
-    """The console the writing command prints ``doc`` on: stdout's width (or ``width``), no highlighting."""
-    return Console(highlight=False, file=file, width=width)
-
-
 def render_text(doc: Any, console: Console, *, top: int = 15) -> None:
     """``doc`` as the command that wrote it prints it on ``console``."""
     _view(doc).text(doc, console, top=top)
@@ -141,5 +135,5 @@ def render_document(doc: Any, fmt: str, *, width: int | None = None, top: int = 
     if fmt != "text":
         raise ValueError(f"format {fmt!r}: expected one of {', '.join(FORMATS)}")
     out = io.StringIO()
-    render_text(doc, text_console(doc, width=width, file=out), top=top)
+    render_text(doc, Console(highlight=False, file=out, width=width), top=top)
     return out.getvalue()
