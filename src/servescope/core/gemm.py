@@ -16,6 +16,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeAlias
 
 from servescope.core.errors import InputError
 
@@ -28,11 +29,16 @@ __all__ = [
     "GemmShape",
     "GemmTiming",
     "MatmulCeiling",
+    "SampleTimes",
     "gemm_doc_to_json",
     "load_gemm_doc",
 ]
 
 GEMM_SCHEMA_VERSION = 1
+
+#: A measured timing's samples: seconds per call of each timed sample, in the order taken (``median_s`` beside it
+#: is their median). :class:`GemmTiming`, :class:`CopyCeiling` and :class:`MatmulCeiling` are each timed so.
+SampleTimes: TypeAlias = tuple[float, ...]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,7 +138,7 @@ class GemmTiming:
     k: int
     names: tuple[str, ...]
     calls_per_sample: int
-    times_s: tuple[float, ...]
+    times_s: SampleTimes
     median_s: float
     bytes_moved: int
     tflops: float
@@ -151,7 +157,7 @@ class CopyCeiling:
     """
 
     bytes_copied: int
-    times_s: tuple[float, ...]
+    times_s: SampleTimes
     median_s: float
     gbps: float
 
@@ -162,7 +168,7 @@ class MatmulCeiling:
 
     size: int
     dtype: str
-    times_s: tuple[float, ...]
+    times_s: SampleTimes
     median_s: float
     tflops: float
 
