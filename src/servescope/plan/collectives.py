@@ -95,7 +95,7 @@ class Priced:
     impl: str
     why: str
     source: str
-    path: str = ""
+    path: str
     alltoall: PcieAllToAll | None = None
 
 
