@@ -55,6 +55,11 @@ class PredictionCheck(msgspec.Struct, kw_only=True):
 
 
 class DiffDoc(Document, kw_only=True, frozen=True):
+    """Two analyses compared in one ``phase``: ``before`` and ``after`` name them (their files); per rank with steps
+    of the phase on both sides, its step, busy and idle time and each category (:class:`RankDiff`); the ranks on one
+    side only; the findings that appeared and those gone; the settings that changed, and the before side's advice
+    checked against the measured change (:class:`PredictionCheck`)."""
+
     schema: str = "servescope.diff"
     schema_version: int = 1
     servescope_version: str
