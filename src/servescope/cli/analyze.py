@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from servescope.cli.common import app, fail, save, user_errors, with_progress
+from servescope.cli.common import HtmlReport, JsonDocumentOut, TopKernels, app, fail, save, user_errors, with_progress
 
 if TYPE_CHECKING:
     from servescope.core.analysis import AnalysisDoc
@@ -50,8 +50,8 @@ def analyze(
                                                      "h200-moe-b16-graphs (an HF MoE model under CUDA graphs, made "
                                                      "by capture decode).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the analysis document as JSON.")] = False,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the JSON document here.")] = None,
-    html: Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
+    output: JsonDocumentOut = None,
+    html: HtmlReport = None,
     taxonomy: Annotated[Path | None, typer.Option("--taxonomy", help="TOML file of kernel rules that override the "
                                                   "bundled taxonomy.")] = None,
     step_gap_us: Annotated[float | None, typer.Option("--step-gap-us", min=0.0, help="Idle gap that separates "
@@ -61,7 +61,7 @@ def analyze(
                                                         "its flags, environment and version. One found beside the "
                                                         "traces is read too.",
                                                         show_default=False)] = None,
-    top: Annotated[int, typer.Option("--top", min=0, help="Kernels to list.")] = 15,
+    top: TopKernels = 15,
 ) -> None:
     """Where each step's time goes, per rank and phase, and what the bottleneck is.
 
@@ -122,7 +122,7 @@ def report(
                                              "plan, bench serve/comm/gemm, health, settings, gpu, service status, "
                                              "diff.")],
     html: Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
-    top: Annotated[int, typer.Option("--top", min=0, help="Kernels to list.")] = 15,
+    top: TopKernels = 15,
     as_json: Annotated[bool, typer.Option("--json", help="Print the document as JSON.")] = False,
 ) -> None:
     """Re-render a saved document (text, JSON, HTML) without recomputing: the text is what its command printed.

@@ -10,7 +10,20 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 import typer
 from rich.console import Console
 
-from servescope.cli.common import BarProgress, bench_app, err, fail, print_result, save, user_errors, with_progress
+from servescope.cli.common import (
+    ApiKeyOption,
+    BarProgress,
+    JsonFlag,
+    ModelPreset,
+    ServerUrl,
+    bench_app,
+    err,
+    fail,
+    print_result,
+    save,
+    user_errors,
+    with_progress,
+)
 from servescope.core.errors import InputError
 
 if TYPE_CHECKING:
@@ -21,14 +34,13 @@ N = TypeVar("N", int, float)
 
 @bench_app.command("gemm")
 def bench_gemm(
-    model: Annotated[str, typer.Option("--model", help="A preset (kimi-k2.5, deepseek-v3, qwen3-235b-a22b, "
-                                       "llama-3-70b) or a HF config.json.")],
+    model: ModelPreset,
     tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel ranks (per-rank shapes).")] = 1,
     batch: Annotated[str, typer.Option("--batch", help="Decode batch sizes, comma-separated.")] = "1,16,64",
     device: Annotated[str, typer.Option("--device", help="auto, cuda or cpu.")] = "auto",
     iters: Annotated[int, typer.Option("--iters", min=1, help="Timed samples per shape.")] = 50,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the JSON result here.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Time the model's per-rank decode GEMMs; TFLOP/s and GB/s against ceilings measured in the same run."""
     from servescope.bench.gemm import run_gemm_bench
@@ -95,7 +107,7 @@ def bench_comm(
     rdzv_id: Annotated[str | None, typer.Option("--rdzv-id", help="torchrun: job id.")] = None,
     master_addr: Annotated[str | None, typer.Option("--master-addr", help="torchrun: rank 0's host.")] = None,
     master_port: Annotated[str | None, typer.Option("--master-port", help="torchrun: rank 0's port.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Collective latency curves (nccl-tests algbw/busbw), one fresh process group per NCCL env variant."""
     from servescope.bench.comm import CommRequest
@@ -158,7 +170,7 @@ def _parse_list(option: str, text: str | None, kind: type[N]) -> tuple[N, ...]:
 
 @bench_app.command("serve")
 def bench_serve(
-    url: Annotated[str, typer.Argument(help="The server, e.g. http://127.0.0.1:8000.")],
+    url: ServerUrl,
     concurrency: Annotated[str | None, typer.Option("--concurrency", help="Concurrent streams per point, "
                                                     "comma-separated (default 1,4,16,64 without --rate).")] = None,
     rate: Annotated[str | None, typer.Option("--rate", help="Poisson request rates (req/s) per point, "
@@ -179,15 +191,13 @@ def bench_serve(
     workers: Annotated[int, typer.Option("--workers", min=0, help="Client processes per point; 0: one per 16 "
                                          "streams, at most one per CPU but one, at least 1 (printed per "
                                          "point).")] = 0,
-    api_key: Annotated[str | None, typer.Option("--api-key", show_default=False,
-                                                help="Bearer key; else $SERVESCOPE_API_KEY, else "
-                                                "$VLLM_API_KEY, else $OPENAI_API_KEY. Never printed.")] = None,
+    api_key: ApiKeyOption = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the JSON result here (after "
                                                 "every point).")] = None,
     png: Annotated[Path | None, typer.Option("--png", help="Write a PNG plot of the sweep.")] = None,
     html: Annotated[Path | None, typer.Option("--html", help="Write an HTML report of the sweep.")] = None,
     compare: Annotated[Path | None, typer.Option("--compare", help="An older result: show the deltas.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Load-test a live server: TTFT, TPOT, ITL, E2E and throughput per point, beside its own /metrics.
 

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     err: Console
 
 __all__ = [
-    "BarProgress", "app", "bench_app", "capture_app", "err", "fail", "gpu_app", "print_result", "save", "service_app",
+    "ApiKeyOption", "BarProgress", "HtmlReport", "JsonDocumentOut", "JsonFlag", "ModelPreset", "ServerUrl",
+    "TopKernels", "app", "bench_app", "capture_app", "err", "fail", "gpu_app", "print_result", "save", "service_app",
     "user_errors", "with_progress",
 ]
 
@@ -53,6 +54,18 @@ app.add_typer(capture_app, name="capture")
 app.add_typer(gpu_app, name="gpu")
 app.add_typer(bench_app, name="bench")
 app.add_typer(service_app, name="service")
+
+# Options and arguments that several commands declare alike: the same flag, help and default display.
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+JsonDocumentOut = Annotated[Path | None, typer.Option("--output", "-o", help="Write the JSON document here.")]
+HtmlReport = Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML report here.")]
+TopKernels = Annotated[int, typer.Option("--top", min=0, help="Kernels to list.")]
+ModelPreset = Annotated[str, typer.Option("--model", help="A preset (kimi-k2.5, deepseek-v3, qwen3-235b-a22b, "
+                                          "llama-3-70b) or a HF config.json.")]
+ServerUrl = Annotated[str, typer.Argument(help="The server, e.g. http://127.0.0.1:8000.")]
+ApiKeyOption = Annotated[str | None, typer.Option("--api-key", show_default=False,
+                                                  help="Bearer key; else $SERVESCOPE_API_KEY, else $VLLM_API_KEY, "
+                                                  "else $OPENAI_API_KEY. Never printed.")]
 
 
 def _version(value: bool) -> None:

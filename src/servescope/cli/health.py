@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from servescope.cli.common import BarProgress, app, print_result, save, user_errors, with_progress
+from servescope.cli.common import ApiKeyOption, BarProgress, app, print_result, save, user_errors, with_progress
 
 if TYPE_CHECKING:
     from servescope.core.health import HealthResult
@@ -47,9 +47,7 @@ def health(
     unit: Annotated[str | None, typer.Option("--unit", help="The server's systemd unit (instead of --pid).")] = None,
     log: Annotated[Path | None, typer.Option("--log", help="The server's log; its last lines show when it is "
                                              "not ready.")] = None,
-    api_key: Annotated[str | None, typer.Option("--api-key", show_default=False,
-                                                help="Bearer key; else $SERVESCOPE_API_KEY, else "
-                                                "$VLLM_API_KEY, else $OPENAI_API_KEY. Never printed.")] = None,
+    api_key: ApiKeyOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the health result as JSON.")] = False,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the health result (JSON) here, "
                                                 "ready or not.")] = None,

@@ -9,14 +9,13 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from servescope.cli.common import app, user_errors
+from servescope.cli.common import JsonDocumentOut, ModelPreset, app, user_errors
 from servescope.core.errors import InputError
 
 
 @app.command("plan")
 def plan(
-    model: Annotated[str, typer.Option("--model", help="A preset (kimi-k2.5, deepseek-v3, qwen3-235b-a22b, "
-                                       "llama-3-70b) or a HF config.json.")],
+    model: ModelPreset,
     hardware: Annotated[str, typer.Option("--hardware", help="A hardware profile (h200, …) or a .toml file.")],
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs to spread the model over.")],
     batch: Annotated[str, typer.Option("--batch", help="Decode batch sizes (running requests), comma-separated.")]
@@ -38,7 +37,7 @@ def plan(
                                                   "VLLM_ALLREDUCE_USE_SYMM_MEM, …): the all-reduce path vLLM "
                                                   "takes and the NCCL curve used.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan document as JSON.")] = False,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the JSON document here.")] = None,
+    output: JsonDocumentOut = None,
     html_out: Annotated[Path | None, typer.Option("--html", help="Write an HTML report with a chart here.")] = None,
 ) -> None:
     """Predict the decode step per parallel layout (TP, TP+EP, DP-attention+EP, PP, TP×PP) and batch."""

@@ -9,12 +9,20 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from servescope.cli.common import app, save, user_errors
+from servescope.cli.common import (
+    HtmlReport,
+    JsonDocumentOut,
+    ServerUrl,
+    TopKernels,
+    app,
+    save,
+    user_errors,
+)
 
 
 @app.command()
 def profile(
-    url: Annotated[str, typer.Argument(help="The server, e.g. http://127.0.0.1:8000.")],
+    url: ServerUrl,
     batch: Annotated[int, typer.Option("--batch", help="Concurrent requests in the profiled window.")] = 1,
     output_tokens: Annotated[int, typer.Option("--output-tokens", help="Tokens each request generates "
                                                "(ignore_eos).")] = 32,
@@ -29,9 +37,9 @@ def profile(
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="Send one unprofiled batch first "
                                          "(2 tokens each) so the profiled one meets a warm server.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the analysis document plus trace_files.")] = False,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the JSON document here.")] = None,
-    html: Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
-    top: Annotated[int, typer.Option("--top", min=0, help="Kernels to list.")] = 15,
+    output: JsonDocumentOut = None,
+    html: HtmlReport = None,
+    top: TopKernels = 15,
 ) -> None:
     """Profile B concurrent requests × N tokens on a live vLLM server and print the decode breakdown.
 

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from servescope.cli.common import fail, print_result, service_app, user_errors
+from servescope.cli.common import JsonFlag, fail, print_result, service_app, user_errors
 from servescope.core.errors import InputError
 
 
@@ -176,7 +176,7 @@ def service_restart(
                                                "memory.")] = 600.0,
     ready_timeout: Annotated[float, typer.Option("--ready-timeout", min=0.0, help="Seconds to wait for the "
                                                  "server to be ready.")] = 1800.0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """stop → wait for free GPU memory → start → wait until ready; never starts while memory is held (exit 1)."""
     from servescope.gpu.errors import GpuQueryError, GpuUnavailable
