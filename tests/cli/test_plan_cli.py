@@ -54,6 +54,19 @@ def test_comm_file_and_calibrate_are_recorded(tmp_path: Path) -> None:
     assert doc["curves"][0]["origin"] == "measured curve" and doc["curves"][0]["world_size"] == 1
 
 
+@pytest.mark.parametrize(("batches", "expected"), [
+    (["--batch", "1", "--batch", "64", "--batch", "1024"], [1, 64, 1024]),   # each one kept, not only the last
+    (["--batch", "1,8", "--batch", "64"], [1, 8, 64]),
+    (["--batch", "64,1", "--batch", "1"], [1, 64]),                          # sorted and distinct, as one list
+    ([], [1, 8, 32, 128]),
+])
+def test_batch_is_repeatable_and_comma_separated(batches: list[str], expected: list[int]) -> None:
+    result = runner.invoke(app, [*BASE, *batches, "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [p["batch"] for p in doc["layouts"][0]["points"]] == expected
+
+
 @pytest.mark.parametrize(("args", "words"), [
     (["--model", "no-such-model", "--hardware", "h200", "--gpus", "8"], ["no-such-model", "presets"]),
     (["--model", "kimi-k2.5", "--hardware", "no-such-gpu", "--gpus", "8"], ["no-such-gpu", "profiles"]),

@@ -18,8 +18,9 @@ def plan(
     model: ModelPreset,
     hardware: Annotated[str, typer.Option("--hardware", help="A hardware profile (h200, …) or a .toml file.")],
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs to spread the model over.")],
-    batch: Annotated[str, typer.Option("--batch", help="Decode batch sizes (running requests), comma-separated.")]
-        = "1,8,32,128",
+    batch: Annotated[list[str], typer.Option("--batch", help="Decode batch sizes (running requests), comma-separated "
+                                             "and repeatable: `--batch 1,8 --batch 64` is 1, 8 and 64.")]
+        = ["1,8,32,128"],  # noqa: B006 (typer's default, never changed)
     context: Annotated[int, typer.Option("--context", help="Tokens in each request's KV cache.")] = 4096,
     comm: Annotated[Path | None, typer.Option("--comm", help="A `bench comm` curve file for this box.")] = None,
     calibrate: Annotated[Path | None, typer.Option("--calibrate", help="An `analyze --json` of a real capture "
@@ -55,7 +56,7 @@ def plan(
             if not sep or not key.strip():
                 raise InputError("--env", f"expected KEY=VALUE, got {item!r}")
             pairs[key.strip()] = value.strip()
-        request = PlanRequest(model=model, hardware=hardware, gpus=gpus, batches=parse_batches(batch),
+        request = PlanRequest(model=model, hardware=hardware, gpus=gpus, batches=parse_batches(",".join(batch)),
                               context=context, comm=None if comm is None else str(comm),
                               calibrate=None if calibrate is None else str(calibrate), graph=not eager,
                               force=force, env=pairs)
