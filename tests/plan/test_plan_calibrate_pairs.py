@@ -164,10 +164,10 @@ def test_the_misses_follow_the_hosts_speed_in_each_window() -> None:
         kernels = [e for e in events if e.get("cat") == "kernel"]
         total = 0.0
         steps = _steps(folder, batch)
+        spans = [(float(k["ts"]), float(k["ts"]) + float(k["dur"])) for k in kernels]
         for s in steps:
             a, b = float(s["ts"]), float(s["ts"]) + float(s["dur"])
-            total += float(s["dur"]) - sum(min(float(k["ts"]) + float(k["dur"]), b) - max(float(k["ts"]), a)
-                                           for k in kernels if float(k["ts"]) < b and float(k["ts"]) + float(k["dur"]) > a)
+            total += float(s["dur"]) - sum(min(end, b) - max(start, a) for start, end in spans if start < b and end > a)
         return total / len(steps) / 1e3
 
     ratios = {}

@@ -1,5 +1,6 @@
 """A category added as data alone (one entry and its rule in a user taxonomy, ``analyze --taxonomy FILE``): its
-label, colour and planner role reach the printed text, the HTML page and the planner, with no change of code."""
+label, colour, planner role and words reach the printed text, the verdict, the HTML page and the planner, with no
+change of code."""
 
 from __future__ import annotations
 
@@ -16,8 +17,12 @@ from tracefiles import ROOT
 
 EXAMPLE = ROOT / "src" / "servescope" / "data" / "examples" / "h200-vllm-moe-b16"
 USER_TAXONOMY = """
-[categories]
-expert_gemm = { group = "compute", label = "MoE expert GEMMs", colour = "#123abc", role = "weights" }
+[categories.expert_gemm]
+group = "compute"
+label = "MoE expert GEMMs"
+colour = "#123abc"
+role = "weights"
+words = "the experts' GEMMs"
 
 [[rule]]
 category = "expert_gemm"
@@ -40,6 +45,9 @@ def test_a_category_added_as_data_reaches_the_text_the_html_and_the_planner(tmp_
     # the text: the summary's top categories and the phase table name it by its label
     assert "device time: MoE expert GEMMs" in result.stdout
     assert any(line.split("  ")[0].strip() == "MoE expert GEMMs" for line in result.stdout.splitlines())
+    # the verdict's sentence calls its kernels by its words
+    verdict = next(v for v in doc.verdicts if v.phase == "decode")
+    assert verdict.what == "expert_gemm" and verdict.sentence.startswith("The experts' GEMMs take the most device")
     # the HTML: its bars in its colour, its label in the legend and the tables
     page = out_html.read_text(encoding="utf-8")
     assert '"color":"#123abc"' in page and '"name":"MoE expert GEMMs"' in page

@@ -36,7 +36,7 @@ def test_every_bundled_category_has_a_colour_and_the_planners_roles() -> None:
 
 USER = """
 [categories]
-widgets = { group = "compute", label = "fused widgets", colour = "#123abc", role = "weights" }
+widgets = { group = "compute", label = "fused widgets", colour = "#123abc", role = "weights", words = "widget kernels" }
 norm = { group = "compute", label = "norms", colour = "#000000" }
 plain = "memory"
 """
@@ -46,9 +46,11 @@ def test_a_user_file_adds_categories_and_relabels_a_bundled_one() -> None:
     import tomllib
 
     table = category_table(tomllib.loads(USER), "mine.toml", under=bundled_categories())
-    assert table["widgets"] == Category("widgets", "compute", "fused widgets", "#123abc", "weights")
+    assert table["widgets"] == Category("widgets", "compute", "fused widgets", "#123abc", "weights", "widget kernels")
     assert table["plain"] == Category("plain", "memory", "plain", None, "other")
-    assert table["norm"] == Category("norm", "compute", "norms", "#000000", "other")  # its role kept
+    assert table["plain"].said == "plain"  # no words: a sentence uses its label
+    # its role and its words kept
+    assert table["norm"] == Category("norm", "compute", "norms", "#000000", "other", "norms")
     names = list(table)
     assert names[-3:] == ["widgets", "plain", "other"]  # new ones before "other"
     assert names.index("norm") == list(bundled_categories()).index("norm")  # a bundled one keeps its place
@@ -62,6 +64,7 @@ BAD = {
     "group": ('x = { label = "x" }', "categories.x: group None"),
     "moved": ('gemm = { group = "memory" }', "categories.gemm: the bundled taxonomy puts it in group 'compute'"),
     "type": ("x = 3", "categories.x: a group, or a table"),
+    "words": ('x = { group = "compute", words = "" }', "categories.x: words must be a line of text"),
 }
 
 

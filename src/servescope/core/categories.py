@@ -2,7 +2,8 @@
 
 Categories are data, declared in ``[categories]`` of ``servescope/data/taxonomy.toml`` and of a user taxonomy read
 on top of it (``analyze --taxonomy FILE``), either as ``name = "group"`` or as
-``name = { group = "compute", label = "…", colour = "#1f77b4", role = "weights" }``. A label defaults to the name,
+``name = { group = "compute", label = "…", colour = "#1f77b4", role = "weights", words = "…" }``. A label defaults to
+the name (``words``, what the verdict's sentence calls the category's kernels, to the label),
 a colour to a stable hue of the group's (the HTML report picks it), a role to ``collectives`` for a category of the
 ``communication`` group and ``other`` for the rest. So adding a category is one entry there, and the reports and
 the planner (:func:`categories_of`) learn it without a change of code.
@@ -53,20 +54,27 @@ CATEGORY_OTHER = "other"  # what a name no rule matches is
 # collectives, and the rest.
 ROLES = ("weights", "attention", "collectives", "other")
 BUILTIN_SOURCE = "servescope/data/taxonomy.toml"
-_FIELDS = ("group", "label", "colour", "role")
+_FIELDS = ("group", "label", "colour", "role", "words")
 _COLOUR = re.compile(r"#[0-9a-fA-F]{6}")
 
 
 @dataclass(frozen=True)
 class Category:
     """One category: ``group`` (one of :data:`GROUPS`), the ``label`` reports show, its ``colour`` (``#rrggbb``;
-    None: the report picks a hue of the group's) and its ``role`` in the planner (one of :data:`ROLES`)."""
+    None: the report picks a hue of the group's), its ``role`` in the planner (one of :data:`ROLES`) and the
+    ``words`` a sentence calls its kernels by ("GEMMs take the most device time"; None: the label)."""
 
     name: str
     group: str
     label: str
     colour: str | None
     role: str
+    words: str | None = None
+
+    @property
+    def said(self) -> str:
+        """What a sentence calls the category's kernels: its words, else its label."""
+        return self.words or self.label
 
 
 class CategoryTable(dict[str, Category]):
@@ -132,7 +140,10 @@ def _entry(name: str, value: Any, source: str, bundled: Category | None) -> Cate
     role = fields.get("role", base.role)
     if role not in ROLES:
         raise InputError(source, f"{where}: role {role!r} is not one of: {', '.join(ROLES)}")
-    return Category(name, group, label, colour, role)
+    words = fields.get("words", base.words)
+    if words is not None and (not isinstance(words, str) or not words.strip() or not words.isprintable()):
+        raise InputError(source, f"{where}: words must be a line of text")
+    return Category(name, group, label, colour, role, words)
 
 
 @cache

@@ -166,7 +166,7 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
     msg_bytes = {c.rank: list(c.data.device.msg_bytes.values()) for c in contexts}
     findings = find_bottlenecks(rank_docs, across, kernels, comm, msg_bytes, facts, rules, deployment=deployment,
                                 reference=request.reference)
-    verdicts = decide_verdicts(rank_docs, findings, dict(taxonomy.categories), rules)
+    verdicts = decide_verdicts(rank_docs, findings, dict(taxonomy.categories), rules, taxonomy.words)
     return AnalysisDoc(
         servescope_version=__version__,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),

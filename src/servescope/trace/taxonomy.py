@@ -58,12 +58,14 @@ def load_taxonomy(path: str | Path | None = None) -> Taxonomy:
     bundled = _bundled()
     if path is None:
         return Taxonomy(categories={name: c.group for name, c in bundled.categories.items()}, source="builtin",
+                        words={name: c.said for name, c in bundled.categories.items()},
                         rules=bundled.rules["rule"], launch_rules=bundled.rules["launch"],
                         sequence_rules=bundled.rules["sequence"], precision_rules=bundled.precision,
                         precision_standalone=bundled.precision_standalone or frozenset())
     source = str(path)
     user = parse_taxonomy(read_taxonomy(Path(path), source), source, bundled=bundled)
     return Taxonomy(categories={name: c.group for name, c in user.categories.items()}, source=source,
+                    words={name: c.said for name, c in user.categories.items()},
                     rules=user.rules["rule"] + bundled.rules["rule"],
                     launch_rules=user.rules["launch"] + bundled.rules["launch"],
                     sequence_rules=user.rules["sequence"] + bundled.rules["sequence"],
@@ -86,10 +88,12 @@ class Taxonomy:
             display order.
         source: ``"builtin"``, or the path of the user file whose rules are tried before the bundled ones.
         rules: every rule in the order it is tried, user rules first.
+        words: category name → what a sentence calls its kernels (taxonomy.toml's ``words``, else its label).
     """
 
     categories: dict[str, str]
     source: str
+    words: dict[str, str] = field(default_factory=dict)
     rules: tuple[Rule, ...] = ()
     launch_rules: tuple[Rule, ...] = ()
     sequence_rules: tuple[Rule, ...] = ()

@@ -18,9 +18,6 @@ __all__ = ["PHASE_ORDER", "decide_verdicts"]
 
 PHASE_ORDER = ("decode", "mixed", "prefill", "unknown")
 _PHASE_WORDS = {"unknown": "whole", "mixed": "mixed prefill+decode"}
-_CATEGORY_WORDS = {"gemm": "GEMMs", "attention": "attention", "moe": "MoE experts", "norm": "norms",
-                   "rotary": "rotary embedding", "activation": "activations", "elementwise": "elementwise kernels",
-                   "memcpy": "memory copies", "other": "unclassified kernels"}
 _COMMUNICATION = "communication"
 
 
@@ -64,12 +61,12 @@ def _communication(phase: str, rank: RankAnalysis, stats: PhaseStats, finding: F
                    base="device time", sentence=sentence, finding=finding.id, steps=stats.steps)
 
 
-def _largest(phase: str, rank: RankAnalysis, stats: PhaseStats, categories: Mapping[str, str], where: str,
-             stretch: Finding | None, gap: Finding | None) -> Verdict | None:
+def _largest(phase: str, rank: RankAnalysis, stats: PhaseStats, categories: Mapping[str, str],
+             words_of: Mapping[str, str], where: str, stretch: Finding | None, gap: Finding | None) -> Verdict | None:
     if not stats.categories:
         return None
     name, top = max(stats.categories.items(), key=lambda nc: nc[1].share)
-    words = _CATEGORY_WORDS.get(name, name)
+    words = words_of.get(name, name)
     step = stats.step_us.mean
     idle = stats.idle_us_per_step / step if step > 0 else 0.0
     sentence = (f"{words[0].upper()}{words[1:]} take the most device time in the {_PHASE_WORDS.get(phase, phase)} "
@@ -90,8 +87,9 @@ def _largest(phase: str, rank: RankAnalysis, stats: PhaseStats, categories: Mapp
 
 
 def decide_verdicts(ranks: Sequence[RankAnalysis], findings: Sequence[Finding], categories: Mapping[str, str],
-                    rules: Mapping[str, Any]) -> list[Verdict]:
-    """One verdict per phase with steps, decode first, from the findings (see the module docstring)."""
+                    rules: Mapping[str, Any], words: Mapping[str, str] | None = None) -> list[Verdict]:
+    """One verdict per phase with steps, decode first, from the findings (see the module docstring); ``words``:
+    what the sentence calls each category's kernels (the taxonomy's ``words``; a name it lacks stands as is)."""
     order: list[str] = list(rules.get("verdict", {}).get("order", ("launch_bound", "cpu_overhead",
                                                                     "communication_bound")))
     out: list[Verdict] = []
@@ -114,7 +112,7 @@ def decide_verdicts(ranks: Sequence[RankAnalysis], findings: Sequence[Finding], 
                        else _host(phase, rank, stats, finding, where, stretch))
             break
         if verdict is None:
-            verdict = _largest(phase, rank, stats, categories, where, stretch, gap)
+            verdict = _largest(phase, rank, stats, categories, words or {}, where, stretch, gap)
         if verdict is not None:
             out.append(verdict)
     return out
