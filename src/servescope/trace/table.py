@@ -51,7 +51,7 @@ class _Column(Generic[D]):
         self.index = index
 
     def __get__(self, table: Table, owner: type[Table] | None = None) -> npt.NDArray[D]:
-        column: npt.NDArray[D] = table._numpy()[self.index]
+        column: npt.NDArray[D] = (table._arrays or table._numpy())[self.index]  # no call once the arrays are made
         return column
 
 
