@@ -172,7 +172,7 @@ def test_steps_at_several_batches_fit_both_terms(tmp_path: Path) -> None:
     rank["steps"] = steps
     cal = _calibrate(_write(tmp_path, doc), _hardware(tmp_path))
     assert cal.mode == "steps at several batches"
-    assert [(p["batch"], p["steps"]) for p in cal.points] == [(1, 5), (4, 4)]
+    assert [(p.batch, p.steps) for p in cal.points] == [(1, 5), (4, 4)]
     assert cal.fitted["attention_fixed_us"] == pytest.approx(20.0)
     assert cal.fitted["attention_efficiency"] == pytest.approx(0.25)
     assert cal.fitted["other_scale"] == pytest.approx(200.0 / OTHER_BASE_US)
@@ -185,13 +185,15 @@ def test_plan_with_calibration_marks_and_reproduces(tmp_path: Path) -> None:
     hw = _hardware(tmp_path, "[kernel_floor_us]\nattention = 5.0\nother = 1.0\n")
     doc = run_plan(PlanRequest(model=str(CPU / "tiny-llama.config.json"), hardware=str(hw), gpus=1,
                                batches=(4, 16), context=48, calibrate=str(capture), force=True))
-    assert doc["forced"] and doc["forced"][0].startswith(f"forced: --calibrate {capture} ")  # CPU ops, GPU plan
-    assert doc["factors"]["attention_efficiency"] == {"value": pytest.approx(0.25), "origin": "calibrated"}
-    assert doc["factors"]["tflops_efficiency"]["origin"] == "assumed"
-    point = doc["layouts"][0]["points"][0]
-    assert point["step_ms"] == pytest.approx(measured["step"] / 1e3, rel=1e-9)  # the batch it was fitted at
-    assert "calibrated" in point["origins"]["weights"] and "calibrated" in point["origins"]["other"]
-    assert doc["calibration"]["path"] == str(capture) and doc["calibration"]["mode"] == "one batch above 1"
+    assert doc.forced and doc.forced[0].startswith(f"forced: --calibrate {capture} ")  # CPU ops, GPU plan
+    attention = doc.factors["attention_efficiency"]
+    assert (attention.value, attention.origin) == (pytest.approx(0.25), "calibrated")
+    assert doc.factors["tflops_efficiency"].origin == "assumed"
+    point = doc.layouts[0].points[0]
+    assert point.step_ms == pytest.approx(measured["step"] / 1e3, rel=1e-9)  # the batch it was fitted at
+    assert "calibrated" in point.origins["weights"] and "calibrated" in point.origins["other"]
+    assert doc.calibration is not None
+    assert doc.calibration.path == str(capture) and doc.calibration.mode == "one batch above 1"
 
 
 def test_calibrating_from_a_non_analysis_is_one_error(tmp_path: Path) -> None:
@@ -310,7 +312,7 @@ def test_h200_skeleton_calibrated_from_another_batch(h200_captures: dict[str, An
     assert (fit_batch, batch) == (fit, check)
     doc = run_plan(PlanRequest(model=str(config), hardware="h200", gpus=1, batches=(batch,), context=context,
                                calibrate=str(capture)))
-    _check(name, fit, check, batch, doc["layouts"][0]["points"][0]["step_ms"], measured)
+    _check(name, fit, check, batch, doc.layouts[0].points[0].step_ms, measured)
 
 
 # The eager captures of the test set, each repeated with the same command (capture_decode.py --all --cuda-graphs,
@@ -340,7 +342,7 @@ def test_h200_eager_step_is_the_hosts_and_moves_between_runs(h200_captures: dict
     config, context = h200_captures[kind]
     doc = run_plan(PlanRequest(model=str(config), hardware="h200", gpus=1, batches=(batch,), context=context,
                                calibrate=str(original)))
-    predicted = doc["layouts"][0]["points"][0]["step_ms"]
+    predicted = doc.layouts[0].points[0].step_ms
     assert predicted == pytest.approx(first_ms, rel=0.01)  # at its own batch it gives the run it saw
     error = predicted / again_ms - 1
     print(f"{name}: step {first_ms:.2f} ms, repeated {again_ms:.2f} ms; calibrated on the first, the repeat's "
@@ -360,14 +362,13 @@ def test_vllm_cpu_calibrated_from_another_batch(tmp_path: Path, tp: int, fit: in
     doc = run_plan(PlanRequest(model=str(CPU / "tiny-llama.config.json"), hardware=str(hw), gpus=tp,
                                batches=(batch,), context=48, calibrate=str(CPU / f"tp{tp}_b{fit}.analysis.json"),
                                force=True))  # a CPU capture on a placeholder profile: work kind differs
-    _check(f"cpu-tp{tp}", fit, check, batch, doc["layouts"][0]["points"][0]["step_ms"], measured)
+    _check(f"cpu-tp{tp}", fit, check, batch, doc.layouts[0].points[0].step_ms, measured)
 
 
 def test_h200_dense_uncalibrated_same_order_of_magnitude(h200_captures: dict[str, Any]) -> None:
     config, context = h200_captures["dense"]
     doc = run_plan(PlanRequest(model=str(config), hardware="h200", gpus=1, batches=(1, 16, 64), context=context))
-    ratios = {p["batch"]: p["step_ms"] / h200_captures[f"dense_graphs_b{p['batch']}"][1][1]
-              for p in doc["layouts"][0]["points"]}
+    ratios = {p.batch: p.step_ms / h200_captures[f"dense_graphs_b{p.batch}"][1][1] for p in doc.layouts[0].points}
     print("predicted / measured, uncalibrated:", {b: round(r, 3) for b, r in ratios.items()})
     assert all(0.1 < r < 10 for r in ratios.values()), ratios
 
@@ -380,7 +381,7 @@ def test_calibrating_from_few_requests_warns_about_far_batches(h200_captures: di
         capture, _ = h200_captures[f"dense_graphs_b{fit}"]
         doc = run_plan(PlanRequest(model=str(config), hardware="h200", gpus=1, batches=batches, context=context,
                                    calibrate=str(capture)))
-        return [n for n in doc["notes"] if "shows little of the per-request cost" in n]
+        return [n for n in doc.notes if "shows little of the per-request cost" in n]
 
     assert len(notes(1, (1, 4, 64))) == 1 and "batches 64 " in notes(1, (1, 4, 64))[0]
     assert len(notes(4, (32, 128))) == 1 and "batches 32, 128 " in notes(4, (32, 128))[0]

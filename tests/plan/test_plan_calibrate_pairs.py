@@ -88,7 +88,7 @@ def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, int,
             doc = run_plan(PlanRequest(model=str(config), hardware="h200", gpus=1, batches=(check,),
                                        context=p["input_tokens"] + p["output_tokens"] // 2,
                                        calibrate=str(docs[fit])))
-            predicted = doc["layouts"][0]["points"][0]["step_ms"]
+            predicted = doc.layouts[0].points[0].step_ms
             out[(kind, flavour, fit, check)] = {"error": predicted / truth_ms - 1, "doc": doc, "truth_ms": truth_ms,
                                                 "predicted_ms": predicted}
     return out
@@ -110,9 +110,9 @@ def test_the_fp8_weights_are_one_byte(plans: dict[tuple[str, str, int, int], dic
     for kind in ("dense", "moe"):
         bf16 = plans[(kind, "async", 16, 1)]["doc"]
         fp8 = plans[(kind, "fp8", 16, 1)]["doc"]
-        assert fp8["model"]["weight_bytes"] == 1.0 and bf16["model"]["weight_bytes"] == 2.0
+        assert fp8.model.weight_bytes == 1.0 and bf16.model.weight_bytes == 2.0
         if kind == "moe":
-            assert fp8["model"]["expert_weight_bytes"] == 1.0 and fp8["model"]["experts"] == 128
+            assert fp8.model.expert_weight_bytes == 1.0 and fp8.model.experts == 128
 
 
 def test_the_moe_shape_has_its_experts() -> None:

@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 
 from servescope.core.document import encode
+from servescope.core.plan import PlanDoc
 from servescope.plan.planner import PlanRequest, run_plan
 from servescope.report.profile import encode_profile
 from servescope.trace.analyze import AnalyzeRequest, analyze
@@ -125,7 +126,7 @@ def captures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _plan(captures: dict[str, Any], kind: str, mode: str, fit: int, check: int, *,
-          document: int = 0) -> tuple[dict[str, Any], float]:
+          document: int = 0) -> tuple[PlanDoc, float]:
     """(plan document, error against the true step); ``document`` 0: the profile document, 1: the analysis."""
     config, context = captures[kind]
     fit_capture = captures[f"{kind}-{mode}-b{fit}"]
@@ -133,7 +134,7 @@ def _plan(captures: dict[str, Any], kind: str, mode: str, fit: int, check: int, 
     assert (fit_capture[2], batch) == (fit, check)
     doc = run_plan(PlanRequest(model=str(config), hardware="h200", gpus=1, batches=(batch,), context=context,
                                calibrate=str(fit_capture[document])))
-    return doc, doc["layouts"][0]["points"][0]["step_ms"] / truth - 1
+    return doc, doc.layouts[0].points[0].step_ms / truth - 1
 
 
 @pytest.mark.parametrize("name", [f"{k}-{m}-b{b}" for k in MODELS for m in ("graphs", "eager") for b in BATCHES])
@@ -154,10 +155,10 @@ def test_calibrated_on_one_real_capture_predicts_another_batch(captures: dict[st
     measured = MEASURED[(kind, mode, fit, check)]
     print(f"{kind} {mode}: calibrated on b{fit}, predicted b{check}: error {error:+.1%} (table {measured:+.1%})")
     assert error == pytest.approx(measured, abs=MARGIN), f"{error:+.1%}, the table says {measured:+.1%}: remeasure"
-    notes = [n for n in doc["notes"] if FEW_REQUESTS_NOTE in n]
+    notes = [n for n in doc.notes if FEW_REQUESTS_NOTE in n]
     assert bool(notes) == (fit < 16 and check > 4 * fit)  # from batch 1 to 16 and 64 it says it cannot know
-    assert any("launch-bound capture" in n for n in doc["notes"]) == (mode == "eager")
-    assert (doc["factors"]["routing"]["value"] == "alike") == (kind == "moe")
+    assert any("launch-bound capture" in n for n in doc.notes) == (mode == "eager")
+    assert (doc.factors["routing"].value == "alike") == (kind == "moe")
 
 
 @pytest.mark.parametrize("kind", list(MODELS))
@@ -211,10 +212,10 @@ def test_moe_capture_routes_alike(captures: dict[str, Any]) -> None:
         read_us = experts * 3 * h * i * 2 * layers / 4.8e6
         assert per_step_us < 0.5 * read_us
         doc, _ = _plan(captures, "moe", "graphs", batch, 1, document=1)
-        assert doc["factors"]["routing"]["value"] == "alike"
-        assert any("routing alike: the capture's expert GEMMs took" in n for n in doc["notes"])
+        assert doc.factors["routing"].value == "alike"
+        assert any("routing alike: the capture's expert GEMMs took" in n for n in doc.notes)
     doc, error = _plan(captures, "moe", "graphs", 1, 64, document=1)
-    assert doc["factors"]["routing"]["value"] == "independent" and error > 0.5
+    assert doc.factors["routing"].value == "independent" and error > 0.5
 
 
 def test_only_a_profile_of_one_shared_prompt_is_read_as_routing_alike(captures: dict[str, Any],
@@ -231,7 +232,7 @@ def test_only_a_profile_of_one_shared_prompt_is_read_as_routing_alike(captures: 
     for name, path in (("shared", shared), ("distinct", distinct)):
         doc = run_plan(PlanRequest(model=str(config), hardware="h200", gpus=1, batches=(64,), context=context,
                                    calibrate=str(path)))
-        routing[name] = doc["factors"]["routing"]["value"]
+        routing[name] = doc.factors["routing"].value
     assert routing == {"shared": "alike", "distinct": "independent"}
 
 

@@ -16,13 +16,13 @@ import json
 import math
 import tomllib
 from pathlib import Path
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from servescope.cli import app
-from servescope.core.plan import plan_document
+from servescope.core.document import decode
+from servescope.core.plan import CollectivePath, EpTpCrossing, PlanDoc
 from servescope.plan.collectives import CommCosts, estimate_us
 from servescope.plan.factors import default_factors
 from servescope.plan.hardware import load_hardware
@@ -43,11 +43,11 @@ DEEPEP = {"VLLM_ALL2ALL_BACKEND": "deepep_low_latency"}
 BUS = tomllib.loads((DATA / "comm" / "points.toml").read_text(encoding="utf-8"))["bandwidth"][0]["bus_gbps"] * 1e3
 
 
-def _a2a(doc: dict[str, Any], layout: str, batch: int) -> dict[str, Any]:
-    x = next(x for x in doc["layouts"] if x["name"] == layout)
-    p = next(p for p in x["points"] if p["batch"] == batch)
-    [path] = p["collectives_per_step"]["all_to_all"]["paths"]
-    return dict(path)
+def _a2a(doc: PlanDoc, layout: str, batch: int) -> CollectivePath:
+    x = next(x for x in doc.layouts if x.name == layout)
+    p = next(p for p in x.points if p.batch == batch)
+    [path] = p.collectives_per_step["all_to_all"].paths or []
+    return path
 
 
 def _expected(batch: int) -> tuple[float, float, float]:
@@ -61,30 +61,30 @@ def _expected(batch: int) -> tuple[float, float, float]:
 
 
 @pytest.fixture(scope="module")
-def kimi_pro() -> dict[str, Any]:
+def kimi_pro() -> PlanDoc:
     return run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=G, batches=(1, 3, 4, 64), env=DEEPEP))
 
 
-def test_each_gpus_sends_serialised_through_its_own_link(kimi_pro: dict[str, Any]) -> None:
+def test_each_gpus_sends_serialised_through_its_own_link(kimi_pro: PlanDoc) -> None:
     """Batch 1: one GPU holds the token and pushes 7/8 of its 8 routed copies through its x16 link: the link binds."""
     link, bridge, whole = _expected(1)
     assert link == pytest.approx(7 / 8 * 8 * 7168 * 2 / (64 * 0.8 * 1e3))  # 1.96 µs
     assert link > bridge
     path = _a2a(kimi_pro, "DP=8 EP=8", 1)
-    assert path["us_each"] == pytest.approx(whole, rel=1e-9)  # 12.1 + 1.96 + 1.0 µs
-    assert path["wait_us_each"] == WAIT and path["origin"] == "assumed"
-    assert path["path"].endswith("the link binds") and "serialised through each GPU's x16 link" in path["path"]
-    assert path["source"].startswith("PCIe all-to-all model")
+    assert path.us_each == pytest.approx(whole, rel=1e-9)  # 12.1 + 1.96 + 1.0 µs
+    assert path.wait_us_each == WAIT and path.origin == "assumed"
+    assert path.path and path.path.endswith("the link binds") and "serialised through each GPU's x16 link" in path.path
+    assert path.source.startswith("PCIe all-to-all model")
 
 
 @pytest.mark.parametrize(("batch", "bound"), [(3, "link"), (4, "bridge"), (64, "bridge")])
-def test_the_shared_bridge_takes_over_when_enough_gpus_send(kimi_pro: dict[str, Any], batch: int, bound: str) -> None:
+def test_the_shared_bridge_takes_over_when_enough_gpus_send(kimi_pro: PlanDoc, batch: int, bound: str) -> None:
     """The bridge carries every sender's share: from 4 senders (4 / 173.1 > 1 / 51.2) it is the longer bound."""
     link, bridge, whole = _expected(batch)
     assert (bridge > link) == (bound == "bridge")
     path = _a2a(kimi_pro, "DP=8 EP=8", batch)
-    assert path["us_each"] == pytest.approx(whole, rel=1e-9)
-    assert path["path"].endswith("the host bridge binds" if bound == "bridge" else "the link binds")
+    assert path.us_each == pytest.approx(whole, rel=1e-9)
+    assert path.path and path.path.endswith("the host bridge binds" if bound == "bridge" else "the link binds")
     if batch == 64:  # 8 ranks of 8 tokens: 7 × 917,504 B across the bridge at 173.1 GB/s = 37.1 µs
         assert bridge == pytest.approx(7 * 8 * TOKEN / 173.1e3) and whole == pytest.approx(12.1 + 37.10 + 1.0, abs=0.01)
 
@@ -93,17 +93,17 @@ def test_the_default_backend_gathers_at_the_boxs_published_bus_bandwidth() -> No
     """allgather_reducescatter on 8 RTX PRO 6000: the α-β estimate, its bandwidth at most the 22.2 GB/s bus
     bandwidth published for the all-reduce between these GPUs (assumed for the all-gather and reduce-scatter)."""
     doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=G, batches=(8, 1024)))
-    x = next(x for x in doc["layouts"] if x["name"] == "DP=8 EP=8")
-    for p in x["points"]:
-        gathered = G * math.ceil(p["batch"] / G)
+    x = next(x for x in doc.layouts if x.name == "DP=8 EP=8")
+    for p in x.points:
+        gathered = G * math.ceil(p.batch / G)
         for op, nbytes in (("all_gather", gathered * (KIMI["hidden"] * 2 + 8 * 8)),
                            ("reduce_scatter", gathered * KIMI["hidden"] * 2)):
-            [path] = p["collectives_per_step"][op]["paths"]
+            [path] = p.collectives_per_step[op].paths or []
             pcie = PLAN["comm"]["pcie"]
             estimate = pcie["base_us"] + 7 * pcie["hop_us"] + 7 / 8 * nbytes / LINK  # 7 hops of a ring
-            assert path["us_each"] == pytest.approx(max(estimate, 7 / 8 * nbytes / BUS) + WAIT)
-            assert path["origin"] == "assumed" and "22.2 GB/s bus bandwidth published" in path["why"]
-            assert (7 / 8 * nbytes / BUS > estimate) == (p["batch"] == 1024)  # the ceiling binds at 14 MiB
+            assert path.us_each == pytest.approx(max(estimate, 7 / 8 * nbytes / BUS) + WAIT)
+            assert path.origin == "assumed" and "22.2 GB/s bus bandwidth published" in path.why
+            assert (7 / 8 * nbytes / BUS > estimate) == (p.batch == 1024)  # the ceiling binds at 14 MiB
 
 
 def test_nccl_proto_does_not_reach_the_all_to_all() -> None:
@@ -127,9 +127,9 @@ def test_nvlink_boxes_keep_the_alpha_beta_all_to_all() -> None:
         path = _a2a(doc, layout, batch)
         nvlink = PLAN["comm"]["nvlink"]
         by_hand = nvlink["base_us"] + nvlink["hop_us"] + 7 / 8 * send / (450 * 0.8 * 1e3)
-        assert path["us_each"] == pytest.approx(by_hand + WAIT)
-        assert path["us_each"] == pytest.approx(estimate_us("all_to_all", G, send, hw, f) + WAIT)
-        assert path["source"] == "α-β estimate" and path["path"] == "NCCL"
+        assert path.us_each == pytest.approx(by_hand + WAIT)
+        assert path.us_each == pytest.approx(estimate_us("all_to_all", G, send, hw, f) + WAIT)
+        assert path.source == "α-β estimate" and path.path == "NCCL"
 
 
 def _qwen3_30b(tmp_path: Path) -> str:
@@ -150,25 +150,26 @@ def test_the_crossover_is_where_the_two_step_times_cross(tmp_path: Path) -> None
     agree."""
     model = _qwen3_30b(tmp_path)
     doc = run_plan(PlanRequest(model=model, hardware="rtx-pro-6000", gpus=G, batches=(1, 32)))
-    v = doc["ep_vs_tp"]
-    c = v["crossover_batch"]
-    assert c is not None and 1 < c <= 32 and v["faster_first"] == "TP=8"
-    below, at = v["at"]
-    assert (below["batch"], at["batch"]) == (c - 1, c)
-    assert below["tp"]["step_ms"] < below["ep"]["step_ms"] and at["ep"]["step_ms"] < at["tp"]["step_ms"]
-    assert v["crossings"][0] == {"batch": c, "faster_below": "TP=8", "faster_from": "DP=8 EP=8"}
-    assert f"cross at batch {c}:" in v["sentence"]
+    v = doc.ep_vs_tp
+    assert v is not None
+    c = v.crossover_batch
+    assert c is not None and 1 < c <= 32 and v.faster_first == "TP=8"
+    below, at = v.at
+    assert (below.batch, at.batch) == (c - 1, c)
+    assert below.tp.step_ms < below.ep.step_ms and at.ep.step_ms < at.tp.step_ms
+    assert v.crossings[0] == EpTpCrossing(batch=c, faster_below="TP=8", faster_from="DP=8 EP=8")
+    assert f"cross at batch {c}:" in v.sentence
     table = run_plan(PlanRequest(model=model, hardware="rtx-pro-6000", gpus=G, batches=(c - 1, c)))
-    step = {(x["name"], p["batch"]): p["step_ms"] for x in table["layouts"] for p in x["points"]}
-    for side in ("tp", "ep"):
-        assert below[side]["step_ms"] == pytest.approx(step[(below[side]["layout"], c - 1)], rel=1e-12)
-        assert at[side]["step_ms"] == pytest.approx(step[(at[side]["layout"], c)], rel=1e-12)
+    step = {(x.name, p.batch): p.step_ms for x in table.layouts for p in x.points}
+    for lo, hi in ((below.tp, at.tp), (below.ep, at.ep)):
+        assert lo.step_ms == pytest.approx(step[(lo.layout, c - 1)], rel=1e-12)
+        assert hi.step_ms == pytest.approx(step[(hi.layout, c)], rel=1e-12)
     # the reason in numbers: each side's collectives as count × µs a call
-    tp_ar = next(x for x in at["tp"]["collectives"] if x["op"] == "all_reduce")
-    assert f"all_reduce {tp_ar['count']} × {tp_ar['us_each']:,.1f} µs (published point)" in v["reasons"][1]
-    ag = next(x for x in at["ep"]["collectives"] if x["op"] == "all_gather")
-    assert f"all_gather {ag['count']} × {ag['us_each']:,.1f} µs (assumed)" in v["reasons"][1]
-    assert at["ep"]["all_to_all"] is None  # the default backend gathers and scatters
+    tp_ar = next(x for x in at.tp.collectives if x.op == "all_reduce")
+    assert f"all_reduce {tp_ar.count} × {tp_ar.us_each:,.1f} µs (published point)" in v.reasons[1]
+    ag = next(x for x in at.ep.collectives if x.op == "all_gather")
+    assert f"all_gather {ag.count} × {ag.us_each:,.1f} µs (assumed)" in v.reasons[1]
+    assert at.ep.all_to_all is None  # the default backend gathers and scatters
 
 
 def test_without_a_crossover_the_plan_says_which_side_wins_everywhere() -> None:
@@ -176,18 +177,19 @@ def test_without_a_crossover_the_plan_says_which_side_wins_everywhere() -> None:
     differs by the busiest rank's experts only, so TP=8 is faster at batch 1 and as fast once every GPU's experts
     are all active."""
     doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=G, batches=(1, 64)))
-    v = doc["ep_vs_tp"]
-    assert v["crossover_batch"] is None and v["crossings"] == [] and v["searched"] == [1, 65536]
-    assert v["ep_layouts"] == ["TP=8 EP=8"] and v["faster_first"] == "TP=8"
-    first, last = v["at"]
-    assert (first["batch"], last["batch"]) == (1, 65536)
-    assert first["tp"]["step_ms"] < first["ep"]["step_ms"]
-    assert first["tp"]["parts_ms"]["collectives"] == first["ep"]["parts_ms"]["collectives"]
-    assert last["tp"]["step_ms"] == pytest.approx(last["ep"]["step_ms"], rel=1e-9)
-    assert v["sentence"].startswith("EP and TP do not cross from batch 1 to 65,536: TP=8 is faster than TP=8 EP=8 "
-                                    "or as fast at every batch")
-    assert any(r.startswith("at batch 65,536 they predict the same step") for r in v["reasons"])
-    assert v["kv_max_batch"] == {"TP=8 EP=8": 28, "TP=8": 28}  # 114,868 KV tokens a GPU ÷ 4,096
+    v = doc.ep_vs_tp
+    assert v is not None
+    assert v.crossover_batch is None and v.crossings == [] and v.searched == [1, 65536]
+    assert v.ep_layouts == ["TP=8 EP=8"] and v.faster_first == "TP=8"
+    first, last = v.at
+    assert (first.batch, last.batch) == (1, 65536)
+    assert first.tp.step_ms < first.ep.step_ms
+    assert first.tp.parts_ms["collectives"] == first.ep.parts_ms["collectives"]
+    assert last.tp.step_ms == pytest.approx(last.ep.step_ms, rel=1e-9)
+    assert v.sentence.startswith("EP and TP do not cross from batch 1 to 65,536: TP=8 is faster than TP=8 EP=8 "
+                                 "or as fast at every batch")
+    assert any(r.startswith("at batch 65,536 they predict the same step") for r in v.reasons)
+    assert v.kv_max_batch == {"TP=8 EP=8": 28, "TP=8": 28}  # 114,868 KV tokens a GPU ÷ 4,096
 
 
 def test_the_text_names_the_assumption_and_the_json_and_html_carry_it(tmp_path: Path) -> None:
@@ -203,10 +205,9 @@ def test_the_text_names_the_assumption_and_the_json_and_html_carry_it(tmp_path: 
     assert "173.1 GB/s (published)" in flat and "64 GB/s (datasheet) × 0.8 (assumed)" in flat
     assert "12.1 µs latency (assumed)" in flat and "vLLM 0.26.0 does not read this variable" in flat
     doc = run_plan(PlanRequest(model=model, hardware="rtx-pro-6000", gpus=8, batches=(1, 64), env=DEEPEP))
-    saved = json.loads(plan_to_json(doc))  # through the typed document and back
-    assert saved["ep_vs_tp"] == json.loads(json.dumps(doc["ep_vs_tp"]))
-    assert plan_document(saved).ep_vs_tp is not None
-    a2a = saved["ep_vs_tp"]["at"][0]["ep"]["all_to_all"]
+    text = plan_to_json(doc)
+    assert decode(text.encode(), "plan.json") == doc  # a saved plan reads back as the same typed document
+    a2a = json.loads(text)["ep_vs_tp"]["at"][0]["ep"]["all_to_all"]
     assert {k: a2a[k]["origin"] for k in ("link_gbps", "link_efficiency", "bridge_gbps", "latency_us")} == {
         "link_gbps": "datasheet", "link_efficiency": "assumed", "bridge_gbps": "published", "latency_us": "assumed"}
     assert "voipmonitor/rtx6kpro" in a2a["bridge_gbps"]["source"]
@@ -223,4 +224,4 @@ def test_another_profile_takes_the_bridge_figure_as_assumed() -> None:
 
 def test_a_dense_model_has_no_ep_side() -> None:
     doc = run_plan(PlanRequest(model="llama-3-70b", hardware="rtx-pro-6000", gpus=G, batches=(1,)))
-    assert doc["ep_vs_tp"] is None
+    assert doc.ep_vs_tp is None

@@ -132,15 +132,15 @@ def test_dp_ep_all_to_all_backend_dispatches_and_combines() -> None:
 
 def test_the_plan_names_the_backend_and_takes_it_from_the_env() -> None:
     doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="h200", gpus=8, batches=(16,), env=DEEPEP))
-    assert any(n.startswith("VLLM_ALL2ALL_BACKEND=deepep_low_latency: vLLM 0.26.0 does not read") for n in doc["notes"])
-    dp = next(x for x in doc["layouts"] if x["name"] == "DP=8 EP=8")["points"][0]["collectives_per_step"]
-    [path] = dp["all_to_all"]["paths"]
-    assert path["why"].startswith("all2all backend deepep_low_latency: --all2all-backend deepep_low_latency")
+    assert any(n.startswith("VLLM_ALL2ALL_BACKEND=deepep_low_latency: vLLM 0.26.0 does not read") for n in doc.notes)
+    dp = next(x for x in doc.layouts if x.name == "DP=8 EP=8").points[0].collectives_per_step
+    [path] = dp["all_to_all"].paths or []
+    assert path.why.startswith("all2all backend deepep_low_latency: --all2all-backend deepep_low_latency")
     plain = run_plan(PlanRequest(model="kimi-k2.5", hardware="h200", gpus=8, batches=(16,)))
-    dp = next(x for x in plain["layouts"] if x["name"] == "DP=8 EP=8")["points"][0]["collectives_per_step"]
+    dp = next(x for x in plain.layouts if x.name == "DP=8 EP=8").points[0].collectives_per_step
     assert set(dp) == {"all_gather", "reduce_scatter"}
-    assert "all2all backend allgather_reducescatter: --all2all-backend default" in dp["all_gather"]["paths"][0]["why"]
-    assert not any("VLLM_ALL2ALL_BACKEND" in n for n in plain["notes"])
+    assert "all2all backend allgather_reducescatter: --all2all-backend default" in (dp["all_gather"].paths or [])[0].why
+    assert not any("VLLM_ALL2ALL_BACKEND" in n for n in plain.notes)
 
 
 def _expected_weights(arch_name: str, layout: Layout) -> float:

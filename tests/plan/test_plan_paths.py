@@ -160,15 +160,16 @@ def _llama80_truth() -> dict[str, Any]:
 def test_llama80_tp4_h100_collectives_per_decode_step() -> None:
     truth = _llama80_truth()
     doc = run_plan(PlanRequest(model="llama-3-70b", hardware="h100-sxm", gpus=4, batches=(1,), context=1000))
-    tp4 = next(x for x in doc["layouts"] if x["name"] == "TP=4")
-    colls = tp4["points"][0]["collectives_per_step"]
+    tp4 = next(x for x in doc.layouts if x.name == "TP=4")
+    colls = tp4.points[0].collectives_per_step
     ar = colls["all_reduce"]
-    assert ar["count"] == truth["calls"] and {p["impl"] for p in ar["paths"]} == {"custom_1stage"}
-    assert "one-shot" in ar["paths"][0]["why"]
-    predicted_us = ar["ms"] * 1e3
+    paths = ar.paths or []
+    assert ar.count == truth["calls"] and {p.impl for p in paths} == {"custom_1stage"}
+    assert "one-shot" in paths[0].why
+    predicted_us = ar.ms * 1e3
     error = predicted_us / truth["all_reduce_us"] - 1
     total_true = truth["all_reduce_us"] + truth["all_gather_us"]
-    total_error = (ar["ms"] + colls["all_gather"]["ms"]) * 1e3 / total_true - 1
+    total_error = (ar.ms + colls["all_gather"].ms) * 1e3 / total_true - 1
     # the independent route: without this trace's own in-situ point, from the published microbenchmark
     f = default_factors()
     hw = load_hardware("h100-sxm")
@@ -176,7 +177,7 @@ def test_llama80_tp4_h100_collectives_per_decode_step() -> None:
     priced = independent.price("all_reduce", 4, 16 * KiB)
     error_independent = priced.us * truth["calls"] / truth["all_reduce_us"] - 1
     print(f"llama80L TP=4 H100: trace {truth['all_reduce_us']:.0f} µs of all-reduce per decode step; plan "
-          f"{predicted_us:.0f} µs ({error:+.1%}, {ar['paths'][0]['origin']}); all collectives {total_error:+.1%}; "
+          f"{predicted_us:.0f} µs ({error:+.1%}, {paths[0].origin}); all collectives {total_error:+.1%}; "
           f"from the published microbenchmark alone {priced.us:.2f} µs a call ({error_independent:+.1%}, "
           f"{priced.wait_us:.1f} µs of it the assumed wait)")
     assert abs(error) <= 0.25 and abs(total_error) <= 0.25
@@ -188,17 +189,17 @@ def test_kimi_tp8_on_pcie_with_the_units_nccl_env() -> None:
     env = dict(re.findall(r"^Environment=(NCCL_\w+)=(\S+)$", UNIT.read_text(encoding="utf-8"), re.M))
     assert env == {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS"}
     doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=8, batches=(1,), env=env))
-    ar = doc["layouts"][0]["points"][0]["collectives_per_step"]["all_reduce"]
+    ar = doc.layouts[0].points[0].collectives_per_step["all_reduce"]
     measured_ms = 11.17  # production: 127 all-reduces a decode step (not an input of any data file)
-    error = ar["ms"] / measured_ms - 1
-    path = ar["paths"][0]
-    print(f"Kimi-K2.5 TP=8, 8x RTX PRO 6000: {ar['count']} all-reduces of {path['bytes_each']} B at "
-          f"{path['us_each']:.1f} µs ({path['origin']}, {path['wait_us_each']:.1f} µs of it wait) = {ar['ms']:.2f} ms "
+    error = ar.ms / measured_ms - 1
+    path = (ar.paths or [])[0]
+    print(f"Kimi-K2.5 TP=8, 8x RTX PRO 6000: {ar.count} all-reduces of {path.bytes_each} B at "
+          f"{path.us_each:.1f} µs ({path.origin}, {path.wait_us_each:.1f} µs of it wait) = {ar.ms:.2f} ms "
           f"against {measured_ms} ms measured: {error:+.1%}")
-    assert path["impl"] == "nccl" and "more than 2 PCIe-only GPUs" in path["why"]
-    assert path["origin"] == "published point" and "RTX 6000D" in path["source"]
+    assert path.impl == "nccl" and "more than 2 PCIe-only GPUs" in path.why
+    assert path.origin == "published point" and "RTX 6000D" in path.source
     assert abs(error) <= 0.25
-    assert any(n.startswith("NCCL_P2P_LEVEL=SYS") for n in doc["notes"])
+    assert any(n.startswith("NCCL_P2P_LEVEL=SYS") for n in doc.notes)
 
 
 @pytest.mark.parametrize("nbytes", [1 * MiB, 14 * MiB, 32 * MiB, 256 * MiB])

@@ -75,15 +75,15 @@ def test_no_prediction_beats_the_datasheet(cfg: dict[str, Any], hardware: str, g
     except InputError as err:  # nothing to plan: one line naming why
         assert "no layout" in err.problem and "\n" not in err.problem
         return
-    for layout in doc["layouts"]:
-        point = layout["points"][0]
-        step_us = point["step_ms"] * 1e3
-        read_us = point["weight_bytes_per_gpu"] / (hw.hbm_gbps * 1e3)
-        assert point["parts_ms"]["weights"] * 1e3 >= read_us * 0.999, layout["name"]
+    for layout in doc.layouts:
+        point = layout.points[0]
+        step_us = point.step_ms * 1e3
+        read_us = point.weight_bytes_per_gpu / (hw.hbm_gbps * 1e3)
+        assert point.parts_ms["weights"] * 1e3 >= read_us * 0.999, layout.name
         assert step_us >= read_us * 0.999
-        assert all(v >= 0 for v in point["parts_ms"].values())
-        if layout["kind"] == "tp" and not arch.experts:  # an independent count of bytes and FLOPs
-            nbytes, flops = _weights_floor_us(arch, layout["tp"], batch)
+        assert all(v >= 0 for v in point.parts_ms.values())
+        if layout.kind == "tp" and not arch.experts:  # an independent count of bytes and FLOPs
+            nbytes, flops = _weights_floor_us(arch, layout.tp, batch)
             assert step_us >= nbytes / (hw.hbm_gbps * 1e3) * 0.99
             rate = hw.tflops_for(arch.weight_dtype)
             if rate:
@@ -120,10 +120,11 @@ def test_every_mismatched_calibration_is_refused(model: str, hardware: str, gpus
             assert "--calibrate from another setup" in err.value.problem
         return
     doc = run_plan(request)
-    assert doc["forced"] == []
+    assert doc.forced == []
     hw = load_hardware(hardware)
     arch = load_model_arch(config)
     nbytes, _ = _weights_floor_us(arch, 1, batch)
-    point = doc["layouts"][0]["points"][0]
-    assert point["step_ms"] * 1e3 >= nbytes / (hw.hbm_gbps * 1e3)
-    assert doc["factors"]["hbm_efficiency"]["value"] <= 1.0
+    point = doc.layouts[0].points[0]
+    assert point.step_ms * 1e3 >= nbytes / (hw.hbm_gbps * 1e3)
+    hbm = doc.factors["hbm_efficiency"].value
+    assert isinstance(hbm, float) and hbm <= 1.0

@@ -8,25 +8,24 @@ import pytest
 
 from servescope import __version__
 from servescope.core.errors import InputError
+from servescope.core.plan import LayoutMemoryGib, PlanInputs, PlanLayout, PlanPoint
 from servescope.plan.planner import PlanRequest, find_crossovers, parse_batches, recommend, run_plan
 
 
 def test_document_keys_and_inputs() -> None:
     doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="h200", gpus=8, batches=(1, 8, 32, 128), context=2048))
-    assert (doc["schema"], doc["schema_version"]) == ("servescope.plan", 1)
-    assert doc["servescope_version"] == __version__
-    assert (doc["model"]["name"], doc["hardware"]["name"], doc["gpus"]) == ("kimi-k2.5", "h200", 8)
-    assert doc["inputs"] == {"model": "kimi-k2.5", "hardware": "h200", "gpus": 8, "batches": [1, 8, 32, 128],
-                             "context": 2048, "comm": None, "calibrate": None, "graph": True, "env": {}}
-    layout = doc["layouts"][0]
-    assert {"name", "tp", "ep", "pp", "dp", "feasible", "memory_gib_per_gpu", "points"} <= set(layout)
-    assert set(layout["memory_gib_per_gpu"]) >= {"weights", "kv_cache"}
-    point = layout["points"][0]
-    assert set(point["parts_ms"]) == {"weights", "attention", "collectives", "other"}
-    ar = point["collectives_per_step"]["all_reduce"]
-    assert (ar["count"], ar["bytes"]) == (123, 123 * 7168 * 2)  # batch 1: bytes summed over the step's ops
-    assert set(doc["recommendation"]) == {"layout", "reasons"} and doc["recommendation"]["reasons"]
-    assert all(set(p["origins"]) == {"weights", "attention", "collectives", "other"} for p in layout["points"])
+    assert (doc.schema, doc.schema_version) == ("servescope.plan", 1)
+    assert doc.servescope_version == __version__
+    assert (doc.model.name, doc.hardware.name, doc.gpus) == ("kimi-k2.5", "h200", 8)
+    assert doc.inputs == PlanInputs(model="kimi-k2.5", hardware="h200", gpus=8, batches=[1, 8, 32, 128],
+                                    context=2048, comm=None, calibrate=None, graph=True, env={})
+    layout = doc.layouts[0]
+    point = layout.points[0]
+    assert set(point.parts_ms) == {"weights", "attention", "collectives", "other"}
+    ar = point.collectives_per_step["all_reduce"]
+    assert (ar.count, ar.bytes) == (123, 123 * 7168 * 2)  # batch 1: bytes summed over the step's ops
+    assert doc.recommendation.reasons
+    assert all(set(p.origins) == {"weights", "attention", "collectives", "other"} for p in layout.points)
 
 
 def test_crossover_found_exactly() -> None:
@@ -34,26 +33,29 @@ def test_crossover_found_exactly() -> None:
     def step(i: int, b: int) -> float:
         return 10.0 + b if i == 0 else 2.0 * b
     (c,) = find_crossovers(["flat", "steep"], [1, 8, 32, 128], step)
-    assert (c["batch"], c["between"], c["faster_below"], c["faster_above"]) == (11, [8, 32], "steep", "flat")
+    assert (c.batch, c.between, c.faster_below, c.faster_above) == (11, [8, 32], "steep", "flat")
     assert find_crossovers(["a", "b"], [1, 2], lambda i, b: float(i)) == []
 
 
-def _layout(name: str, steps: list[float], *, fits: bool = True) -> dict[str, object]:
-    return {"name": name, "feasible": True, "reason": "fits", "kv_tokens_per_gpu": 10, "kv_capacity_tokens": 10,
-            "memory_gib_per_gpu": {"weights": 1.0, "kv_cache": 1.0},
-            "points": [{"batch": b, "step_ms": s, "fits_kv": fits, "parts_ms": {"collectives": 0.0},
-                        "origins": {"weights": ["datasheet"], "collectives": []}}
-                       for b, s in zip([1, 8, 32], steps, strict=True)]}
+def _layout(name: str, steps: list[float], *, fits: list[bool] | None = None, feasible: bool = True,
+            reason: str = "fits") -> PlanLayout:
+    points = [PlanPoint(batch=b, step_ms=s, tokens_per_s=None, parts_ms={"collectives": 0.0},
+                        origins={"weights": ["datasheet"], "collectives": []}, collectives_per_step={},
+                        weight_bytes_per_gpu=0.0, kv_read_bytes_per_gpu=0.0, compute_bound=False, fits_kv=ok)
+              for b, s, ok in zip([1, 8, 32], steps, fits or [True] * len(steps), strict=True)]
+    return PlanLayout(name=name, kind="tp", tp=1, ep=1, pp=1, dp=1, gpus=1, feasible=feasible, reason=reason,
+                      memory_gib_per_gpu=LayoutMemoryGib(weights=1.0, kv_cache=1.0, usable=2.0),
+                      memory_origin=["assumed"], kv_tokens_per_gpu=10, kv_capacity_tokens=10, points=points)
 
 
 def test_recommendation_counts_wins_and_says_why() -> None:
     layouts = [_layout("A", [1.0, 5.0, 9.0]), _layout("B", [2.0, 4.0, 8.0])]
     rec = recommend(layouts, [])
-    assert rec["layout"] == "B"
-    assert rec["reasons"][0] == "fastest at batch 8, 32 of 1, 8, 32"
-    assert "at batch 1 A is faster: 1.00 ms vs 2.00 ms per step" in rec["reasons"]
-    nothing = recommend([{**_layout("A", [1.0, 1.0, 1.0]), "feasible": False, "reason": "too big"}], [])
-    assert nothing["layout"] is None and "too big" in nothing["reasons"][0]
+    assert rec.layout == "B"
+    assert rec.reasons[0] == "fastest at batch 8, 32 of 1, 8, 32"
+    assert "at batch 1 A is faster: 1.00 ms vs 2.00 ms per step" in rec.reasons
+    nothing = recommend([_layout("A", [1.0, 1.0, 1.0], feasible=False, reason="too big")], [])
+    assert nothing.layout is None and "too big" in nothing.reasons[0]
 
 
 def test_kimi_on_two_h200_is_refused_in_one_line() -> None:
@@ -69,10 +71,10 @@ def test_gpus_that_split_nothing_are_refused() -> None:
 
 def test_pcie_box_without_curves_says_assumed() -> None:
     doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=8, batches=(1, 64)))
-    tp8 = next(x for x in doc["layouts"] if x["name"] == "TP=8")
+    tp8 = next(x for x in doc.layouts if x.name == "TP=8")
     # the all-reduce from a published per-call point (data/comm/points.toml), the logits' all-gather assumed
-    assert tp8["points"][0]["origins"]["collectives"] == ["published point", "assumed"]
-    assert any("no collective curve for 8 GPUs" in n for n in doc["notes"])
+    assert tp8.points[0].origins["collectives"] == ["published point", "assumed"]
+    assert any("no collective curve for 8 GPUs" in n for n in doc.notes)
 
 
 @pytest.mark.parametrize("text", ["", "0,1", "a", "1,-2", "9999999"])
@@ -95,21 +97,18 @@ def test_user_comm_file_changes_collectives(tmp_path: Path) -> None:
     base = run_plan(PlanRequest(model="llama-3-70b", hardware="h200", gpus=8, batches=(1024,), env=env))
     slow = run_plan(PlanRequest(model="llama-3-70b", hardware="h200", gpus=8, batches=(1024,), comm=str(curves),
                                 env=env))
-    p = slow["layouts"][0]["points"][0]
-    ar = p["collectives_per_step"]["all_reduce"]
-    assert {q["impl"] for q in ar["paths"]} == {"nccl"} and ar["paths"][0]["origin"] == "measured curve"
-    assert ar["ms"] == pytest.approx(161 * (1000.0 + ar["paths"][0]["wait_us_each"]) / 1e3)
-    assert slow["inputs"]["comm"]["size_bytes"] == curves.stat().st_size
-    assert base["layouts"][0]["points"][0]["step_ms"] != p["step_ms"]
+    p = slow.layouts[0].points[0]
+    ar = p.collectives_per_step["all_reduce"]
+    assert ar.paths and {q.impl for q in ar.paths} == {"nccl"} and ar.paths[0].origin == "measured curve"
+    assert ar.ms == pytest.approx(161 * (1000.0 + ar.paths[0].wait_us_each) / 1e3)
+    assert slow.inputs.comm is not None and slow.inputs.comm.size_bytes == curves.stat().st_size
+    assert base.layouts[0].points[0].step_ms != p.step_ms
     custom = run_plan(PlanRequest(model="llama-3-70b", hardware="h200", gpus=8, batches=(1,), comm=str(curves)))
-    paths = custom["layouts"][0]["points"][0]["collectives_per_step"]["all_reduce"]["paths"]
-    assert paths[0]["impl"] == "custom_1stage"  # the curve is NCCL's: not used for the custom all-reduce
+    paths = custom.layouts[0].points[0].collectives_per_step["all_reduce"].paths
+    assert paths and paths[0].impl == "custom_1stage"  # the curve is NCCL's: not used for the custom all-reduce
 
 
 def test_batches_no_layout_can_hold_are_named() -> None:
-    a = _layout("A", [1.0, 2.0, 3.0])
-    for p in a["points"][2:]:  # type: ignore[index]
-        p["fits_kv"] = False
-    rec = recommend([a], [])
-    assert rec["layout"] == "A"
-    assert "at batch 32 no layout's KV cache holds batch × context (the most any holds: 10 tokens)" in rec["reasons"]
+    rec = recommend([_layout("A", [1.0, 2.0, 3.0], fits=[True, True, False])], [])
+    assert rec.layout == "A"
+    assert "at batch 32 no layout's KV cache holds batch × context (the most any holds: 10 tokens)" in rec.reasons

@@ -53,9 +53,9 @@ def test_h200_capture_on_the_h200_plan_passes_and_says_what_was_not_checked(h200
     analysis, config = h200_capture
     doc = run_plan(PlanRequest(model=str(config), hardware="h200", gpus=1, batches=(16,), context=56,
                                calibrate=str(analysis)))
-    assert doc["forced"] == []
+    assert doc.forced == []
     # the device from the trace's header, the model's shape from the provenance.json beside it: all checked
-    assert not [n for n in doc["notes"] if "not checked against the plan" in n]
+    assert not [n for n in doc.notes if "not checked against the plan" in n]
 
 
 def test_capture_of_another_model_is_refused_by_its_shape(h200_capture: tuple[Path, Path]) -> None:
@@ -92,7 +92,7 @@ def test_h200_capture_for_another_gpu_is_refused_naming_the_device(h200_capture:
     fast = tmp_path / "fast.toml"
     fast.write_text('name = "fast"\nmatch = ["B200"]\nmemory_gb = 180\nhbm_gbps = 8000\n', encoding="utf-8")
     doc = run_plan(PlanRequest(**{**request.__dict__, "hardware": str(fast), "force": True}))
-    assert len(doc["forced"]) == 1 and "NVIDIA H200" in doc["forced"][0] and doc["notes"][0] == doc["forced"][0]
+    assert len(doc.forced) == 1 and "NVIDIA H200" in doc.forced[0] and doc.notes[0] == doc.forced[0]
 
 
 def test_capture_at_a_tp_no_layout_has_is_refused() -> None:

@@ -16,9 +16,9 @@ What it assumes about the links, in one place:
 - ``NCCL_PROTO`` does not reach it: NCCL runs an all-to-all as grouped sends and receives, whose protocol it picks
   by ``NCCL_P2P_LL_THRESHOLD`` (LL only below 16 KiB a channel, src/enqueue.cc), not by ``NCCL_PROTO``.
 
-Each input keeps its provenance (:class:`Figure`): the link rate the profile's (``datasheet`` or ``assumed``),
-the efficiency and latency ``assumed``, the bridge rate ``published`` for the profiles it was measured with and
-``assumed`` for any other (another host's figure).
+Each input keeps its provenance (:class:`~servescope.core.plan.Figure`): the link rate the profile's
+(``datasheet`` or ``assumed``), the efficiency and latency ``assumed``, the bridge rate ``published`` for the
+profiles it was measured with and ``assumed`` for any other (another host's figure).
 """
 
 from __future__ import annotations
@@ -29,28 +29,17 @@ from functools import cache
 from importlib.resources import files
 from typing import Any
 
+import msgspec
+
+from servescope.core.plan import Figure, PcieAllToAllTerms
 from servescope.plan.factors import Factors
 from servescope.plan.hardware import HardwareProfile
 
-__all__ = ["BOUNDS", "Figure", "PcieAllToAll", "bridge_figure", "on_pcie", "pcie_all_to_all"]
+__all__ = ["ASSUMPTION", "BOUNDS", "PcieAllToAll", "bridge_figure", "on_pcie", "pcie_all_to_all"]
 
 BOUNDS = ("link", "bridge")
 ASSUMPTION = ("PCIe without NVLink, so no multicast: each GPU's sends serialised through its own x16 link, the "
               "host bridge shared by every sender")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Figure:
-    """One input of the model: its value and unit, origin (``datasheet``, ``published``, ``assumed``) and source."""
-
-    value: float
-    unit: str
-    origin: str
-    source: str
-
-    def as_dict(self) -> dict[str, Any]:
-        """``{value, unit, origin, source}``."""
-        return {"value": self.value, "unit": self.unit, "origin": self.origin, "source": self.source}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +57,7 @@ class PcieAllToAll:
         bridge_us: ``bridge_bytes`` ÷ the bridge rate.
         bound: ``link`` or ``bridge``, whichever is longer.
         us: ``latency_us`` + the longer of the two.
+        assumption: what the model assumes about the links, in words (:data:`ASSUMPTION`).
     """
 
     group: int
@@ -83,15 +73,11 @@ class PcieAllToAll:
     bridge_us: float
     bound: str
     us: float
+    assumption: str = ASSUMPTION
 
-    def as_dict(self) -> dict[str, Any]:
-        """Plain data for the plan document."""
-        return {"group": self.group, "senders": self.senders, "bytes_each": self.bytes_each,
-                "link_bytes": self.link_bytes, "bridge_bytes": self.bridge_bytes,
-                "link_gbps": self.link_gbps.as_dict(), "link_efficiency": self.link_efficiency.as_dict(),
-                "bridge_gbps": self.bridge_gbps.as_dict(), "latency_us": self.latency_us.as_dict(),
-                "link_us": self.link_us, "bridge_us": self.bridge_us, "bound": self.bound, "us": self.us,
-                "assumption": ASSUMPTION}
+    def terms(self) -> PcieAllToAllTerms:
+        """The terms as the plan document records them (its message size in whole bytes, as priced)."""
+        return msgspec.convert(self, PcieAllToAllTerms, from_attributes=True)
 
 
 def on_pcie(hw: HardwareProfile) -> bool:

@@ -115,6 +115,7 @@ from typing import Any
 from servescope.core.analysis import AnalysisDoc, KernelRow, PhaseStats, RankAnalysis, StepRow, decode_analysis
 from servescope.core.categories import CategoryTable, categories_of
 from servescope.core.errors import InputError
+from servescope.core.plan import CalibrationPoint
 from servescope.plan.captured import captured_points
 from servescope.plan.collectives import CommCosts
 from servescope.plan.cost import PointCost, layout_memory, predict_point
@@ -153,7 +154,7 @@ class Calibration:
         fitted: the factors replaced, by name.
         routing: how the capture's tokens picked their experts (``Factors.routing``, "independent" for a
             dense model); the predictions keep it (they are for the capture's workload at other batches).
-        points: per batch group the fit used, ``{batch, steps, measured_ms}``.
+        points: per batch group the fit used, its steps and their mean parts.
         comm_points: the capture's collectives as per-call points (origin ``calibrated``).
         notes: what was kept as assumed, and why.
     """
@@ -168,7 +169,7 @@ class Calibration:
     modelled_ms: dict[str, float]
     fitted: dict[str, float]
     routing: str = "independent"
-    points: list[dict[str, Any]] = field(default_factory=list)
+    points: list[CalibrationPoint] = field(default_factory=list)
     comm_points: list[Point] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -423,12 +424,12 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
         return fixed, slope
 
     groups = _groups(rank.steps, streaming, device_only=host_bound)
-    points: list[dict[str, Any]] = []
+    points: list[CalibrationPoint] = []
     if len(groups) >= 2:
         mode = MODES[0]
         xs = {b: modelled(b) for b, _, _ in groups}
         for b, n, parts in groups:
-            points.append({"batch": b, "steps": n, "measured_ms": {k: v / 1e3 for k, v in parts.items()}})
+            points.append(CalibrationPoint(batch=b, steps=n, measured_ms={k: v / 1e3 for k, v in parts.items()}))
             parts["other"] = max(0.0, parts["other"] - small_kernels(b))
         for part in ("weights", "attention", "other"):
             line = _line([(xs[b][part], parts[part], float(n)) for b, n, parts in groups])

@@ -47,6 +47,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from servescope.core.plan import CollectivePath
 from servescope.plan.collectives import CommCosts
 from servescope.plan.ep_backend import EpBackend, ep_backend
 from servescope.plan.factors import Factors
@@ -94,8 +95,7 @@ class PointCost:
         fits_kv: whether the KV cache holds ``batch × context`` tokens.
         collective_wait_ms: per op kind, the part of ``collective_ms`` that is the assumed wait for the last
             rank (figures not measured in a real step).
-        collective_paths: per collective of the step, the path it takes and its figure: ``{op, what, count,
-            bytes_each, group, impl, path, why, origin, us_each, wait_us_each, source}`` (``path``: the
+        collective_paths: per collective of the step, the path it takes and its figure (``path``: the
             implementation in a few words, ``PathChoice.label``).
     """
 
@@ -110,7 +110,7 @@ class PointCost:
     compute_bound: bool
     fits_kv: bool
     collective_wait_ms: dict[str, float] = field(default_factory=dict)
-    collective_paths: list[dict[str, object]] = field(default_factory=list)
+    collective_paths: list[CollectivePath] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -248,16 +248,15 @@ def predict_point(arch: ModelArch, layout: Layout, hw: HardwareProfile, comm: Co
     coll_ms: dict[str, float] = {}
     coll_origins: list[str] = []
     wait_ms: dict[str, float] = {}
-    paths: list[dict[str, object]] = []
+    paths: list[CollectivePath] = []
     for c in colls:
         priced = comm.price(c.op, c.group, c.bytes_each, senders=c.senders)
         why = f"{c.why}; {priced.why}" if c.why else priced.why
         coll_ms[c.op] = coll_ms.get(c.op, 0.0) + c.count * priced.us / 1e3
         wait_ms[c.op] = wait_ms.get(c.op, 0.0) + c.count * priced.wait_us / 1e3
-        paths.append({"op": c.op, "what": c.what, "count": c.count, "bytes_each": c.bytes_each, "group": c.group,
-                      "impl": priced.impl, "path": priced.path, "why": why, "origin": priced.origin,
-                      "us_each": priced.us,
-                      "wait_us_each": priced.wait_us, "source": priced.source})
+        paths.append(CollectivePath(op=c.op, what=c.what, count=c.count, bytes_each=c.bytes_each, group=c.group,
+                                    impl=priced.impl, path=priced.path, why=why, origin=priced.origin,
+                                    us_each=priced.us, wait_us_each=priced.wait_us, source=priced.source))
         if priced.origin not in coll_origins:
             coll_origins.append(priced.origin)
     if colls and f.origins.get("collective_scale") == "calibrated":

@@ -14,8 +14,8 @@ the same step: TP, the simpler layout, is taken as the faster, and the sentence 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
+from servescope.core.plan import CollectivePath, EpTpAt, EpTpCollective, EpTpCrossing, EpTpSide, EpVsTp
 from servescope.plan.alltoall import ASSUMPTION, PcieAllToAll, pcie_all_to_all
 from servescope.plan.collectives import PCIE_A2A_SOURCE, CommCosts
 from servescope.plan.cost import LayoutMemory, PointCost
@@ -73,89 +73,82 @@ def _grid(last: int) -> list[int]:
     return [*out, last]
 
 
-def _num(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"not a number: {value!r}")
-    return float(value)
-
-
-def _model_of(point: PointCost, path: dict[str, Any], comm: CommCosts) -> PcieAllToAll | None:
-    if path["op"] != "all_to_all" or not str(path["source"]).startswith(PCIE_A2A_SOURCE):
+def _model_of(point: PointCost, path: CollectivePath, comm: CommCosts) -> PcieAllToAll | None:
+    if path.op != "all_to_all" or not path.source.startswith(PCIE_A2A_SOURCE):
         return None
     coll = next(c for c in point.collectives if c.op == "all_to_all")
     return pcie_all_to_all(coll.group, coll.bytes_each, comm.hw, comm.factors, senders=coll.senders)
 
 
-def _side(layout: Layout, point: PointCost, comm: CommCosts) -> dict[str, Any]:
-    colls = [{"op": p["op"], "what": p["what"], "count": p["count"], "group": p["group"],
-              "bytes_each": p["bytes_each"], "us_each": p["us_each"], "wait_us_each": p["wait_us_each"],
-              "ms": _num(p["count"]) * _num(p["us_each"]) / 1e3, "origin": p["origin"],
-              "path": p["path"]} for p in point.collective_paths]
+def _side(layout: Layout, point: PointCost, comm: CommCosts) -> EpTpSide:
+    colls = [EpTpCollective(op=p.op, what=p.what, count=p.count, group=p.group, bytes_each=p.bytes_each,
+                            us_each=p.us_each, wait_us_each=p.wait_us_each, ms=p.count * p.us_each / 1e3,
+                            origin=p.origin, path=p.path or "") for p in point.collective_paths]
     model = next((m for p in point.collective_paths if (m := _model_of(point, p, comm)) is not None), None)
-    return {"layout": layout.name, "step_ms": point.step_ms, "parts_ms": dict(point.parts_ms),
-            "origins": {k: list(v) for k, v in point.origins.items()}, "collectives": colls,
-            "all_to_all": model.as_dict() if model else None}
+    return EpTpSide(layout=layout.name, step_ms=point.step_ms, parts_ms=dict(point.parts_ms),
+                    origins={k: list(v) for k, v in point.origins.items()}, collectives=colls,
+                    all_to_all=model.terms() if model else None)
 
 
-def _collectives_text(side: dict[str, Any]) -> str:
+def _collectives_text(side: EpTpSide) -> str:
     terms: dict[str, dict[tuple[str, str], int]] = {}  # op -> (µs a call as shown, origin) -> calls
-    for c in side["collectives"]:
-        each = terms.setdefault(c["op"], {})
-        key = (f"{c['us_each']:,.1f}", c["origin"])
-        each[key] = each.get(key, 0) + c["count"]
+    for c in side.collectives:
+        each = terms.setdefault(c.op, {})
+        key = (f"{c.us_each:,.1f}", c.origin)
+        each[key] = each.get(key, 0) + c.count
     parts = [f"{op} {' + '.join(f'{n} × {us} µs ({origin})' for (us, origin), n in t.items())}"
              for op, t in terms.items()]
-    return f"{side['layout']} {side['parts_ms']['collectives']:,.2f} ms: {'; '.join(parts) or 'none'}"
+    return f"{side.layout} {side.parts_ms['collectives']:,.2f} ms: {'; '.join(parts) or 'none'}"
 
 
-def _a2a_text(side: dict[str, Any], batch: int, *, assumption: bool) -> str:
-    m = side["all_to_all"]
-    link, eff, bridge, lat = m["link_gbps"], m["link_efficiency"], m["bridge_gbps"], m["latency_us"]
-    a2a = next(c for c in side["collectives"] if c["op"] == "all_to_all")
-    g = m["group"]
-    binds = "the host bridge binds" if m["bound"] == "bridge" else "the link binds"
+def _a2a_text(side: EpTpSide, batch: int, *, assumption: bool) -> str:
+    m = side.all_to_all
+    assert m is not None
+    link, eff, bridge, lat = m.link_gbps, m.link_efficiency, m.bridge_gbps, m.latency_us
+    a2a = next(c for c in side.collectives if c.op == "all_to_all")
+    g = m.group
+    binds = "the host bridge binds" if m.bound == "bridge" else "the link binds"
     said = f"{ASSUMPTION}; " if assumption else ""
-    return (f"{side['layout']}'s all_to_all at batch {batch:,}: {said}each GPU sends {g - 1}/{g} of "
-            f"{_size(m['bytes_each'])} through its x16 link: {m['link_us']:,.1f} µs at {link['value']:g} GB/s "
-            f"({link['origin']}) × {eff['value']:g} ({eff['origin']}); "
-            f"{'1 sender' + chr(39) + 's' if m['senders'] == 1 else str(m['senders']) + ' senders' + chr(39)} "
-            f"{_size(m['bridge_bytes'])} cross the host bridge: "
-            f"{m['bridge_us']:,.1f} µs at {bridge['value']:g} GB/s ({bridge['origin']}): {binds}; + "
-            f"{lat['value']:g} µs latency ({lat['origin']}) + {a2a['wait_us_each']:.1f} µs wait (assumed) = "
-            f"{a2a['us_each']:,.1f} µs a call")
+    return (f"{side.layout}'s all_to_all at batch {batch:,}: {said}each GPU sends {g - 1}/{g} of "
+            f"{_size(m.bytes_each)} through its x16 link: {m.link_us:,.1f} µs at {link.value:g} GB/s "
+            f"({link.origin}) × {eff.value:g} ({eff.origin}); "
+            f"{'1 sender' + chr(39) + 's' if m.senders == 1 else str(m.senders) + ' senders' + chr(39)} "
+            f"{_size(m.bridge_bytes)} cross the host bridge: "
+            f"{m.bridge_us:,.1f} µs at {bridge.value:g} GB/s ({bridge.origin}): {binds}; + "
+            f"{lat.value:g} µs latency ({lat.origin}) + {a2a.wait_us_each:.1f} µs wait (assumed) = "
+            f"{a2a.us_each:,.1f} µs a call")
 
 
-def _step_change(lo: dict[str, Any], hi: dict[str, Any]) -> str:
+def _step_change(lo: EpTpAt, hi: EpTpAt) -> str:
     """From one batch below the crossover to it: each side's step change and the part that moved most."""
     out = []
-    for side in ("tp", "ep"):
-        a, b = lo[side], hi[side]
-        moved = max(_PARTS, key=lambda k: abs(b["parts_ms"][k] - a["parts_ms"][k]))
-        name = b["layout"] if a["layout"] == b["layout"] else f"{a['layout']} → {b['layout']}"
-        out.append(f"{name} {b['step_ms'] - a['step_ms']:+,.2f} ms (most of it {moved} "
-                   f"{b['parts_ms'][moved] - a['parts_ms'][moved]:+,.2f})")
-    return f"from batch {lo['batch']:,} to {hi['batch']:,}: {'; '.join(out)}"
+    for a, b in ((lo.tp, hi.tp), (lo.ep, hi.ep)):
+        moved = max(_PARTS, key=lambda k: abs(b.parts_ms[k] - a.parts_ms[k]))
+        name = b.layout if a.layout == b.layout else f"{a.layout} → {b.layout}"
+        out.append(f"{name} {b.step_ms - a.step_ms:+,.2f} ms (most of it {moved} "
+                   f"{b.parts_ms[moved] - a.parts_ms[moved]:+,.2f})")
+    return f"from batch {lo.batch:,} to {hi.batch:,}: {'; '.join(out)}"
 
 
-def _reasons(at: dict[str, Any], kv: dict[str, int], context: int, *, assumption: bool = True) -> list[str]:
-    b, ep, tp = at["batch"], at["ep"], at["tp"]
+def _reasons(at: EpTpAt, kv: dict[str, int], context: int, *, assumption: bool = True) -> list[str]:
+    b, ep, tp = at.batch, at.ep, at.tp
     out = [f"at batch {b:,} collectives: {_collectives_text(tp)}. {_collectives_text(ep)}"]
-    others = [f"{k} {tp['parts_ms'][k]:,.2f} vs {ep['parts_ms'][k]:,.2f} ms ({', '.join(tp['origins'][k])})"
-              for k in _PARTS if k != "collectives" and abs(tp["parts_ms"][k] - ep["parts_ms"][k]) > 0.005]
+    others = [f"{k} {tp.parts_ms[k]:,.2f} vs {ep.parts_ms[k]:,.2f} ms ({', '.join(tp.origins[k])})"
+              for k in _PARTS if k != "collectives" and abs(tp.parts_ms[k] - ep.parts_ms[k]) > 0.005]
     if others:
-        out.append(f"at batch {b:,} {tp['layout']} vs {ep['layout']}: {'; '.join(others)}")
-    if ep["all_to_all"] is not None:
+        out.append(f"at batch {b:,} {tp.layout} vs {ep.layout}: {'; '.join(others)}")
+    if ep.all_to_all is not None:
         out.append(_a2a_text(ep, b, assumption=assumption))
-    holds = [f"{n} {v:,}" for n, v in kv.items() if n in (ep["layout"], tp["layout"])]
+    holds = [f"{n} {v:,}" for n, v in kv.items() if n in (ep.layout, tp.layout)]
     if holds:
         out.append(f"at context {context:,} the KV cache holds at most batch {', '.join(holds)}")
     return out
 
 
-def _crossings(sides: _Sides, grid: list[int]) -> list[dict[str, Any]]:
+def _crossings(sides: _Sides, grid: list[int]) -> list[EpTpCrossing]:
     """Each batch at which the faster side changes: between two grid batches whose faster side differs, the
     integer batch by bisection (the faster side one batch below it is then the other one)."""
-    out: list[dict[str, Any]] = []
+    out: list[EpTpCrossing] = []
     for lo, hi in zip(grid, grid[1:], strict=False):
         first = sides.ep_faster(lo)
         if sides.ep_faster(hi) == first:
@@ -169,54 +162,52 @@ def _crossings(sides: _Sides, grid: list[int]) -> list[dict[str, Any]]:
                 c = mid
         below = (sides.best(sides.ep, a) if first else sides.best(sides.tp, a))[0].name
         above = (sides.best(sides.tp, c) if first else sides.best(sides.ep, c))[0].name
-        out.append({"batch": c, "faster_below": below, "faster_from": above})
+        out.append(EpTpCrossing(batch=c, faster_below=below, faster_from=above))
     return out
 
 
-def _steps(a: dict[str, Any], b: dict[str, Any]) -> str:
+def _steps(a: EpTpAt, b: EpTpAt) -> str:
     """``(A: TP=8 x vs TP=8 EP=8 y ms a step; B: x' vs y' ms)``."""
-    return (f"({a['batch']:,}: {a['tp']['layout']} {a['tp']['step_ms']:,.2f} vs {a['ep']['layout']} "
-            f"{a['ep']['step_ms']:,.2f} ms a step; {b['batch']:,}: {b['tp']['step_ms']:,.2f} vs "
-            f"{b['ep']['step_ms']:,.2f} ms)")
+    return (f"({a.batch:,}: {a.tp.layout} {a.tp.step_ms:,.2f} vs {a.ep.layout} {a.ep.step_ms:,.2f} ms a step; "
+            f"{b.batch:,}: {b.tp.step_ms:,.2f} vs {b.ep.step_ms:,.2f} ms)")
 
 
 def ep_vs_tp(ep: Sequence[tuple[Layout, LayoutMemory]], tp: Sequence[tuple[Layout, LayoutMemory]], predict: Predict,
-             comm: CommCosts, *, context: int, last: int = LAST) -> dict[str, Any] | None:
-    """The EP-vs-TP crossover document (:class:`servescope.core.plan.EpVsTp` as plain data; module doc), ``None``
-    when either side has no feasible layout."""
+             comm: CommCosts, *, context: int, last: int = LAST) -> EpVsTp | None:
+    """Where EP and TP cross (module doc), ``None`` when either side has no feasible layout."""
     if not ep or not tp:
         return None
     sides = _Sides(list(ep), list(tp), predict)
     crossings = _crossings(sides, _grid(last))
 
-    def at(batch: int) -> dict[str, Any]:
+    def at(batch: int) -> EpTpAt:
         (el, ep_p), (tl, tp_p) = sides.best(sides.ep, batch), sides.best(sides.tp, batch)
-        return {"batch": batch, "ep": _side(el, ep_p, comm), "tp": _side(tl, tp_p, comm)}
+        return EpTpAt(batch=batch, ep=_side(el, ep_p, comm), tp=_side(tl, tp_p, comm))
 
     kv = {layout.name: memory.kv_tokens_per_gpu // max(context, 1) * (layout.dp if layout.kind == "dp_ep" else 1)
           for layout, memory in [*ep, *tp]}
     start = at(FIRST)
-    faster_first = start["ep" if sides.ep_faster(FIRST) else "tp"]["layout"]
+    faster_first = (start.ep if sides.ep_faster(FIRST) else start.tp).layout
     if crossings:
         c = crossings[0]
-        below, there = at(c["batch"] - 1), at(c["batch"])
+        below, there = at(c.batch - 1), at(c.batch)
         points = [below, there]
-        sentence = (f"EP and TP cross at batch {c['batch']:,}: {c['faster_below']} is faster below it, "
-                    f"{c['faster_from']} from it {_steps(below, there)}")
+        sentence = (f"EP and TP cross at batch {c.batch:,}: {c.faster_below} is faster below it, "
+                    f"{c.faster_from} from it {_steps(below, there)}")
         if len(crossings) > 1:
-            sentence += "; they cross again at batch " + ", ".join(f"{x['batch']:,}" for x in crossings[1:])
+            sentence += "; they cross again at batch " + ", ".join(f"{x.batch:,}" for x in crossings[1:])
         reasons = [_step_change(below, there), *_reasons(there, kv, context)]
     else:
         end = at(last)
         points = [start, end]
-        other = start["tp" if faster_first == start["ep"]["layout"] else "ep"]["layout"]
+        other = (start.tp if faster_first == start.ep.layout else start.ep).layout
         ties = [b for b in (FIRST, last) if sides.tied(b)]
         sentence = (f"EP and TP do not cross from batch {FIRST} to {last:,}: {faster_first} is faster than {other} "
                     f"{'or as fast ' if ties else ''}at every batch {_steps(start, end)}")
         reasons = [*_reasons(start, kv, context),
-                   *_reasons(end, {}, context, assumption=start["ep"]["all_to_all"] is None)]
-        reasons += [f"at batch {b:,} they predict the same step, {at(b)['tp']['step_ms']:,.2f} ms: the same "
+                   *_reasons(end, {}, context, assumption=start.ep.all_to_all is None)]
+        reasons += [f"at batch {b:,} they predict the same step, {at(b).tp.step_ms:,.2f} ms: the same "
                     "collectives and weight reads" for b in ties]
-    return {"ep_layouts": [x.name for x, _ in ep], "tp_layouts": [x.name for x, _ in tp], "searched": [FIRST, last],
-            "faster_first": faster_first, "crossover_batch": crossings[0]["batch"] if crossings else None,
-            "crossings": crossings, "at": points, "kv_max_batch": kv, "sentence": sentence, "reasons": reasons}
+    return EpVsTp(ep_layouts=[x.name for x, _ in ep], tp_layouts=[x.name for x, _ in tp], searched=[FIRST, last],
+                  faster_first=faster_first, crossover_batch=crossings[0].batch if crossings else None,
+                  crossings=crossings, at=points, kv_max_batch=kv, sentence=sentence, reasons=reasons)

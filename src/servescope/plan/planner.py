@@ -2,21 +2,16 @@
 
 Example:
     >>> doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="h200", gpus=8, batches=(1, 8, 32, 128)))
-    >>> [layout["name"] for layout in doc["layouts"]]                    # doctest: +SKIP
+    >>> [layout.name for layout in doc.layouts]                          # doctest: +SKIP
     ['TP=8', 'TP=8 EP=8', 'DP=8 EP=8', 'PP=8', 'TP=2 PP=4', 'TP=4 PP=2']
 
 The document (:class:`servescope.core.plan.PlanDoc`, schema ``servescope.plan`` version 1) holds the exact
-inputs, every factor with its origin, and per
-layout ``{name, kind, tp, ep, pp, dp, gpus, feasible, reason, memory_gib_per_gpu: {weights, kv_cache,
-usable}, kv_tokens_per_gpu, kv_capacity_tokens, points: [{batch, step_ms, tokens_per_s, parts_ms: {weights,
-attention, collectives, other}, origins, collectives_per_step: {OP: {count, bytes, bytes_each, ms}},
-fits_kv, compute_bound}]}``; then ``crossovers``, ``recommendation: {layout, reasons}``, ``forced`` (the
-inputs used with ``--force`` although their provenance differs from the plan, one line each, also first in
-``notes``) and ``notes``; then ``ep_vs_tp`` (:mod:`servescope.plan.ep_vs_tp`: the batch at which the fastest EP
-layout and the TP layout cross, with the reason in numbers; ``null`` for a dense model or without a feasible layout
-on either side).
-``collectives_per_step.OP.bytes`` is the total over the step's ops of that kind (nccl-tests sizes) and
-``bytes_each`` lists ``{count, bytes, what}`` per distinct message.
+inputs, every factor with its origin, per layout its memory and its point at each batch, the crossovers and the
+choice, ``forced`` (the inputs used with ``--force`` although their provenance differs from the plan, one line
+each, also first in ``notes``) and ``notes``; then ``ep_vs_tp`` (:mod:`servescope.plan.ep_vs_tp`: the batch at
+which the fastest EP layout and the TP layout cross, with the reason in numbers; ``null`` for a dense model or
+without a feasible layout on either side). A point's ``collectives_per_step.OP.bytes`` is the total over the step's
+ops of that kind (nccl-tests sizes) and ``bytes_each`` lists each distinct message.
 """
 
 from __future__ import annotations
@@ -24,28 +19,45 @@ from __future__ import annotations
 import platform
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+
+import msgspec
 
 from servescope import __version__
 from servescope.core.errors import InputError
-from servescope.core.plan import PLAN_SCHEMA, PLAN_SCHEMA_VERSION
+from servescope.core.plan import (
+    CollectivePath,
+    Crossover,
+    CurveUsed,
+    Factor,
+    InputFile,
+    LayoutMemoryGib,
+    MessageSize,
+    OpPerStep,
+    PlanCalibration,
+    PlanDoc,
+    PlanHardware,
+    PlanInputs,
+    PlanLayout,
+    PlanModel,
+    PlanPoint,
+    Recommendation,
+)
 from servescope.plan.calibrate import apply_calibration, calibrate, capture_tp, read_capture
 from servescope.plan.collectives import ALL_OPS, PCIE_A2A_SOURCE, CommCosts, CurveSource, bundled_curves, user_curves
 from servescope.plan.cost import LayoutMemory, PointCost, layout_memory, predict_point
 from servescope.plan.ep_backend import ep_backend
 from servescope.plan.ep_vs_tp import LAST, ep_vs_tp
 from servescope.plan.factors import default_factors
-from servescope.plan.hardware import HardwareProfile, load_hardware
+from servescope.plan.hardware import load_hardware
 from servescope.plan.layouts import Layout, candidate_layouts
-from servescope.plan.model import ModelArch, load_model_arch
+from servescope.plan.model import load_model_arch
 from servescope.plan.provenance import calibration_differences, curve_differences
 
-__all__ = ["SCHEMA", "PlanRequest", "find_crossovers", "parse_batches", "recommend", "run_plan"]
+__all__ = ["PlanRequest", "find_crossovers", "parse_batches", "recommend", "run_plan"]
 
-SCHEMA = PLAN_SCHEMA
 MAX_BATCH = 1 << 20
 
 
@@ -122,21 +134,21 @@ def parse_batches(text: str) -> tuple[int, ...]:
     return tuple(values)
 
 
-def _file_info(path: str | None) -> dict[str, Any] | None:
+def _file_info(path: str | None) -> InputFile | None:
     if path is None:
         return None
     p = Path(path)
-    return {"path": str(p), "size_bytes": p.stat().st_size if p.is_file() else None}
+    return InputFile(path=str(p), size_bytes=p.stat().st_size if p.is_file() else None)
 
 
 def find_crossovers(names: Sequence[str], batches: Sequence[int],
-                    step_ms: Callable[[int, int], float]) -> list[dict[str, Any]]:
+                    step_ms: Callable[[int, int], float]) -> list[Crossover]:
     """Where two layouts swap places: the first batch at which the one slower below becomes faster.
 
     ``step_ms(i, batch)`` is layout ``i``'s step time. Between two requested batches whose order differs the
     exact integer batch is found by bisection on the model itself.
     """
-    out: list[dict[str, Any]] = []
+    out: list[Crossover] = []
     for i in range(len(names)):
         for j in range(i + 1, len(names)):
             def diff(b: int, i: int = i, j: int = j) -> float:
@@ -153,92 +165,94 @@ def find_crossovers(names: Sequence[str], batches: Sequence[int],
                     else:
                         b = mid
                 faster_below, faster_above = (names[i], names[j]) if d_lo < 0 else (names[j], names[i])
-                out.append({"layouts": [names[i], names[j]], "batch": b, "between": [lo, hi],
-                            "faster_below": faster_below, "faster_above": faster_above,
-                            "step_ms_at_batch": {names[i]: step_ms(i, b), names[j]: step_ms(j, b)}})
-    return sorted(out, key=lambda c: (c["batch"], c["layouts"]))
+                out.append(Crossover(layouts=[names[i], names[j]], batch=b, between=[lo, hi],
+                                     faster_below=faster_below, faster_above=faster_above,
+                                     step_ms_at_batch={names[i]: step_ms(i, b), names[j]: step_ms(j, b)}))
+    return sorted(out, key=lambda c: (c.batch, c.layouts))
 
 
-def recommend(layouts: Sequence[dict[str, Any]], crossovers: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def recommend(layouts: Sequence[PlanLayout], crossovers: Sequence[Crossover]) -> Recommendation:
     """The layout fastest at the most requested batches (ties: the larger batch), with the reasons."""
-    feasible = [x for x in layouts if x["feasible"]]
+    feasible = [x for x in layouts if x.feasible]
     if not feasible:
-        why = "; ".join(f"{x['name']}: {x['reason']}" for x in layouts) or "no layout splits the model"
-        return {"layout": None, "reasons": [f"no layout fits: {why}"]}
-    batches = [p["batch"] for p in feasible[0]["points"]]
+        why = "; ".join(f"{x.name}: {x.reason}" for x in layouts) or "no layout splits the model"
+        return Recommendation(layout=None, reasons=[f"no layout fits: {why}"])
+    batches = [p.batch for p in feasible[0].points]
     wins: dict[str, list[int]] = {}
     best_at: dict[int, tuple[str, float]] = {}
     for k, b in enumerate(batches):
-        options = [(x["points"][k]["step_ms"], x["name"]) for x in feasible if x["points"][k]["fits_kv"]]
+        options = [(x.points[k].step_ms, x.name) for x in feasible if x.points[k].fits_kv]
         if options:
             ms, name = min(options)
             best_at[b] = (name, ms)
             wins.setdefault(name, []).append(b)
     if not wins:
-        return {"layout": None, "reasons": ["no layout's KV cache holds any requested batch at this context"]}
+        return Recommendation(layout=None, reasons=["no layout's KV cache holds any requested batch at this context"])
     chosen = max(wins, key=lambda n: (len(wins[n]), max(wins[n])))
-    x = next(x for x in feasible if x["name"] == chosen)
+    x = next(x for x in feasible if x.name == chosen)
     reasons = [f"fastest at batch {', '.join(map(str, wins[chosen]))} of {', '.join(map(str, batches))}"]
     held = [b for b in batches if b not in best_at]
     if held:
-        most = max(x["kv_capacity_tokens"] for x in feasible)
+        most = max(x.kv_capacity_tokens for x in feasible)
         reasons.append(f"at batch {', '.join(map(str, held))} no layout's KV cache holds batch × context "
                        f"(the most any holds: {most:,} tokens)")
     for b, (name, ms) in best_at.items():
         if name != chosen:
-            own = next(p for p in x["points"] if p["batch"] == b)
-            if own["fits_kv"]:
-                reasons.append(f"at batch {b} {name} is faster: {ms:.2f} ms vs {own['step_ms']:.2f} ms per step")
+            own = next(p for p in x.points if p.batch == b)
+            if own.fits_kv:
+                reasons.append(f"at batch {b} {name} is faster: {ms:.2f} ms vs {own.step_ms:.2f} ms per step")
             else:
                 reasons.append(f"at batch {b} its KV cache cannot hold batch × context; {name} can "
                                f"({ms:.2f} ms per step)")
     for c in crossovers:
-        if chosen in c["layouts"]:
-            reasons.append(f"crossover with {next(n for n in c['layouts'] if n != chosen)} at batch {c['batch']}: "
-                           f"{c['faster_below']} below, {c['faster_above']} from there on")
-    mem = x["memory_gib_per_gpu"]
-    reasons.append(f"memory per GPU: weights {mem['weights']:.1f} GiB, KV cache {mem['kv_cache']:.1f} GiB "
-                   f"({x['kv_tokens_per_gpu']:,} tokens per GPU, {x['kv_capacity_tokens']:,} in all)")
-    last = x["points"][-1]
-    share = last["parts_ms"]["collectives"] / last["step_ms"] if last["step_ms"] else 0.0
-    reasons.append(f"at batch {last['batch']} collectives are {share:.0%} of its step "
-                   f"({', '.join(last['origins']['collectives']) or 'none'})")
-    marked = sorted({o for p in x["points"] for v in p["origins"].values() for o in v})
+        if chosen in c.layouts:
+            reasons.append(f"crossover with {next(n for n in c.layouts if n != chosen)} at batch {c.batch}: "
+                           f"{c.faster_below} below, {c.faster_above} from there on")
+    mem = x.memory_gib_per_gpu
+    reasons.append(f"memory per GPU: weights {mem.weights:.1f} GiB, KV cache {mem.kv_cache:.1f} GiB "
+                   f"({x.kv_tokens_per_gpu:,} tokens per GPU, {x.kv_capacity_tokens:,} in all)")
+    last = x.points[-1]
+    share = last.parts_ms["collectives"] / last.step_ms if last.step_ms else 0.0
+    reasons.append(f"at batch {last.batch} collectives are {share:.0%} of its step "
+                   f"({', '.join(last.origins['collectives']) or 'none'})")
+    marked = sorted({o for p in x.points for v in p.origins.values() for o in v})
     reasons.append(f"figures from: {', '.join(marked)}")
-    return {"layout": chosen, "reasons": reasons}
+    return Recommendation(layout=chosen, reasons=reasons)
 
 
-def _point_json(p: PointCost) -> dict[str, Any]:
-    colls: dict[str, dict[str, Any]] = {}
+def _point(p: PointCost) -> PlanPoint:
+    """One layout's point as the document records it: per op (in ``ALL_OPS`` order) its calls, messages and paths."""
+    messages: dict[str, list[MessageSize]] = {}
+    paths: dict[str, list[CollectivePath]] = {}
+    group: dict[str, int] = {}
     for c in p.collectives:
-        entry = colls.setdefault(c.op, {"count": 0, "bytes": 0, "bytes_each": [], "group": c.group,
-                                        "ms": p.collective_ms.get(c.op, 0.0),
-                                        "wait_ms": p.collective_wait_ms.get(c.op, 0.0), "paths": []})
-        entry["count"] += c.count
-        entry["bytes"] += c.count * c.bytes_each
-        entry["bytes_each"].append({"count": c.count, "bytes": c.bytes_each, "what": c.what})
+        messages.setdefault(c.op, []).append(MessageSize(count=c.count, bytes=c.bytes_each, what=c.what))
+        group.setdefault(c.op, c.group)
     for path in p.collective_paths:
-        colls[str(path["op"])]["paths"].append(path)
+        paths.setdefault(path.op, []).append(path)
+    per_op = {op: OpPerStep(count=sum(m.count for m in messages[op]),
+                            bytes=sum(m.count * m.bytes for m in messages[op]), bytes_each=messages[op],
+                            group=group[op], ms=p.collective_ms.get(op, 0.0),
+                            wait_ms=p.collective_wait_ms.get(op, 0.0), paths=paths.get(op, []))
+              for op in ALL_OPS if op in messages}
     step = p.step_ms
-    return {"batch": p.batch, "step_ms": step, "tokens_per_s": p.batch / step * 1e3 if step else None,
-            "parts_ms": p.parts_ms, "origins": p.origins,
-            "collectives_per_step": {op: colls[op] for op in ALL_OPS if op in colls},
-            "weight_bytes_per_gpu": p.weight_bytes, "kv_read_bytes_per_gpu": p.kv_read_bytes,
-            "compute_bound": p.compute_bound, "fits_kv": p.fits_kv}
+    return PlanPoint(batch=p.batch, step_ms=step, tokens_per_s=p.batch / step * 1e3 if step else None,
+                     parts_ms=p.parts_ms, origins=p.origins, collectives_per_step=per_op,
+                     weight_bytes_per_gpu=p.weight_bytes, kv_read_bytes_per_gpu=p.kv_read_bytes,
+                     compute_bound=p.compute_bound, fits_kv=p.fits_kv)
 
 
-def _model_json(arch: ModelArch) -> dict[str, Any]:
-    return {k: v for k, v in asdict(arch).items()} | {"moe_layers": arch.moe_layers}
+def _layout(layout: Layout, memory: LayoutMemory, points: list[PointCost], memory_origin: list[str]) -> PlanLayout:
+    return PlanLayout(name=layout.name, kind=layout.kind, tp=layout.tp, ep=layout.ep, pp=layout.pp, dp=layout.dp,
+                      gpus=layout.gpus, feasible=memory.feasible, reason=memory.reason,
+                      memory_gib_per_gpu=LayoutMemoryGib(weights=memory.weights_gib, kv_cache=memory.kv_cache_gib,
+                                                         usable=memory.usable_gib),
+                      memory_origin=memory_origin, kv_tokens_per_gpu=memory.kv_tokens_per_gpu,
+                      kv_capacity_tokens=memory.kv_capacity_tokens, points=[_point(p) for p in points])
 
 
-def _hardware_json(hw: HardwareProfile) -> dict[str, Any]:
-    out = asdict(hw)
-    out["match"] = list(hw.match)
-    return out
-
-
-def run_plan(request: PlanRequest) -> dict[str, Any]:
-    """The plan document for ``request`` (keys in the module doc).
+def run_plan(request: PlanRequest) -> PlanDoc:
+    """The plan document for ``request`` (:class:`~servescope.core.plan.PlanDoc`).
 
     Raises:
         InputError: unknown model or hardware, a bad curve or analysis file, ``gpus`` below 1, a batch
@@ -306,12 +320,11 @@ def run_plan(request: PlanRequest) -> dict[str, Any]:
     for ev in evaluated:
         for p in ev.points:
             for path in p.collective_paths:
-                group = int(str(path["group"]))
-                ops = estimated.setdefault(group, [])
-                if path["source"] == "α-β estimate" and path["op"] not in ops:
-                    ops.append(str(path["op"]))
-                if str(path["source"]).startswith(PCIE_A2A_SOURCE) and path["op"] not in modelled.get(group, []):
-                    modelled.setdefault(group, []).append(str(path["op"]))
+                ops = estimated.setdefault(path.group, [])
+                if path.source == "α-β estimate" and path.op not in ops:
+                    ops.append(path.op)
+                if path.source.startswith(PCIE_A2A_SOURCE) and path.op not in modelled.get(path.group, []):
+                    modelled.setdefault(path.group, []).append(path.op)
     for g in sorted(set(estimated) | set(modelled)):
         ops, by_model = estimated.get(g, []), modelled.get(g, [])
         if ops or by_model:
@@ -319,16 +332,7 @@ def run_plan(request: PlanRequest) -> dict[str, Any]:
                       f"{', '.join(by_model)} by the PCIe all-to-all model" if by_model else ""]
             notes.append(f"no collective curve for {g} GPUs: {'; '.join(x for x in priced if x)} (assumed); "
                          f"`servescope bench comm --gpus {g}` measures one")
-    layouts_json = [{
-        "name": ev.layout.name, "kind": ev.layout.kind, "tp": ev.layout.tp, "ep": ev.layout.ep,
-        "pp": ev.layout.pp, "dp": ev.layout.dp, "gpus": ev.layout.gpus, "feasible": ev.memory.feasible,
-        "reason": ev.memory.reason,
-        "memory_gib_per_gpu": {"weights": ev.memory.weights_gib, "kv_cache": ev.memory.kv_cache_gib,
-                               "usable": ev.memory.usable_gib},
-        "memory_origin": sorted({hw.quality, "assumed"}),
-        "kv_tokens_per_gpu": ev.memory.kv_tokens_per_gpu, "kv_capacity_tokens": ev.memory.kv_capacity_tokens,
-        "points": [_point_json(p) for p in ev.points],
-    } for ev in evaluated]
+    planned = [_layout(ev.layout, ev.memory, ev.points, sorted({hw.quality, "assumed"})) for ev in evaluated]
     feasible = [ev for ev in evaluated if ev.memory.feasible]
     if not feasible:
         why = "; ".join(f"{ev.layout.name}: {ev.memory.reason}" for ev in evaluated[:3])
@@ -348,21 +352,18 @@ def run_plan(request: PlanRequest) -> dict[str, Any]:
     versus = ep_vs_tp([(ev.layout, ev.memory) for ev in feasible if ev.layout.ep > 1],
                       [(ev.layout, ev.memory) for ev in feasible if ev.layout.kind == "tp" and ev.layout.tp > 1],
                       predict, comm, context=request.context, last=max(LAST, *request.batches))
-    return {
-        "schema": SCHEMA, "schema_version": PLAN_SCHEMA_VERSION, "servescope_version": __version__,
-        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "platform": {"python": sys.version.split()[0], "system": platform.platform()},
-        "inputs": {"model": request.model, "hardware": request.hardware, "gpus": request.gpus,
-                   "batches": list(request.batches), "context": request.context,
-                   "comm": _file_info(request.comm), "calibrate": _file_info(request.calibrate),
-                   "graph": request.graph, "env": dict(request.env)},
-        "model": _model_json(arch), "hardware": _hardware_json(hw), "gpus": request.gpus,
-        "context": request.context, "batches": list(request.batches),
-        "factors": factors.table(),
-        "curves": [{"path": s.path, "origin": s.origin, "device": s.doc.device, "world_size": s.doc.world_size,
-                    "interconnect": s.doc.interconnect} for s in sources],
-        "calibration": asdict(calibration) if calibration else None,
-        "layouts": layouts_json, "skipped": skipped, "crossovers": crossovers,
-        "recommendation": recommend(layouts_json, crossovers), "forced": forced, "notes": forced + notes,
-        "ep_vs_tp": versus,
-    }
+    return PlanDoc(
+        servescope_version=__version__, created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        platform={"python": sys.version.split()[0], "system": platform.platform()},
+        inputs=PlanInputs(model=request.model, hardware=request.hardware, gpus=request.gpus,
+                          batches=list(request.batches), context=request.context, comm=_file_info(request.comm),
+                          calibrate=_file_info(request.calibrate), graph=request.graph, env=dict(request.env)),
+        model=msgspec.convert(arch, PlanModel, from_attributes=True),
+        hardware=msgspec.convert(hw, PlanHardware, from_attributes=True), gpus=request.gpus,
+        context=request.context, batches=list(request.batches),
+        factors={name: Factor(value=f["value"], origin=f["origin"]) for name, f in factors.table().items()},
+        curves=[CurveUsed(path=s.path, origin=s.origin, device=s.doc.device, world_size=s.doc.world_size,
+                          interconnect=s.doc.interconnect) for s in sources],
+        calibration=msgspec.convert(calibration, PlanCalibration, from_attributes=True) if calibration else None,
+        layouts=planned, skipped=skipped, crossovers=crossovers, recommendation=recommend(planned, crossovers),
+        forced=forced, notes=forced + notes, ep_vs_tp=versus)

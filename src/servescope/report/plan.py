@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import re
 import textwrap
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from rich import box
 from rich.console import Console
 from rich.measure import Measurement
@@ -18,11 +21,12 @@ from rich.table import Table
 from rich.text import Text
 
 from servescope.core.document import encode
-from servescope.core.plan import plan_document
+from servescope.core.plan import EpVsTp, PlanDoc, PlanLayout, PlanPoint
 from servescope.report.page import escape as _e
 from servescope.report.page import page
 
-__all__ = ["collective_sources", "plan_to_json", "render_plan", "render_plan_headline", "render_plan_html"]
+__all__ = ["CollectiveSource", "collective_sources", "plan_to_json", "render_plan", "render_plan_headline",
+           "render_plan_html"]
 
 _PARTS = ("weights", "attention", "collectives", "other")
 _SHORT = {"measured curve": "measured", "published curve": "published", "datasheet": "datasheet",
@@ -50,94 +54,121 @@ def _short_source(source: str) -> str:
     return f"{head}; past {_size(int(m[1].replace(',', '')))}: {m[2]}, {_short_source(m[4])}"
 
 
-def collective_sources(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per collective figure of the plan (op, group size, path, origin, source, wait): the layouts that
-    use it, its message sizes and times a call (from each point's ``collectives_per_step.OP.paths``)."""
-    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for layout in doc["layouts"]:
-        for p in layout["points"]:
-            for op, entry in p["collectives_per_step"].items():
-                for path in entry.get("paths", []):
-                    key = (op, path["group"], path.get("path") or path["impl"], path["origin"], path["source"],
-                           round(path["wait_us_each"], 6))
-                    row = rows.setdefault(key, {
-                        "op": op, "group": path["group"], "path": path.get("path") or path["impl"],
-                        "impl": path["impl"], "whys": [], "origin": path["origin"], "source": path["source"],
-                        "wait_us": path["wait_us_each"], "layouts": [], "bytes": [], "us": []})
-                    if path["why"] not in row["whys"]:
-                        row["whys"].append(path["why"])
-                    if layout["name"] not in row["layouts"]:
-                        row["layouts"].append(layout["name"])
-                    row["bytes"].append(path["bytes_each"])
-                    row["us"].append(path["us_each"])
+@dataclass
+class CollectiveSource:
+    """One collective figure of the plan (op, group size, path, origin, source, wait): why it takes that path, the
+    layouts that use it, its message sizes (bytes) and times a call (µs)."""
+
+    op: str
+    group: int
+    path: str
+    impl: str
+    origin: str
+    source: str
+    wait_us: float
+    whys: list[str] = field(default_factory=list)
+    layouts: list[str] = field(default_factory=list)
+    bytes: list[int] = field(default_factory=list)
+    us: list[float] = field(default_factory=list)
+
+
+def collective_sources(doc: PlanDoc) -> list[CollectiveSource]:
+    """One row per collective figure of the plan, from each point's ``collectives_per_step.OP.paths`` (a plan
+    written before the paths has none)."""
+    rows: dict[tuple[str, int, str, str, str, float], CollectiveSource] = {}
+    for layout in doc.layouts:
+        for p in layout.points:
+            for op, entry in p.collectives_per_step.items():
+                for path in entry.paths or []:
+                    shown = path.path or path.impl
+                    key = (op, path.group, shown, path.origin, path.source, round(path.wait_us_each, 6))
+                    row = rows.setdefault(key, CollectiveSource(
+                        op=op, group=path.group, path=shown, impl=path.impl, origin=path.origin, source=path.source,
+                        wait_us=path.wait_us_each))
+                    if path.why not in row.whys:
+                        row.whys.append(path.why)
+                    if layout.name not in row.layouts:
+                        row.layouts.append(layout.name)
+                    row.bytes.append(path.bytes_each)
+                    row.us.append(path.us_each)
     return list(rows.values())
 
 
-def _span(values: list[float], fmt: Any) -> str:
+def _span(values: list[int] | list[float], fmt: Callable[[float], str]) -> str:
     lo, hi = min(values), max(values)
     return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)}–{fmt(hi)}"
 
 
-def _collective_entries(doc: dict[str, Any]) -> list[str]:
+def _collective_entries(doc: PlanDoc) -> list[str]:
     """One line of text per (path, origin, source, wait): the collectives priced so, each with its group size and
     message sizes, then the path and where the figure comes from."""
     merged: dict[tuple[str, str, str, float], list[str]] = {}
     for row in collective_sources(doc):
-        key = (row["path"], row["origin"], row["source"], round(row["wait_us"], 6))
-        item = f"{row['op']} over {row['group']}, {_span(row['bytes'], _size)}"
+        key = (row.path, row.origin, row.source, round(row.wait_us, 6))
+        item = f"{row.op} over {row.group}, {_span(row.bytes, _size)}"
         merged.setdefault(key, []).append(item.replace(" ", _NBSP))  # an item is never broken over lines
-    out = [f"{', '.join(items)}: {path}; {_figure_from({'origin': origin, 'source': source, 'wait_us': wait})}"
+    out = [f"{', '.join(items)}: {path}; {_figure_from(origin, source, wait)}"
            for (path, origin, source, wait), items in merged.items()]
     return [re.sub(r" (?=[KM]iB\b| B\b|µs\b)", _NBSP, line) for line in out]  # a size stays with its unit
 
 
-def _figure_from(row: dict[str, Any]) -> str:
-    wait = f" + {row['wait_us']:.1f} µs wait (assumed)" if row["wait_us"] else ""
-    return f"{row['origin']}: {_short_source(row['source'])}{wait}"
+def _figure_from(origin: str, source: str, wait_us: float) -> str:
+    wait = f" + {wait_us:.1f} µs wait (assumed)" if wait_us else ""
+    return f"{origin}: {_short_source(source)}{wait}"
 
 
-def plan_to_json(doc: dict[str, Any]) -> str:
-    """The document as indented JSON text ending in a newline (checked as a :class:`~servescope.core.plan.PlanDoc`)."""
-    return encode(plan_document(doc)).decode()
+def _typed(doc: PlanDoc | Mapping[str, Any]) -> PlanDoc:
+    """The document; a plain mapping (``PlanDoc.as_dict()``, as ``report.rerender`` still hands it over) is read
+    as one."""
+    return doc if isinstance(doc, PlanDoc) else msgspec.convert(doc, PlanDoc)
 
 
-def _tokens_per_s(layout: dict[str, Any], point: dict[str, Any]) -> str:
+def plan_to_json(doc: PlanDoc) -> str:
+    """The document as indented JSON text ending in a newline."""
+    return encode(doc).decode()
+
+
+def _tokens_per_s(point: PlanPoint) -> str:
     """tok/s as the table shows it: ``!kv`` when the KV cache cannot hold batch × context."""
-    tps = point["tokens_per_s"]
-    return "N/A" if tps is None else f"{tps:,.0f}" + ("" if point["fits_kv"] else " !kv")
+    tps = point.tokens_per_s
+    return "N/A" if tps is None else f"{tps:,.0f}" + ("" if point.fits_kv else " !kv")
 
 
-def render_plan_headline(doc: dict[str, Any], console: Console) -> None:
+def render_plan_headline(doc: PlanDoc | Mapping[str, Any], console: Console) -> None:
     """``FORCED`` lines first: the inputs used with ``--force`` although they do not match the plan."""
-    for line in doc["forced"]:
+    for line in _typed(doc).forced:
         console.print(f"[bold red]FORCED[/] {line.removeprefix('forced: ')}", soft_wrap=True)
 
 
-def _origins(point: dict[str, Any]) -> str:
-    marks = sorted({_SHORT.get(o, o) for v in point["origins"].values() for o in v})
+def _origins(point: PlanPoint) -> str:
+    marks = sorted({_SHORT.get(o, o) for v in point.origins.values() for o in v})
     return ", ".join(marks)
 
 
-def _header(doc: dict[str, Any]) -> str:
-    m, hw = doc["model"], doc["hardware"]
-    return (f"{m['name']} on {doc['gpus']} × {hw['gpu']} ({hw['interconnect']}), context {doc['context']:,} "
-            f"tokens per request")
+def _header(doc: PlanDoc) -> str:
+    return (f"{doc.model.name} on {doc.gpus} × {doc.hardware.gpu} ({doc.hardware.interconnect}), context "
+            f"{doc.context:,} tokens per request")
 
 
-def render_plan(doc: dict[str, Any], console: Console) -> None:
+def _name(layout: PlanLayout) -> str:
+    """The layout's name as the tables show it: ``✗`` when it does not fit."""
+    return layout.name + ("" if layout.feasible else " ✗")
+
+
+def render_plan(doc: PlanDoc | Mapping[str, Any], console: Console) -> None:
     """One table of every layout × batch (step and its parts in ms), then memory, crossovers, the choice."""
+    doc = _typed(doc)
     console.print(_header(doc), markup=False)
     table = Table(box=box.SIMPLE_HEAD, title="predicted decode step (ms)")
     for col in ("layout", "batch", "step", "weights", "attn", "comm", "other", "tok/s"):
         table.add_column(col, justify="left" if col == "layout" else "right", no_wrap=True)
     marks: set[str] = set()
     rows: list[tuple[str, list[str]]] = []
-    for layout in doc["layouts"]:
-        name = layout["name"] + ("" if layout["feasible"] else " ✗")
-        for p in layout["points"]:
-            rows.append((name, [str(p["batch"]), f"{p['step_ms']:.2f}", *(f"{p['parts_ms'][k]:.2f}" for k in _PARTS),
-                                _tokens_per_s(layout, p)]))
-            marks.update(o for v in p["origins"].values() for o in v)
+    for layout in doc.layouts:
+        for p in layout.points:
+            rows.append((_name(layout), [str(p.batch), f"{p.step_ms:.2f}", *(f"{p.parts_ms[k]:.2f}" for k in _PARTS),
+                                         _tokens_per_s(p)]))
+            marks.update(o for v in p.origins.values() for o in v)
     for i, (name, cells) in enumerate(rows):
         table.add_row(name if i == 0 or rows[i - 1][0] != name else "", *cells)
     if Measurement.get(console, console.options.update_width(1_000_000), table).maximum <= console.width:
@@ -168,51 +199,51 @@ def render_plan(doc: dict[str, Any], console: Console) -> None:
     for col in ("layout", "weights", "KV cache", "KV tokens/GPU"):  # the reason wraps at spaces, nothing else
         mem.add_column(col, justify="left" if col == "layout" else "right", no_wrap=True)
     mem.add_column("fits", min_width=20)
-    for layout in doc["layouts"]:
-        g = layout["memory_gib_per_gpu"]
-        mem.add_row(layout["name"], f"{g['weights']:.1f}", f"{g['kv_cache']:.1f}", f"{layout['kv_tokens_per_gpu']:,}",
-                    layout["reason"] if layout["feasible"] else f"no: {layout['reason']}")
+    for layout in doc.layouts:
+        g = layout.memory_gib_per_gpu
+        mem.add_row(layout.name, f"{g.weights:.1f}", f"{g.kv_cache:.1f}", f"{layout.kv_tokens_per_gpu:,}",
+                    layout.reason if layout.feasible else f"no: {layout.reason}")
     console.print(mem)
-    for line in doc["skipped"]:
+    for line in doc.skipped:
         console.print(f"left out: {line}", markup=False)
-    for c in doc["crossovers"]:
-        console.print(f"crossover at batch {c['batch']}: {c['faster_below']} faster below, {c['faster_above']} "
+    for c in doc.crossovers:
+        console.print(f"crossover at batch {c.batch}: {c.faster_below} faster below, {c.faster_above} "
                       f"from there on", markup=False)
-    rec = doc["recommendation"]
-    console.print(f"recommended: {rec['layout'] or 'none'}", markup=False)
-    for reason in rec["reasons"]:
+    rec = doc.recommendation
+    console.print(f"recommended: {rec.layout or 'none'}", markup=False)
+    for reason in rec.reasons:
         console.print(f"  - {reason}", markup=False)
-    versus = doc.get("ep_vs_tp")  # a plan saved before 2026-12 has none
+    versus = doc.ep_vs_tp  # a plan saved before 2026-12 has none
     if versus:
         width = max(40, console.width - 1)
-        for i, line in enumerate([f"EP vs TP: {versus['sentence']}", *versus["reasons"]]):
+        for i, line in enumerate([f"EP vs TP: {versus.sentence}", *versus.reasons]):
             line = re.sub(r"(?<=\d) × (?=\d)", f"{_NBSP}×{_NBSP}", line)  # "123 × 95.8 µs" stays on one line
             line = re.sub(r" (?=(?:[KMG]iB|µs|ms|GB/s)\b)", _NBSP, line)  # a figure stays with its unit
             for out in textwrap.wrap(line, width=width, initial_indent="" if i == 0 else "  - ",
                                      subsequent_indent="    " if i == 0 else "      ", break_long_words=False,
                                      break_on_hyphens=False):
                 console.print(out.replace(_NBSP, " "), markup=False)
-    cal = doc.get("calibration")
+    cal = doc.calibration
     if cal:
-        fitted = ", ".join(f"{k} {v:.3g}" for k, v in cal["fitted"].items()) or "nothing"
-        mode = f", {cal['mode']}" if cal.get("mode") else ""  # documents saved before the fitting rules had none
-        console.print(f"calibrated from {cal['path']} (rank {cal['rank']}, TP={cal['tp']}, batch {cal['batch']}, "
-                      f"context {cal['context']}{mode}): {fitted}", markup=False)
-    for note in doc["notes"]:
+        fitted = ", ".join(f"{k} {v:.3g}" for k, v in cal.fitted.items()) or "nothing"
+        mode = f", {cal.mode}" if cal.mode else ""  # documents saved before the fitting rules had none
+        console.print(f"calibrated from {cal.path} (rank {cal.rank}, TP={cal.tp}, batch {cal.batch}, "
+                      f"context {cal.context}{mode}): {fitted}", markup=False)
+    for note in doc.notes:
         console.print(f"note: {note}", markup=False)
 
 
-def _figure(doc: dict[str, Any]) -> Any:
+def _figure(doc: PlanDoc) -> Any:
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    for layout in doc["layouts"]:
-        pts = layout["points"]
-        custom = [[p["parts_ms"][k] for k in _PARTS] for p in pts]
+    for layout in doc.layouts:
+        pts = layout.points
+        custom = [[p.parts_ms[k] for k in _PARTS] for p in pts]
         fig.add_trace(go.Scatter(
-            x=[p["batch"] for p in pts], y=[p["step_ms"] for p in pts], mode="lines+markers",
-            name=layout["name"] + ("" if layout["feasible"] else " (does not fit)"), customdata=custom,
-            line={"dash": "solid" if layout["feasible"] else "dot"},
+            x=[p.batch for p in pts], y=[p.step_ms for p in pts], mode="lines+markers",
+            name=layout.name + ("" if layout.feasible else " (does not fit)"), customdata=custom,
+            line={"dash": "solid" if layout.feasible else "dot"},
             hovertemplate=("batch %{x}: %{y:.2f} ms<br>weights %{customdata[0]:.2f} · attention "
                            "%{customdata[1]:.2f} · collectives %{customdata[2]:.2f} · other %{customdata[3]:.2f}"
                            "<extra>%{fullData.name}</extra>")))
@@ -236,61 +267,59 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _ep_vs_tp_html(versus: dict[str, Any] | None) -> list[str]:
+def _ep_vs_tp_html(versus: EpVsTp | None) -> list[str]:
     """The EP-vs-TP section: the sentence, the reasons, both sides at the batches compared and the all-to-all's
     inputs with their provenance."""
     if not versus:
         return []
-    rows = [[f"{at['batch']:,}", side["layout"], f"{side['step_ms']:.3f}",
-             *(f"{side['parts_ms'][k]:.3f}" for k in _PARTS),
-             "; ".join(f"{c['op']} {c['count']} × {c['us_each']:.1f} µs ({c['origin']})" for c in side["collectives"])]
-            for at in versus["at"] for side in (at["tp"], at["ep"])]
+    rows = [[f"{at.batch:,}", side.layout, f"{side.step_ms:.3f}", *(f"{side.parts_ms[k]:.3f}" for k in _PARTS),
+             "; ".join(f"{c.op} {c.count} × {c.us_each:.1f} µs ({c.origin})" for c in side.collectives)]
+            for at in versus.at for side in (at.tp, at.ep)]
     inputs: list[list[str]] = []
-    for at in versus["at"]:
-        model = at["ep"].get("all_to_all")
+    for at in versus.at:
+        model = at.ep.all_to_all
         if not model:
             continue
-        for key in ("link_gbps", "link_efficiency", "bridge_gbps", "latency_us"):
-            f = model[key]
-            inputs.append([f"{at['batch']:,}", key, f"{f['value']:g}", f["unit"], f["origin"], f["source"]])
-        inputs.append([f"{at['batch']:,}", "bound", f"{model['bound']} (link {model['link_us']:.1f} µs, bridge "
-                       f"{model['bridge_us']:.1f} µs, {model['senders']} senders)", "", "", model["assumption"]])
+        for key, f in (("link_gbps", model.link_gbps), ("link_efficiency", model.link_efficiency),
+                       ("bridge_gbps", model.bridge_gbps), ("latency_us", model.latency_us)):
+            inputs.append([f"{at.batch:,}", key, f"{f.value:g}", f.unit, f.origin, f.source])
+        inputs.append([f"{at.batch:,}", "bound", f"{model.bound} (link {model.link_us:.1f} µs, bridge "
+                       f"{model.bridge_us:.1f} µs, {model.senders} senders)", "", "", model.assumption])
     return [
         "<h2>EP vs TP</h2>",
-        f"<p>{_e(versus['sentence'])}</p>",
-        "<ul>" + "".join(f"<li>{_e(r)}</li>" for r in versus["reasons"]) + "</ul>",
+        f"<p>{_e(versus.sentence)}</p>",
+        "<ul>" + "".join(f"<li>{_e(r)}</li>" for r in versus.reasons) + "</ul>",
         _table(["batch", "layout", "step ms", *(f"{k} ms" for k in _PARTS), "collectives per step"], rows),
         *([_table(["batch", "all-to-all input", "value", "unit", "origin", "source"], inputs)] if inputs else []),
     ]
 
 
-def render_plan_html(doc: dict[str, Any]) -> str:
+def render_plan_html(doc: PlanDoc | Mapping[str, Any]) -> str:
     """A self-contained HTML page: the step-vs-batch chart (plotly.js inlined) and the plan's tables."""
     import plotly.io as pio
 
+    doc = _typed(doc)
     chart = str(pio.to_html(_figure(doc), full_html=False, include_plotlyjs=True, div_id="chart-plan-steps",
                             default_height="480px", config={"displaylogo": False, "responsive": True}))
-    rows = [[layout["name"] + ("" if layout["feasible"] else " ✗"), str(p["batch"]), f"{p['step_ms']:.3f}",
-             *(f"{p['parts_ms'][k]:.3f}" for k in _PARTS), _tokens_per_s(layout, p),
-             ", ".join(f"{op} ×{c['count']}" for op, c in p["collectives_per_step"].items()) or "none", _origins(p)]
-            for layout in doc["layouts"] for p in layout["points"]]
-    mem = [[x["name"], "yes" if x["feasible"] else "no", f"{x['memory_gib_per_gpu']['weights']:.1f}",
-            f"{x['memory_gib_per_gpu']['kv_cache']:.1f}", f"{x['kv_tokens_per_gpu']:,}", x["reason"]]
-           for x in doc["layouts"]]
-    factors = [[k, f"{v['value']:.4g}" if isinstance(v["value"], int | float) else str(v["value"]), v["origin"]]
-               for k, v in doc["factors"].items()]
-    colls = [[r["op"], str(r["group"]), ", ".join(r["layouts"]), _span(r["bytes"], _size),
-              _span(r["us"], lambda v: f"{v:.1f}"), f"{r['wait_us']:.1f}", r["path"], r["origin"], r["source"],
-              " · ".join(r["whys"])] for r in collective_sources(doc)]
-    rec = doc["recommendation"]
+    rows = [[_name(layout), str(p.batch), f"{p.step_ms:.3f}", *(f"{p.parts_ms[k]:.3f}" for k in _PARTS),
+             _tokens_per_s(p), ", ".join(f"{op} ×{c.count}" for op, c in p.collectives_per_step.items()) or "none",
+             _origins(p)]
+            for layout in doc.layouts for p in layout.points]
+    mem = [[x.name, "yes" if x.feasible else "no", f"{x.memory_gib_per_gpu.weights:.1f}",
+            f"{x.memory_gib_per_gpu.kv_cache:.1f}", f"{x.kv_tokens_per_gpu:,}", x.reason] for x in doc.layouts]
+    factors = [[k, f"{f.value:.4g}" if isinstance(f.value, int | float) else str(f.value), f.origin]
+               for k, f in doc.factors.items()]
+    colls = [[r.op, str(r.group), ", ".join(r.layouts), _span(r.bytes, _size), _span(r.us, lambda v: f"{v:.1f}"),
+              f"{r.wait_us:.1f}", r.path, r.origin, r.source, " · ".join(r.whys)] for r in collective_sources(doc)]
+    rec = doc.recommendation
     parts = [
         "<h1>servescope plan</h1>",
-        *(f'<p class="warn"><b>FORCED</b> {_e(line.removeprefix("forced: "))}</p>' for line in doc["forced"]),
-        f'<p class="meta">servescope {_e(doc["servescope_version"])} · {_e(doc["created_at"])} · {_e(_header(doc))}'
+        *(f'<p class="warn"><b>FORCED</b> {_e(line.removeprefix("forced: "))}</p>' for line in doc.forced),
+        f'<p class="meta">servescope {_e(doc.servescope_version)} · {_e(doc.created_at)} · {_e(_header(doc))}'
         "</p>",
-        f"<h2>Recommended: {_e(rec['layout'] or 'none')}</h2>",
-        "<ul>" + "".join(f"<li>{_e(r)}</li>" for r in rec["reasons"]) + "</ul>",
-        *_ep_vs_tp_html(doc.get("ep_vs_tp")),
+        f"<h2>Recommended: {_e(rec.layout or 'none')}</h2>",
+        "<ul>" + "".join(f"<li>{_e(r)}</li>" for r in rec.reasons) + "</ul>",
+        *_ep_vs_tp_html(doc.ep_vs_tp),
         "<h2>Step time vs batch</h2>", chart,
         "<h2>Layouts</h2>",
         _table(["layout", "batch", "step ms", *(f"{k} ms" for k in _PARTS), "tok/s", "collectives per step", "from"],
@@ -303,10 +332,10 @@ def render_plan_html(doc: dict[str, Any]) -> str:
         _table(["layout", "fits", "weights GiB", "KV cache GiB", "KV tokens per GPU", "why"], mem),
         "<h2>Crossovers</h2>",
         _table(["batch", "layouts", "faster below", "faster from there"],
-               [[str(c["batch"]), " vs ".join(c["layouts"]), c["faster_below"], c["faster_above"]]
-                for c in doc["crossovers"]]) if doc["crossovers"] else "<p>none</p>",
+               [[str(c.batch), " vs ".join(c.layouts), c.faster_below, c.faster_above]
+                for c in doc.crossovers]) if doc.crossovers else "<p>none</p>",
         "<h2>Factors</h2>", _table(["factor", "value", "origin"], factors),
         "<h2>Notes</h2>",
-        "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in [*doc["notes"], *doc["skipped"]]) + "</ul>",
+        "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in [*doc.notes, *doc.skipped]) + "</ul>",
     ]
-    return page(f"servescope plan {doc['model']['name']}", parts)
+    return page(f"servescope plan {doc.model.name}", parts)
