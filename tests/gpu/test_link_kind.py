@@ -31,6 +31,15 @@ def test_a_file_that_cannot_be_read(tmp_path: Path) -> None:
     assert caught.value.source == str(missing) and "cannot read" in str(caught.value)
 
 
+def test_a_file_that_is_not_a_topo_matrix_is_one_line(tmp_path: Path) -> None:
+    """Any text without the matrix (here a settings-like file) is refused naming the file, not a traceback."""
+    other = tmp_path / "notes.txt"
+    other.write_text("hello\nworld\n", encoding="utf-8")
+    with pytest.raises(InputError) as caught:
+        link_kind(str(other))
+    assert caught.value.source == str(other) and "not `nvidia-smi topo -m` output" in str(caught.value)
+
+
 def test_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(topology, "take_snapshot", lambda: snapshot_of(topo_text("4xh100-nv6-nics-pix")))
     assert link_kind(None) == "nvlink"

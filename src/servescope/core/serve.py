@@ -13,7 +13,7 @@ Metric definitions (after AIPerf's), written beside each figure in every view:
 Times are milliseconds (``_ms``); ``None`` (``null``) means not available.
 
 Each point carries its findings (``client_bound``, ``front_end_bound``), judged by
-:mod:`servescope.server.bottleneck`.
+:mod:`servescope.bench.serve.bottleneck`.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class ClientLag(msgspec.Struct, kw_only=True, frozen=True):
     """How late the client's event loop ran (ms): a timer that should fire every 1 ms, measured.
 
     ``client_bound`` is set when the p99 lag exceeds both 5 ms and half the median TPOT (the thresholds of
-    ``[client_bound]`` in ``data/findings-serve.toml``, :func:`servescope.server.bottleneck.is_client_bound`): the
+    ``[client_bound]`` in ``data/findings-serve.toml``, :func:`servescope.bench.serve.bottleneck.is_client_bound`): the
     client's own delays are then as large as what it measures, and its latencies overstate the server's.
     """
 
@@ -108,7 +108,7 @@ class ServePoint(msgspec.Struct, kw_only=True, frozen=True):
     """One load level: ``concurrency`` (closed loop) or ``rate`` (Poisson arrivals, requests/s).
 
     ``workers`` client processes shared its streams; ``findings`` name the bottleneck
-    (:func:`servescope.server.bottleneck.judge_point`).
+    (:func:`servescope.bench.serve.bottleneck.judge_point`).
     """
 
     concurrency: int | None

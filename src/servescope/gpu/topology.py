@@ -263,7 +263,7 @@ def link_kind(source: str | None) -> str | None:
             raise InputError(str(path), f"cannot read ({exc.strerror or exc})") from None
         try:
             topo = parse_topo_matrix(text)
-        except ValueError as exc:
+        except (ValueError, GpuQueryError) as exc:  # the matrix parser names what the text lacks
             raise InputError(source, f"not `nvidia-smi topo -m` output ({exc})") from None
         return "nvlink" if topo.has_nvlink else "pcie"
     try:
