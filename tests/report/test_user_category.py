@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from servescope.cli import app
 from servescope.core.analysis import decode_analysis
 from servescope.core.categories import categories_of
-from servescope.plan import calibrate
+from servescope.plan import captured
 from tracefiles import ROOT
 
 EXAMPLE = ROOT / "src" / "servescope" / "data" / "examples" / "h200-vllm-moe-b16"
@@ -55,7 +55,7 @@ def test_a_category_added_as_data_reaches_the_text_the_html_and_the_planner(tmp_
     # the planner: its role, and its time in the weights part of the measured step
     categories = categories_of(doc)
     assert categories["expert_gemm"].role == "weights"
-    parts = calibrate._phase_parts(decode, calibrate._Streaming(time={}, calls={}, categories=categories))
+    parts = captured.phase_parts(decode, captured.Streaming(time={}, calls={}, categories=categories))
     weights = sum(c.per_step_us for name, c in decode.categories.items() if categories[name].role == "weights")
     assert parts["weights"] == pytest.approx(weights)
     assert parts["weights"] >= decode.categories["expert_gemm"].per_step_us

@@ -4,25 +4,9 @@ The capture is an ``analyze --json`` (or ``profile --json``) document of a TP ru
 decode phase, on the rank that spent least time in collectives (the others' collective time includes
 waiting for the slowest rank), the measured parts per step are: *weights* = the GEMMs of ``gemm`` + ``moe`` +
 ``quantize``; *attention* = the KV-reading calls of ``attention``; *collectives* = every ``comm.*`` category;
-*other* = the step span minus those three (so it holds the host's gaps between kernels too).
-
-A category says what a kernel is *for*, not what its time follows: the MoE block's routing (softmax, top-k,
-sort, index, masked_fill, the weighted sum) is ``moe``, a KV-cache write (``index_copy_``, vLLM's
-``reshape_and_cache``) or an attention mask fill is ``attention``. Their time follows the tokens, not the
-weight or KV bytes, so each part keeps only the calls that stream its bytes (``_streams``, per kernel row of
-the document):
-
-- weights: a GEMM: every ``gemm`` kernel, and a ``moe`` or ``quantize`` kernel whose name says it multiplies
-  by a weight matrix (``GEMM_NAME``: fused_moe, grouped / CUTLASS GEMMs, Marlin, matmul_ogs, …);
-- attention: a call longer than the hardware profile's ``kernel_floor_us.attention`` (one attention kernel
-  over one cached token); a shorter one reads no KV cache worth the name (all of them without that floor).
-
-The rest of those categories is *other*, like the norms and adds: its calls are counted in ``other_calls``
-and its time in the other part. The document's kernel rows cover every phase (it has no per-phase kernel
-table), so the streaming share of a category's time and calls is taken over all of them and applied to the
-decode phase's category times and calls; a capture whose prefill holds much of a category's time skews the
-time share (H200 MoE skeleton at batch 128, half its ``moe`` time in the one prefill step: the GEMMs' share
-0.50 over all phases, 0.67 over the decode replays).
+*other* = the step span minus those three (so it holds the host's gaps between kernels too). What a capture shows
+(its parts per step, the calls that stream bytes, its batch groups, context and routing) is read by
+:mod:`servescope.plan.captured`; this module holds the rules that fit the factors to it.
 
 The step model (:mod:`servescope.plan.cost`) writes each of weights, attention and other as
 ``fixed + slope × X(batch)``:
@@ -85,13 +69,14 @@ mechanism, and a threshold on idle > busy had put them under two.
 stays in *other* like any other time.)
 
 A MoE capture's weights are fitted with the experts its workload touched (``Calibration.routing``, rules in
-``_capture_routing``): "alike" when its requests are one sequence repeated (a ``servescope profile`` document from
-before each request got its own prompt: one prompt at temperature 0 to all; or expert GEMMs at a batch above 1
-faster than the independent tokens' experts could be read at the datasheet HBM rate), so every token picks the same
-``top_k`` experts; else "independent" (E·(1−(1−k/E)^B) experts). The predictions keep the capture's routing, and a
-note says so. (The real vLLM MoE captures of ``tests/data/h200-vllm`` ran 8 experts at 1, 16 and 64 requests; read
-as 82 and 126 experts, calibrated at 16 the planner fitted an HBM efficiency of 2.9, and from batch 1 it predicted
-16 and 64 at +52% and +90% once the host time was no longer a floor.)
+:func:`~servescope.plan.captured.capture_routing`): "alike" when its requests are one sequence repeated (a
+``servescope profile`` document from before each request got its own prompt: one prompt at temperature 0 to all; or
+expert GEMMs at a batch above 1 faster than the independent tokens' experts could be read at the datasheet HBM
+rate), so every token picks the same ``top_k`` experts; else "independent" (E·(1−(1−k/E)^B) experts). The
+predictions keep the capture's routing, and a note says so. (The real vLLM MoE captures of ``tests/data/h200-vllm``
+ran 8 experts at 1, 16 and 64 requests; read as 82 and 126 experts, calibrated at 16 the planner fitted an HBM
+efficiency of 2.9, and from batch 1 it predicted 16 and 64 at +52% and +90% once the host time was no longer a
+floor.)
 
 **Physics.** A fit is refused (``InputError``, one line with the numbers; ``--force`` does not pass it) when no real
 run of this model on this device could have given it: the capture's decode step shorter than reading the weights
@@ -106,17 +91,24 @@ No number from a capture at another batch enters the fit; the hardware profile's
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from servescope.core.analysis import AnalysisDoc, KernelRow, PhaseStats, RankAnalysis, StepRow, decode_analysis
-from servescope.core.categories import CategoryTable, categories_of
+from servescope.core.analysis import RankAnalysis
+from servescope.core.categories import categories_of
 from servescope.core.errors import InputError
 from servescope.core.plan import CalibrationPoint
-from servescope.plan.captured import captured_points
+from servescope.plan.captured import (
+    batch_groups,
+    calls_per_part,
+    capture_context,
+    capture_routing,
+    capture_tp,
+    captured_points,
+    phase_parts,
+    read_capture,
+    streaming_shares,
+)
 from servescope.plan.collectives import CommCosts
 from servescope.plan.cost import PointCost, layout_memory, predict_point
 from servescope.plan.factors import Factors
@@ -125,15 +117,8 @@ from servescope.plan.layouts import Layout
 from servescope.plan.model import ModelArch
 from servescope.plan.paths import Point
 
-__all__ = ["GRAPH_REPLAYED", "MIN_GROUP_STEPS", "Calibration", "apply_calibration", "calibrate",
-           "capture_tp", "read_capture"]
+__all__ = ["GRAPH_REPLAYED", "MIN_GROUP_STEPS", "Calibration", "apply_calibration", "calibrate"]
 
-# A category's part of the step is its role in the taxonomy (core.categories: gemm, moe and quantize are weights,
-# attention is attention, comm.* are collectives). A kernel of a weights category other than gemm that multiplies
-# by a weight matrix, by its name (MoE GEMMs: fused_moe, CUTLASS / grouped GEMMs, Marlin, matmul_ogs; the rest of
-# those categories is routing, sums and activation quantisation, whose time follows the tokens, not the weights).
-GEMM_NAME = re.compile(r"gemm|gemv|nvjet|xmma|matmul|grouped_?mm|scaled_mm|fused_moe|marlin|machete", re.IGNORECASE)
-PARTS = ("weights", "attention", "collectives", "other")
 MIN_GROUP_STEPS = 3  # decode steps a batch size needs before the per-step fit uses it
 MODES = ("steps at several batches", "one batch of 1", "one batch above 1")
 # Share of the device's work launched by graph replays above which a capture's idle time is host preparation
@@ -174,169 +159,6 @@ class Calibration:
     notes: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class _Streaming:
-    """Per weight or attention category, the shares of its time and of its calls that stream bytes (the rest
-    is small calls, priced as *other*); a category missing here streams wholly. ``categories``: each category's
-    role, the part of the step it counts in."""
-
-    time: dict[str, float]
-    calls: dict[str, float]
-    categories: CategoryTable
-
-    def role(self, name: str) -> str:
-        return self.categories[name].role
-
-    def part_us(self, name: str, us: float) -> float:
-        return us * self.time.get(name, 1.0)
-
-    def part_calls(self, name: str, calls: float) -> float:
-        return calls * self.calls.get(name, 1.0)
-
-
-def _streams(row: KernelRow, role: str, attention_floor_us: float | None) -> bool:
-    """Whether a kernel of a weight or attention category streams what its part models (rules in the module
-    doc): weights, a GEMM; attention, a call longer than the profile's attention floor."""
-    if role == "attention":
-        return attention_floor_us is None or row.total_us > attention_floor_us * row.count
-    return row.category == "gemm" or GEMM_NAME.search(row.name) is not None
-
-
-def _streaming(doc: AnalysisDoc, rank: int, hw: HardwareProfile) -> _Streaming:
-    """The shares of :class:`_Streaming` from the document's kernel rows of ``rank`` (all phases)."""
-    floor = hw.kernel_floor_us.get("attention")
-    categories = categories_of(doc)
-    totals: dict[str, list[float]] = {}  # category -> [time, calls, streaming time, streaming calls]
-    for row in doc.kernels:
-        role = categories[row.category].role
-        if row.rank != rank or role not in ("weights", "attention"):
-            continue
-        t = totals.setdefault(row.category, [0.0, 0.0, 0.0, 0.0])
-        t[0] += row.total_us
-        t[1] += row.count
-        if _streams(row, role, floor):
-            t[2] += row.total_us
-            t[3] += row.count
-    return _Streaming(time={c: t[2] / t[0] for c, t in totals.items() if t[0] > 0},
-                      calls={c: t[3] / t[1] for c, t in totals.items() if t[1] > 0}, categories=categories)
-
-
-def _split(step_us: float, cats: dict[str, float], streaming: _Streaming) -> dict[str, float]:
-    """Measured parts (µs) of one step (or a phase's mean step) from its category times."""
-    role = streaming.role
-    weights = sum(streaming.part_us(name, us) for name, us in cats.items() if role(name) == "weights")
-    attention = sum((streaming.part_us(name, us) for name, us in cats.items() if role(name) == "attention"), 0.0)
-    comm = sum(us for name, us in cats.items() if role(name) == "collectives")
-    return {"weights": weights, "attention": attention, "collectives": comm,
-            "other": max(0.0, step_us - weights - attention - comm), "step": step_us}
-
-
-def _phase_parts(phase: PhaseStats, streaming: _Streaming) -> dict[str, float]:
-    return _split(phase.step_us.mean, {n: c.per_step_us for n, c in phase.categories.items()}, streaming)
-
-
-def _calls(phase: PhaseStats, streaming: _Streaming) -> dict[str, float]:
-    """Calls per step of each part; the small calls of weights and attention count as *other*."""
-    out = {"weights": 0.0, "attention": 0.0, "other": 0.0}
-    for name, c in phase.categories.items():
-        role = streaming.role(name)
-        if role == "collectives":
-            continue
-        part = role if role in ("weights", "attention") else "other"
-        streams = streaming.part_calls(name, c.calls_per_step) if part != "other" else 0.0
-        out[part] += streams
-        out["other"] += c.calls_per_step - streams
-    return out
-
-
-def _groups(steps: list[StepRow], streaming: _Streaming, *,
-            device_only: bool) -> list[tuple[int, int, dict[str, float]]]:
-    """(batch, steps, mean measured parts in µs) per decode batch size with enough steps, by batch; other
-    without the idle time when ``device_only``."""
-    by_batch: dict[int, list[dict[str, float]]] = {}
-    for s in steps:
-        if s.phase == "decode" and s.decode_requests:
-            span = s.busy_us if device_only else s.span_us
-            by_batch.setdefault(s.decode_requests, []).append(_split(span, s.categories, streaming))
-    out = []
-    for batch, rows in sorted(by_batch.items()):
-        if len(rows) >= MIN_GROUP_STEPS:
-            out.append((batch, len(rows), {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}))
-    return out
-
-
-def _line(points: list[tuple[float, float, float]]) -> tuple[float, float] | None:
-    """Weighted least-squares (fixed, slope) of ``m = fixed + slope × x`` over (x, m, weight); ``None`` when
-    the x do not vary by 1% or the fit gives a negative term."""
-    total = sum(w for _, _, w in points)
-    mx = sum(x * w for x, _, w in points) / total
-    my = sum(m * w for _, m, w in points) / total
-    sxx = sum(w * (x - mx) ** 2 for x, _, w in points)
-    xs = [x for x, _, _ in points]
-    if max(xs) <= 0 or (max(xs) - min(xs)) < 0.01 * max(xs) or sxx <= 0:
-        return None
-    slope = sum(w * (x - mx) * (m - my) for x, m, w in points) / sxx
-    fixed = my - slope * mx
-    return (fixed, slope) if slope > 0 and fixed >= 0 else None
-
-
-def _source(path: str | Path) -> tuple[str, bytes]:
-    source = str(path)
-    try:
-        return source, Path(path).read_bytes()
-    except OSError as exc:
-        raise InputError(source, exc.strerror or "cannot read") from None
-
-
-def _context(raw: Any, default: int) -> tuple[int, str | None]:
-    prof = raw.get("profile") if isinstance(raw, dict) else None
-    if isinstance(prof, dict) and isinstance(prof.get("input_tokens"), int):
-        prompt: int = prof["input_tokens"]
-        out = prof.get("output_tokens")
-        return prompt + (out // 2 if isinstance(out, int) else 0), None
-    return default, f"context {default} tokens (--context): the document has no profile settings"
-
-
-def read_capture(path: str | Path) -> tuple[str, AnalysisDoc, Any]:
-    """(source, decoded document, raw JSON) of the analysis at ``path``.
-
-    Raises:
-        InputError: unreadable or not an analysis document.
-    """
-    source, data = _source(path)
-    return source, decode_analysis(data, source), json.loads(data)
-
-
-def _capture_routing(raw: Any, arch: ModelArch, batch: int, measured_us: float,
-                     independent_us: float) -> tuple[str, str | None]:
-    """The routing of the capture's workload (``Factors.routing``) and a note saying why, for a MoE model.
-
-    "alike" when the document is a ``servescope profile`` run that sent one prompt at temperature 0 to all its
-    requests (its ``profile`` section without ``"prompts": "distinct"``, as that command wrote it before each
-    request got its own prompt: they are one sequence repeated), or when the capture's
-    expert GEMMs at a batch above 1 took less time than reading the weights of the experts independent tokens
-    would touch takes at the datasheet HBM rate (``independent_us``, efficiency 1): those bytes were not read,
-    so the batch's tokens picked the same experts. Else "independent".
-    """
-    if not arch.moe_layers:
-        return "independent", None
-    tail = ("; the predictions are for that workload (B copies of one sequence: a MoE layer runs top_k experts "
-            "at any batch), where requests of distinct prompts would touch E·(1−(1−k/E)^B) experts")
-    profile = raw.get("profile") if isinstance(raw, dict) else None
-    if isinstance(profile, dict) and profile.get("prompts", "shared") == "shared":
-        return "alike", "routing alike: this servescope profile capture sent one prompt at temperature 0" + tail
-    if batch > 1 and 0 < measured_us < independent_us:
-        return "alike", (f"routing alike: the capture's expert GEMMs took {measured_us:.0f} µs a step, less than "
-                         f"the {independent_us:.0f} µs the experts of {batch} independent tokens take to read at "
-                         f"the datasheet HBM rate" + tail)
-    return "independent", None
-
-
-def capture_tp(doc: AnalysisDoc) -> int:
-    """The capture's TP size: its ranks, or the world size its traces report when that is more."""
-    return max(len(doc.ranks), max((t.world_size or 1) for t in doc.traces) if doc.traces else 1)
-
-
 def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: CommCosts, *,
               context: int) -> Calibration:
     """Factors fitted to the decode phase of the capture at ``path`` (rules in the module doc).
@@ -362,14 +184,14 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
     if not phase.tokens_per_step:
         raise InputError(source, "decode steps carry no token counts; the batch size is unknown")
     batch = max(1, round(phase.tokens_per_step))
-    ctx, note = _context(raw, context)
+    ctx, note = capture_context(raw, context)
     notes = [note] if note else []
     layout = Layout(kind="tp", tp=tp)
     if tp > 1 and (arch.heads % tp or arch.hidden % tp):
         raise InputError(source, f"the capture has {tp} ranks, which do not split {arch.name}")
     f = comm.factors
-    streaming = _streaming(doc, rank.rank, hw)
-    measured = _phase_parts(phase, streaming)
+    streaming = streaming_shares(doc, rank.rank, hw)
+    measured = phase_parts(phase, streaming)
 
     def unit_comm(routing: str) -> CommCosts:  # efficiency 1, no fixed times, the capture's routing
         return comm.with_factors(f.replaced("unit", hbm_efficiency=1.0, attention_efficiency=1.0,
@@ -377,7 +199,7 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
                                             weights_fixed_us=0.0, attention_fixed_us=0.0, routing=routing))
 
     memory = layout_memory(arch, layout, hw, f, context=ctx)
-    routing, why = _capture_routing(raw, arch, batch, measured["weights"],
+    routing, why = capture_routing(raw, arch, batch, measured["weights"],
                                     predict_point(arch, layout, hw, unit_comm("independent"), batch=batch,
                                                   context=ctx, memory=memory).parts_ms["weights"] * 1e3)
     if why:
@@ -403,7 +225,7 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
     if host_bound:
         measured["other"] = max(0.0, measured["other"] - idle)
     at_batch = modelled(batch)
-    calls = _calls(phase, streaming)
+    calls = calls_per_part(phase, streaming)
     base_other = f.us_per_step + f.us_per_layer * arch.layers
     floors = hw.kernel_floor_us
 
@@ -423,7 +245,7 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
             return 0.0, m / at_batch[part]
         return fixed, slope
 
-    groups = _groups(rank.steps, streaming, device_only=host_bound)
+    groups = batch_groups(rank.steps, streaming, device_only=host_bound, min_steps=MIN_GROUP_STEPS)
     points: list[CalibrationPoint] = []
     if len(groups) >= 2:
         mode = MODES[0]
@@ -497,6 +319,21 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
                        modelled_ms={**{k: at_batch[k] / 1e3 for k in ("weights", "attention", "collectives")},
                                     "other": base_other / 1e3}, fitted=fitted, routing=routing,
                        points=points, comm_points=comm_points, notes=notes)
+
+
+def _line(points: list[tuple[float, float, float]]) -> tuple[float, float] | None:
+    """Weighted least-squares (fixed, slope) of ``m = fixed + slope × x`` over (x, m, weight); ``None`` when
+    the x do not vary by 1% or the fit gives a negative term."""
+    total = sum(w for _, _, w in points)
+    mx = sum(x * w for x, _, w in points) / total
+    my = sum(m * w for _, m, w in points) / total
+    sxx = sum(w * (x - mx) ** 2 for x, _, w in points)
+    xs = [x for x, _, _ in points]
+    if max(xs) <= 0 or (max(xs) - min(xs)) < 0.01 * max(xs) or sxx <= 0:
+        return None
+    slope = sum(w * (x - mx) * (m - my) for x, m, w in points) / sxx
+    fixed = my - slope * mx
+    return (fixed, slope) if slope > 0 and fixed >= 0 else None
 
 
 def _check_physics(source: str, hw: HardwareProfile, fitted: dict[str, float], *, step_us: float,

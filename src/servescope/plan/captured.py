@@ -1,8 +1,31 @@
-"""The collectives a calibration capture measured, as per-call points of origin ``calibrated`` (issue 24 item 3).
+"""What a calibration capture measured: its decode parts per step and its collectives as per-call points.
 
-``plan --calibrate`` takes, from the capture's decode phase on the rank it fits (the one that spent least time in
-collectives: its calls hold the transfer and the launch, and no more wait for the last rank than the step itself
-holds), each ``comm.*`` category's calls per step and mean time a call, and the message sizes they moved:
+The capture is an ``analyze --json`` (or ``profile --json``) document: :func:`read_capture` reads it,
+:func:`capture_tp` gives its TP size, :func:`capture_context` its mean context (from its ``profile`` section) and
+:func:`capture_routing` how its tokens picked their experts. :mod:`servescope.plan.calibrate` fits the step model's
+factors to what this module reads.
+
+**Its parts.** A category says what a kernel is *for*, not what its time follows: the MoE block's routing (softmax,
+top-k, sort, index, masked_fill, the weighted sum) is ``moe``, a KV-cache write (``index_copy_``, vLLM's
+``reshape_and_cache``) or an attention mask fill is ``attention``. Their time follows the tokens, not the weight or
+KV bytes, so each part keeps only the calls that stream its bytes (``_streams``, per kernel row of the document):
+
+- weights: a GEMM: every ``gemm`` kernel, and a ``moe`` or ``quantize`` kernel whose name says it multiplies
+  by a weight matrix (``GEMM_NAME``: fused_moe, grouped / CUTLASS GEMMs, Marlin, matmul_ogs, …);
+- attention: a call longer than the hardware profile's ``kernel_floor_us.attention`` (one attention kernel
+  over one cached token); a shorter one reads no KV cache worth the name (all of them without that floor).
+
+The rest of those categories is *other*, like the norms and adds: its calls are counted in ``other_calls``
+and its time in the other part. The document's kernel rows cover every phase (it has no per-phase kernel
+table), so the streaming share of a category's time and calls is taken over all of them and applied to the
+decode phase's category times and calls; a capture whose prefill holds much of a category's time skews the
+time share (H200 MoE skeleton at batch 128, half its ``moe`` time in the one prefill step: the GEMMs' share
+0.50 over all phases, 0.67 over the decode replays).
+
+**Its collectives** (issue 24 item 3), as per-call points of origin ``calibrated``. ``plan --calibrate`` takes, from
+the capture's decode phase on the rank it fits (the one that spent least time in collectives: its calls hold the
+transfer and the launch, and no more wait for the last rank than the step itself holds), each ``comm.*`` category's
+calls per step and mean time a call, and the message sizes they moved:
 
 - from the kernels of that rank's trace that ran inside its decode steps (``StepRow`` windows of the analysis):
   NCCL kernels carry ``In msg nelems`` / ``Out msg nelems`` and ``dtype`` in their args (PyTorch's profiler,
@@ -28,18 +51,28 @@ import gzip
 import json
 import re
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servescope.core.analysis import AnalysisDoc, RankAnalysis
+from servescope.core.analysis import AnalysisDoc, KernelRow, PhaseStats, RankAnalysis, StepRow, decode_analysis
+from servescope.core.categories import CategoryTable, categories_of
+from servescope.core.errors import InputError
 from servescope.plan.cost import collectives_per_step
 from servescope.plan.hardware import HardwareProfile
 from servescope.plan.layouts import Layout
 from servescope.plan.model import ModelArch
 from servescope.plan.paths import Point, allreduce_path
 
-__all__ = ["CALIBRATED", "captured_points"]
+__all__ = ["CALIBRATED", "GEMM_NAME", "Streaming", "batch_groups", "calls_per_part", "capture_context",
+           "capture_routing", "capture_tp", "captured_points", "phase_parts", "read_capture", "split_parts",
+           "streaming_shares"]
 
+# A category's part of the step is its role in the taxonomy (core.categories: gemm, moe and quantize are weights,
+# attention is attention, comm.* are collectives). A kernel of a weights category other than gemm that multiplies
+# by a weight matrix, by its name (MoE GEMMs: fused_moe, CUTLASS / grouped GEMMs, Marlin, matmul_ogs; the rest of
+# those categories is routing, sums and activation quantisation, whose time follows the tokens, not the weights).
+GEMM_NAME = re.compile(r"gemm|gemv|nvjet|xmma|matmul|grouped_?mm|scaled_mm|fused_moe|marlin|machete", re.IGNORECASE)
 CALIBRATED = "calibrated"
 # comm.* category -> op (comm.other is no op plan prices)
 OPS_OF = {"comm.all_reduce": "all_reduce", "comm.all_gather": "all_gather", "comm.reduce_scatter": "reduce_scatter",
@@ -59,6 +92,157 @@ _IMPL_NAME = (("custom_1stage", re.compile(r"cross_device_reduce_1stage")),
               ("quick_reduce", re.compile(r"allreduce_prototype")))
 _DTYPE_BYTES = {"bfloat16": 2, "half": 2, "float16": 2, "float": 4, "float32": 4, "double": 8, "int": 4, "long": 8,
                 "byte": 1, "char": 1, "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+def read_capture(path: str | Path) -> tuple[str, AnalysisDoc, Any]:
+    """(source, decoded document, raw JSON) of the analysis at ``path``.
+
+    Raises:
+        InputError: unreadable or not an analysis document.
+    """
+    source, data = _source(path)
+    return source, decode_analysis(data, source), json.loads(data)
+
+
+def _source(path: str | Path) -> tuple[str, bytes]:
+    source = str(path)
+    try:
+        return source, Path(path).read_bytes()
+    except OSError as exc:
+        raise InputError(source, exc.strerror or "cannot read") from None
+
+
+def capture_tp(doc: AnalysisDoc) -> int:
+    """The capture's TP size: its ranks, or the world size its traces report when that is more."""
+    return max(len(doc.ranks), max((t.world_size or 1) for t in doc.traces) if doc.traces else 1)
+
+
+def capture_context(raw: Any, default: int) -> tuple[int, str | None]:
+    """The capture's mean context (prompt + half the output, from its ``profile`` section), else ``default`` and a
+    note saying so."""
+    prof = raw.get("profile") if isinstance(raw, dict) else None
+    if isinstance(prof, dict) and isinstance(prof.get("input_tokens"), int):
+        prompt: int = prof["input_tokens"]
+        out = prof.get("output_tokens")
+        return prompt + (out // 2 if isinstance(out, int) else 0), None
+    return default, f"context {default} tokens (--context): the document has no profile settings"
+
+
+def capture_routing(raw: Any, arch: ModelArch, batch: int, measured_us: float,
+                    independent_us: float) -> tuple[str, str | None]:
+    """The routing of the capture's workload (``Factors.routing``) and a note saying why, for a MoE model.
+
+    "alike" when the document is a ``servescope profile`` run that sent one prompt at temperature 0 to all its
+    requests (its ``profile`` section without ``"prompts": "distinct"``, as that command wrote it before each
+    request got its own prompt: they are one sequence repeated), or when the capture's
+    expert GEMMs at a batch above 1 took less time than reading the weights of the experts independent tokens
+    would touch takes at the datasheet HBM rate (``independent_us``, efficiency 1): those bytes were not read,
+    so the batch's tokens picked the same experts. Else "independent".
+    """
+    if not arch.moe_layers:
+        return "independent", None
+    tail = ("; the predictions are for that workload (B copies of one sequence: a MoE layer runs top_k experts "
+            "at any batch), where requests of distinct prompts would touch E·(1−(1−k/E)^B) experts")
+    profile = raw.get("profile") if isinstance(raw, dict) else None
+    if isinstance(profile, dict) and profile.get("prompts", "shared") == "shared":
+        return "alike", "routing alike: this servescope profile capture sent one prompt at temperature 0" + tail
+    if batch > 1 and 0 < measured_us < independent_us:
+        return "alike", (f"routing alike: the capture's expert GEMMs took {measured_us:.0f} µs a step, less than "
+                         f"the {independent_us:.0f} µs the experts of {batch} independent tokens take to read at "
+                         f"the datasheet HBM rate" + tail)
+    return "independent", None
+
+
+@dataclass(frozen=True)
+class Streaming:
+    """Per weight or attention category, the shares of its time and of its calls that stream bytes (the rest
+    is small calls, priced as *other*); a category missing here streams wholly. ``categories``: each category's
+    role, the part of the step it counts in."""
+
+    time: dict[str, float]
+    calls: dict[str, float]
+    categories: CategoryTable
+
+    def role(self, name: str) -> str:
+        return self.categories[name].role
+
+    def part_us(self, name: str, us: float) -> float:
+        return us * self.time.get(name, 1.0)
+
+    def part_calls(self, name: str, calls: float) -> float:
+        return calls * self.calls.get(name, 1.0)
+
+
+def _streams(row: KernelRow, role: str, attention_floor_us: float | None) -> bool:
+    """Whether a kernel of a weight or attention category streams what its part models (rules in the module
+    doc): weights, a GEMM; attention, a call longer than the profile's attention floor."""
+    if role == "attention":
+        return attention_floor_us is None or row.total_us > attention_floor_us * row.count
+    return row.category == "gemm" or GEMM_NAME.search(row.name) is not None
+
+
+def streaming_shares(doc: AnalysisDoc, rank: int, hw: HardwareProfile) -> Streaming:
+    """The shares of :class:`Streaming` from the document's kernel rows of ``rank`` (all phases)."""
+    floor = hw.kernel_floor_us.get("attention")
+    categories = categories_of(doc)
+    totals: dict[str, list[float]] = {}  # category -> [time, calls, streaming time, streaming calls]
+    for row in doc.kernels:
+        role = categories[row.category].role
+        if row.rank != rank or role not in ("weights", "attention"):
+            continue
+        t = totals.setdefault(row.category, [0.0, 0.0, 0.0, 0.0])
+        t[0] += row.total_us
+        t[1] += row.count
+        if _streams(row, role, floor):
+            t[2] += row.total_us
+            t[3] += row.count
+    return Streaming(time={c: t[2] / t[0] for c, t in totals.items() if t[0] > 0},
+                     calls={c: t[3] / t[1] for c, t in totals.items() if t[1] > 0}, categories=categories)
+
+
+def split_parts(step_us: float, cats: dict[str, float], streaming: Streaming) -> dict[str, float]:
+    """Measured parts (µs) of one step (or a phase's mean step) from its category times."""
+    role = streaming.role
+    weights = sum(streaming.part_us(name, us) for name, us in cats.items() if role(name) == "weights")
+    attention = sum((streaming.part_us(name, us) for name, us in cats.items() if role(name) == "attention"), 0.0)
+    comm = sum(us for name, us in cats.items() if role(name) == "collectives")
+    return {"weights": weights, "attention": attention, "collectives": comm,
+            "other": max(0.0, step_us - weights - attention - comm), "step": step_us}
+
+
+def phase_parts(phase: PhaseStats, streaming: Streaming) -> dict[str, float]:
+    """Measured parts (µs) of a phase's mean step."""
+    return split_parts(phase.step_us.mean, {n: c.per_step_us for n, c in phase.categories.items()}, streaming)
+
+
+def calls_per_part(phase: PhaseStats, streaming: Streaming) -> dict[str, float]:
+    """Calls per step of each part; the small calls of weights and attention count as *other*."""
+    out = {"weights": 0.0, "attention": 0.0, "other": 0.0}
+    for name, c in phase.categories.items():
+        role = streaming.role(name)
+        if role == "collectives":
+            continue
+        part = role if role in ("weights", "attention") else "other"
+        streamed = streaming.part_calls(name, c.calls_per_step) if part != "other" else 0.0
+        out[part] += streamed
+        out["other"] += c.calls_per_step - streamed
+    return out
+
+
+def batch_groups(steps: list[StepRow], streaming: Streaming, *, device_only: bool,
+                 min_steps: int) -> list[tuple[int, int, dict[str, float]]]:
+    """(batch, steps, mean measured parts in µs) per decode batch size with at least ``min_steps`` steps, by
+    batch; other without the idle time when ``device_only``."""
+    by_batch: dict[int, list[dict[str, float]]] = {}
+    for s in steps:
+        if s.phase == "decode" and s.decode_requests:
+            span = s.busy_us if device_only else s.span_us
+            by_batch.setdefault(s.decode_requests, []).append(split_parts(span, s.categories, streaming))
+    out = []
+    for batch, rows in sorted(by_batch.items()):
+        if len(rows) >= min_steps:
+            out.append((batch, len(rows), {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}))
+    return out
 
 
 def _op_of(name: str) -> str | None:

@@ -45,7 +45,8 @@ from servescope.core.plan import (
     PlanPoint,
     Recommendation,
 )
-from servescope.plan.calibrate import apply_calibration, calibrate, capture_tp, read_capture
+from servescope.plan.calibrate import apply_calibration, calibrate
+from servescope.plan.captured import capture_tp, read_capture
 from servescope.plan.collectives import ALL_OPS, PCIE_A2A_SOURCE, CommCosts, CurveSource, bundled_curves, user_curves
 from servescope.plan.cost import LayoutMemory, PointCost, layout_memory, predict_point
 from servescope.plan.ep_backend import ep_backend
