@@ -207,3 +207,12 @@ def test_report_on_a_missing_file(tmp_path: Path) -> None:
 
 def test_report_on_a_directory(tmp_path: Path) -> None:
     _user_error(runner.invoke(app, ["report", str(tmp_path)]), str(tmp_path))
+
+
+@pytest.mark.parametrize("command", [["bench", "gemm"], ["bench", "comm"]])
+def test_every_batch_given_is_read(command: list[str]) -> None:
+    """`--batch x --batch 1`: the first value is read too (a plain option kept only the last, `1`, and ran the bench
+    on it), so the bad one is named in one line and nothing runs."""
+    result = runner.invoke(app, [*command, "--model", "llama-3-8b", "--batch", "x", "--batch", "1"])
+    assert result.exit_code == 2
+    assert "--batch: not a comma-separated list of integers: 'x,1'" in result.output
