@@ -11,8 +11,6 @@ out of the JSON while ``None``, so an older plan reads and writes back as it was
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from servescope.core.document import Document
@@ -64,11 +62,6 @@ class PlanDoc(Document, kw_only=True, frozen=True):
     forced: list[str] = msgspec.field(default_factory=list)
     notes: list[str] = msgspec.field(default_factory=list)
     ep_vs_tp: EpVsTp | None = None  # where EP and TP cross over batch, with the reason in numbers (MoE models)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The document as plain data (JSON's types)."""
-        data: dict[str, Any] = msgspec.to_builtins(self)
-        return data
 
 
 class InputFile(msgspec.Struct, kw_only=True, frozen=True):

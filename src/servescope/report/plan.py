@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import re
 import textwrap
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
 from rich import box
 from rich.console import Console
 from rich.measure import Measurement
@@ -117,12 +116,6 @@ def _figure_from(origin: str, source: str, wait_us: float) -> str:
     return f"{origin}: {_short_source(source)}{wait}"
 
 
-def _typed(doc: PlanDoc | Mapping[str, Any]) -> PlanDoc:
-    """The document; a plain mapping (``PlanDoc.as_dict()``, as ``report.rerender`` still hands it over) is read
-    as one."""
-    return doc if isinstance(doc, PlanDoc) else msgspec.convert(doc, PlanDoc)
-
-
 def plan_to_json(doc: PlanDoc) -> str:
     """The document as indented JSON text ending in a newline."""
     return encode(doc).decode()
@@ -134,9 +127,9 @@ def _tokens_per_s(point: PlanPoint) -> str:
     return "N/A" if tps is None else f"{tps:,.0f}" + ("" if point.fits_kv else " !kv")
 
 
-def render_plan_headline(doc: PlanDoc | Mapping[str, Any], console: Console) -> None:
+def render_plan_headline(doc: PlanDoc, console: Console) -> None:
     """``FORCED`` lines first: the inputs used with ``--force`` although they do not match the plan."""
-    for line in _typed(doc).forced:
+    for line in doc.forced:
         console.print(f"[bold red]FORCED[/] {line.removeprefix('forced: ')}", soft_wrap=True)
 
 
@@ -155,9 +148,8 @@ def _name(layout: PlanLayout) -> str:
     return layout.name + ("" if layout.feasible else " ✗")
 
 
-def render_plan(doc: PlanDoc | Mapping[str, Any], console: Console) -> None:
+def render_plan(doc: PlanDoc, console: Console) -> None:
     """One table of every layout × batch (step and its parts in ms), then memory, crossovers, the choice."""
-    doc = _typed(doc)
     console.print(_header(doc), markup=False)
     table = Table(box=box.SIMPLE_HEAD, title="predicted decode step (ms)")
     for col in ("layout", "batch", "step", "weights", "attn", "comm", "other", "tok/s"):
@@ -294,11 +286,10 @@ def _ep_vs_tp_html(versus: EpVsTp | None) -> list[str]:
     ]
 
 
-def render_plan_html(doc: PlanDoc | Mapping[str, Any]) -> str:
+def render_plan_html(doc: PlanDoc) -> str:
     """A self-contained HTML page: the step-vs-batch chart (plotly.js inlined) and the plan's tables."""
     import plotly.io as pio
 
-    doc = _typed(doc)
     chart = str(pio.to_html(_figure(doc), full_html=False, include_plotlyjs=True, div_id="chart-plan-steps",
                             default_height="480px", config={"displaylogo": False, "responsive": True}))
     rows = [[_name(layout), str(p.batch), f"{p.step_ms:.3f}", *(f"{p.parts_ms[k]:.3f}" for k in _PARTS),

@@ -69,13 +69,12 @@ def _plain(render: Callable[[Any, Console], None]) -> TextView:
 
 
 def _plan_text(doc: PlanDoc, console: Console, *, top: int) -> None:
-    plain = doc.as_dict()
-    render_plan_headline(plain, console)
-    render_plan(plain, console)
+    render_plan_headline(doc, console)
+    render_plan(doc, console)
 
 
 def _plan_html(doc: PlanDoc, *, top: int) -> str:
-    return render_plan_html(doc.as_dict())
+    return render_plan_html(doc)
 
 
 def _serve_html(doc: Any, *, top: int) -> str:
