@@ -85,6 +85,21 @@ def test_every_kind_is_registered_once_and_bad_input_is_one_line(tmp_path: Path)
         assert len(result.output.strip().splitlines()) == 1 and str(bad) in result.output
 
 
+def test_a_plan_saved_with_the_older_schema_renders_as_a_new_one(tmp_path: Path) -> None:
+    """Plans written before the versioned header say ``"schema": "servescope.plan/1"`` and no schema_version: they
+    read, and `report` prints and pages them as it does the same plan saved today (text, HTML)."""
+    new, old = tmp_path / "new.json", tmp_path / "old.json"
+    _ok(["plan", "--model", "llama-3-70b", "--hardware", "h200", "--gpus", "2", "--batch", "1", "-o", new])
+    data = json.loads(new.read_bytes())
+    data["schema"] = "servescope.plan/1"
+    del data["schema_version"]
+    old.write_text(json.dumps(data), encoding="utf-8")
+    assert _report(old) == _report(new)
+    _report(old, "--html", tmp_path / "old.html")
+    _report(new, "--html", tmp_path / "new.html")
+    assert (tmp_path / "old.html").read_bytes() == (tmp_path / "new.html").read_bytes()
+
+
 def test_every_kind_has_its_views_and_only_kinds_do() -> None:
     """Adding a kind is an entry in core's KINDS and one in report's VIEWS; a view of no kind is a leftover."""
     from servescope.report.rerender import VIEWS

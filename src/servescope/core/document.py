@@ -103,9 +103,11 @@ def kind_named(schema: str) -> DocumentKind:
 
 
 def kind_of(doc: object) -> DocumentKind:
-    """The kind of a decoded (or freshly made) document."""
+    """The kind of a decoded (or freshly made) document; an older file's ``schema`` (``servescope.plan/1``)
+    names its kind with the version after a slash."""
     if isinstance(doc, Document):
-        return kind_named(doc.schema)
+        name, _, number = doc.schema.rpartition("/")
+        return kind_named(name if name and number.isdigit() else doc.schema)
     if getattr(doc, "kind", None) == _GEMM_KIND:
         return kind_named("servescope.bench_gemm")
     raise ValueError(f"not a result document: {type(doc).__name__}")
