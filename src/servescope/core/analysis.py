@@ -147,6 +147,8 @@ class KernelRow(msgspec.Struct, kw_only=True):
 
 
 class DeviceTotal(msgspec.Struct, kw_only=True):
+    """Events of one device kind (kernel, memcpy, memset) over the whole trace: how many, and their time in µs."""
+
     count: int
     total_us: float
 
