@@ -21,6 +21,7 @@ from servescope.core.gemm import GemmShape
 from servescope.plan.model import (
     ModelArch,
     active_experts,
+    arch_from_hf_config,
     gemm_shapes,
     list_model_presets,
     load_model_arch,
@@ -342,3 +343,25 @@ def test_bad_preset_file(tmp_path: Path, text: str, problem: str) -> None:
     path.write_text(text, encoding="utf-8")
     with pytest.raises(InputError, match=problem):
         load_model_arch(path)
+
+
+QWEN15_MOE_A27B: dict[str, Any] = {  # Qwen/Qwen1.5-MoE-A2.7B config.json (the fields the planner reads)
+    "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": 2048,
+    "intermediate_size": 5632, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+    "num_experts": 60, "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_attention_heads": 16,
+    "num_key_value_heads": 16, "vocab_size": 151936, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "decoder_sparse_step": 1, "mlp_only_layers": [],
+}
+
+
+def test_a_qwen2_moe_shared_expert_is_counted_at_its_own_width() -> None:
+    """Qwen2-MoE gives its shared expert a width of its own (shared_expert_intermediate_size, no n_shared_experts):
+    each MoE layer holds a 5632-wide gated MLP besides the 60 routed experts of 1408. Expected by hand: 3 matrices
+    of hidden × width."""
+    from servescope.plan.layouts import Layout
+    from servescope.plan.weights import rank_weights
+
+    arch = arch_from_hf_config(QWEN15_MOE_A27B, name="qwen1.5-moe-a2.7b", source="config.json")
+    assert arch.shared_experts * arch.moe_intermediate == 5632
+    weights = rank_weights(arch, Layout(kind="tp", tp=1))
+    assert weights.shared_params == 3 * 2048 * 5632

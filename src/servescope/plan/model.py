@@ -377,6 +377,11 @@ def arch_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) ->
         moe_inter = get_int("moe_intermediate_size") if experts else 0
         intermediate = get_int("intermediate_size", 0 if experts else None)
     shared = get_int("n_shared_experts", 0) if experts else 0
+    if experts and not shared and get_int("shared_expert_intermediate_size", 0):
+        # Qwen2-MoE: one shared expert of its own width (transformers' Qwen2MoeSparseMoeBlock.shared_expert), a
+        # whole number of routed experts' widths in the published configs (Qwen1.5-MoE-A2.7B: 5632 = 4 x 1408);
+        # counted as that many experts' width, rounded up where it is not
+        shared = -(-get_int("shared_expert_intermediate_size") // moe_inter)
 
     dense_ids: set[int] = set()
     if experts:
