@@ -24,60 +24,19 @@ profiles it was measured with and ``assumed`` for any other (another host's figu
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
 from typing import Any
-
-import msgspec
 
 from servescope.core.plan import Figure, PcieAllToAllTerms
 from servescope.plan.factors import Factors
 from servescope.plan.hardware import HardwareProfile
 
-__all__ = ["ASSUMPTION", "BOUNDS", "PcieAllToAll", "bridge_figure", "on_pcie", "pcie_all_to_all"]
+__all__ = ["ASSUMPTION", "BOUNDS", "bridge_figure", "on_pcie", "pcie_all_to_all"]
 
 BOUNDS = ("link", "bridge")
 ASSUMPTION = ("PCIe without NVLink, so no multicast: each GPU's sends serialised through its own x16 link, the "
               "host bridge shared by every sender")
-
-
-@dataclass(frozen=True, kw_only=True)
-class PcieAllToAll:
-    """One all-to-all over ``group`` PCIe GPUs, priced (module doc); times in µs, bytes as nccl-tests counts them.
-
-    Attributes:
-        group: GPUs in the all-to-all.
-        senders: GPUs that hold tokens to send (fewer than ``group`` when the batch is smaller).
-        bytes_each: the per-rank send buffer S.
-        link_bytes: what one GPU pushes through its own link, (G − 1)/G · S.
-        bridge_bytes: what crosses the host bridge, ``senders`` × ``link_bytes``.
-        link_gbps, link_efficiency, bridge_gbps, latency_us: the inputs, each with its provenance.
-        link_us: ``link_bytes`` ÷ (link rate × efficiency).
-        bridge_us: ``bridge_bytes`` ÷ the bridge rate.
-        bound: ``link`` or ``bridge``, whichever is longer.
-        us: ``latency_us`` + the longer of the two.
-        assumption: what the model assumes about the links, in words (:data:`ASSUMPTION`).
-    """
-
-    group: int
-    senders: int
-    bytes_each: float
-    link_bytes: float
-    bridge_bytes: float
-    link_gbps: Figure
-    link_efficiency: Figure
-    bridge_gbps: Figure
-    latency_us: Figure
-    link_us: float
-    bridge_us: float
-    bound: str
-    us: float
-    assumption: str = ASSUMPTION
-
-    def terms(self) -> PcieAllToAllTerms:
-        """The terms as the plan document records them (its message size in whole bytes, as priced)."""
-        return msgspec.convert(self, PcieAllToAllTerms, from_attributes=True)
 
 
 def on_pcie(hw: HardwareProfile) -> bool:
@@ -107,9 +66,11 @@ def bridge_figure(group: int, hw: HardwareProfile) -> Figure:
 
 
 def pcie_all_to_all(group: int, nbytes: float, hw: HardwareProfile, factors: Factors, *,
-                    senders: int | None = None) -> PcieAllToAll:
+                    senders: int | None = None) -> PcieAllToAllTerms:
     """One all-to-all of ``nbytes`` a rank over ``group`` PCIe GPUs, ``senders`` of them holding tokens (default
-    all), priced as the module doc says."""
+    all), priced as the module doc says: every term with its inputs' provenance, as the plan document records it
+    (:class:`~servescope.core.plan.PcieAllToAllTerms`: ``link_bytes`` = (G − 1)/G of the send buffer,
+    ``bridge_bytes`` = ``senders`` × that, each bound its bytes ÷ its rate, ``us`` = latency + the longer)."""
     senders = group if senders is None else max(1, min(senders, group))
     base, hop = factors.comm_alpha.get("pcie", (10.0, 5.0))
     base = hw.base_us if hw.base_us is not None else base
@@ -126,7 +87,7 @@ def pcie_all_to_all(group: int, nbytes: float, hw: HardwareProfile, factors: Fac
     link_us = link_bytes / (link.value * eff.value * 1e3)  # GB/s = 1e3 bytes/µs
     bridge_us = bridge_bytes / (bridge.value * 1e3)
     bound = "bridge" if bridge_us > link_us else "link"
-    return PcieAllToAll(group=group, senders=senders, bytes_each=nbytes, link_bytes=link_bytes,
-                        bridge_bytes=bridge_bytes, link_gbps=link, link_efficiency=eff, bridge_gbps=bridge,
-                        latency_us=latency, link_us=link_us, bridge_us=bridge_us, bound=bound,
-                        us=latency.value + max(link_us, bridge_us))
+    return PcieAllToAllTerms(group=group, senders=senders, bytes_each=round(nbytes), link_bytes=link_bytes,
+                             bridge_bytes=bridge_bytes, link_gbps=link, link_efficiency=eff, bridge_gbps=bridge,
+                             latency_us=latency, link_us=link_us, bridge_us=bridge_us, bound=bound,
+                             us=latency.value + max(link_us, bridge_us), assumption=ASSUMPTION)

@@ -32,7 +32,7 @@ receives whose protocol ``NCCL_P2P_LL_THRESHOLD`` picks, not ``NCCL_PROTO`` (src
 An all-to-all between GPUs without NVLink (``interconnect = "pcie"``) that no calibrated point, curve or point
 covers is priced by :mod:`servescope.plan.alltoall` instead of the α-β estimate: each GPU's sends serialised
 through its own x16 link, the host bridge shared by every sender, the longer of the two plus one step's latency
-(origin ``assumed``: the model; its inputs' own provenance in :class:`~servescope.plan.alltoall.PcieAllToAll`).
+(origin ``assumed``: the model; its inputs' own provenance in :class:`~servescope.core.plan.PcieAllToAllTerms`).
 
 A curve file is used only for its own world size: its numbers say nothing about another group size.
 Within a file the ``default`` variant is used, replayed from a CUDA graph when the file has it (vLLM
@@ -49,7 +49,8 @@ from pathlib import Path
 
 from servescope.core.comm import OPS, CurveDoc, OpCurve, bus_factor, curve_doc_from_dict, time_us_at
 from servescope.core.files import read_json
-from servescope.plan.alltoall import PcieAllToAll, on_pcie, pcie_all_to_all
+from servescope.core.plan import PcieAllToAllTerms
+from servescope.plan.alltoall import on_pcie, pcie_all_to_all
 from servescope.plan.factors import Factors
 from servescope.plan.hardware import HardwareProfile
 from servescope.plan.paths import (
@@ -96,7 +97,7 @@ class Priced:
     why: str
     source: str
     path: str
-    alltoall: PcieAllToAll | None = None
+    alltoall: PcieAllToAllTerms | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

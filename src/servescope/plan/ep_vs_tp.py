@@ -15,8 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from servescope.core.plan import CollectivePath, EpTpAt, EpTpCollective, EpTpCrossing, EpTpSide, EpVsTp
-from servescope.plan.alltoall import ASSUMPTION, PcieAllToAll, pcie_all_to_all
+from servescope.core.plan import (
+    CollectivePath,
+    EpTpAt,
+    EpTpCollective,
+    EpTpCrossing,
+    EpTpSide,
+    EpVsTp,
+    PcieAllToAllTerms,
+)
+from servescope.plan.alltoall import ASSUMPTION, pcie_all_to_all
 from servescope.plan.collectives import PCIE_A2A_SOURCE, CommCosts
 from servescope.plan.cost import LayoutMemory, PointCost
 from servescope.plan.layouts import Layout
@@ -73,7 +81,7 @@ def _grid(last: int) -> list[int]:
     return [*out, last]
 
 
-def _model_of(point: PointCost, path: CollectivePath, comm: CommCosts) -> PcieAllToAll | None:
+def _model_of(point: PointCost, path: CollectivePath, comm: CommCosts) -> PcieAllToAllTerms | None:
     if path.op != "all_to_all" or not path.source.startswith(PCIE_A2A_SOURCE):
         return None
     coll = next(c for c in point.collectives if c.op == "all_to_all")
@@ -87,7 +95,7 @@ def _side(layout: Layout, point: PointCost, comm: CommCosts) -> EpTpSide:
     model = next((m for p in point.collective_paths if (m := _model_of(point, p, comm)) is not None), None)
     return EpTpSide(layout=layout.name, step_ms=point.step_ms, parts_ms=dict(point.parts_ms),
                     origins={k: list(v) for k, v in point.origins.items()}, collectives=colls,
-                    all_to_all=model.terms() if model else None)
+                    all_to_all=model)
 
 
 def _collectives_text(side: EpTpSide) -> str:
@@ -109,10 +117,11 @@ def _a2a_text(side: EpTpSide, batch: int, *, assumption: bool) -> str:
     g = m.group
     binds = "the host bridge binds" if m.bound == "bridge" else "the link binds"
     said = f"{ASSUMPTION}; " if assumption else ""
+    whose = "1 sender's" if m.senders == 1 else f"{m.senders} senders'"
     return (f"{side.layout}'s all_to_all at batch {batch:,}: {said}each GPU sends {g - 1}/{g} of "
             f"{_size(m.bytes_each)} through its x16 link: {m.link_us:,.1f} µs at {link.value:g} GB/s "
             f"({link.origin}) × {eff.value:g} ({eff.origin}); "
-            f"{'1 sender' + chr(39) + 's' if m.senders == 1 else str(m.senders) + ' senders' + chr(39)} "
+            f"{whose} "
             f"{_size(m.bridge_bytes)} cross the host bridge: "
             f"{m.bridge_us:,.1f} µs at {bridge.value:g} GB/s ({bridge.origin}): {binds}; + "
             f"{lat.value:g} µs latency ({lat.origin}) + {a2a.wait_us_each:.1f} µs wait (assumed) = "
