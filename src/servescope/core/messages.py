@@ -6,7 +6,7 @@ import string
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["format_message", "step_time"]
+__all__ = ["format_message", "size_text", "step_time"]
 
 
 class _Values(dict[str, Any]):
@@ -34,3 +34,11 @@ def format_message(template: str, values: Mapping[str, Any]) -> str:
 def step_time(us: float) -> str:
     """A time a message quotes: ``3.74 ms`` from a millisecond up, else ``854 µs``."""
     return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.0f} µs"
+
+
+def size_text(nbytes: float) -> str:
+    """A message size a plan quotes, to three figures: ``14 KiB``, ``1.75 GiB``, ``512 B``."""
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= div:
+            return f"{nbytes / div:.3g} {unit}"
+    return f"{nbytes:.0f} B"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from servescope.core.messages import size_text
 from servescope.core.plan import (
     CollectivePath,
     EpTpAt,
@@ -36,13 +37,6 @@ TIE = 1e-6  # relative: step times this close are the same step (TP, the simpler
 _PARTS = ("weights", "attention", "collectives", "other")
 
 Predict = Callable[[Layout, LayoutMemory, int], PointCost]
-
-
-def _size(nbytes: float) -> str:
-    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= div:
-            return f"{nbytes / div:.3g} {unit}"
-    return f"{nbytes:.0f} B"
 
 
 class _Sides:
@@ -119,10 +113,10 @@ def _a2a_text(side: EpTpSide, batch: int, *, assumption: bool) -> str:
     said = f"{ASSUMPTION}; " if assumption else ""
     whose = "1 sender's" if m.senders == 1 else f"{m.senders} senders'"
     return (f"{side.layout}'s all_to_all at batch {batch:,}: {said}each GPU sends {g - 1}/{g} of "
-            f"{_size(m.bytes_each)} through its x16 link: {m.link_us:,.1f} µs at {link.value:g} GB/s "
+            f"{size_text(m.bytes_each)} through its x16 link: {m.link_us:,.1f} µs at {link.value:g} GB/s "
             f"({link.origin}) × {eff.value:g} ({eff.origin}); "
             f"{whose} "
-            f"{_size(m.bridge_bytes)} cross the host bridge: "
+            f"{size_text(m.bridge_bytes)} cross the host bridge: "
             f"{m.bridge_us:,.1f} µs at {bridge.value:g} GB/s ({bridge.origin}): {binds}; + "
             f"{lat.value:g} µs latency ({lat.origin}) + {a2a.wait_us_each:.1f} µs wait (assumed) = "
             f"{a2a.us_each:,.1f} µs a call")

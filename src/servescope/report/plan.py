@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from servescope.core.document import encode
+from servescope.core.messages import size_text
 from servescope.core.plan import EpVsTp, PlanDoc, PlanLayout, PlanPoint
 from servescope.report.page import escape as _e
 from servescope.report.page import page
@@ -34,13 +35,6 @@ _NBSP = "\u00a0"
 _COLLECTIVES_TITLE = "collectives: the path each takes and where its figure comes from"
 
 
-def _size(nbytes: float) -> str:
-    for unit, div in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= div:
-            return f"{nbytes / div:.3g} {unit}"
-    return f"{nbytes:.0f} B"
-
-
 def _short_source(source: str) -> str:
     """A figure's source in a few words: a file's name, a pull request's repository and number; a point carried
     past its largest size by a published bandwidth names both (``…; past 65,536 B: 22.2 GB/s bus bandwidth …``)."""
@@ -50,7 +44,7 @@ def _short_source(source: str) -> str:
     m = re.match(r"([\d,]+) B: (.*?) \((\w+)\) from (.*)", past)
     if m is None:
         return head
-    return f"{head}; past {_size(int(m[1].replace(',', '')))}: {m[2]}, {_short_source(m[4])}"
+    return f"{head}; past {size_text(int(m[1].replace(',', '')))}: {m[2]}, {_short_source(m[4])}"
 
 
 @dataclass
@@ -104,7 +98,7 @@ def _collective_entries(doc: PlanDoc) -> list[str]:
     merged: dict[tuple[str, str, str, float], list[str]] = {}
     for row in collective_sources(doc):
         key = (row.path, row.origin, row.source, round(row.wait_us, 6))
-        item = f"{row.op} over {row.group}, {_span(row.bytes, _size)}"
+        item = f"{row.op} over {row.group}, {_span(row.bytes, size_text)}"
         merged.setdefault(key, []).append(item.replace(" ", _NBSP))  # an item is never broken over lines
     out = [f"{', '.join(items)}: {path}; {_figure_from(origin, source, wait)}"
            for (path, origin, source, wait), items in merged.items()]
@@ -300,7 +294,7 @@ def render_plan_html(doc: PlanDoc) -> str:
             f"{x.memory_gib_per_gpu.kv_cache:.1f}", f"{x.kv_tokens_per_gpu:,}", x.reason] for x in doc.layouts]
     factors = [[k, f"{f.value:.4g}" if isinstance(f.value, int | float) else str(f.value), f.origin]
                for k, f in doc.factors.items()]
-    colls = [[r.op, str(r.group), ", ".join(r.layouts), _span(r.bytes, _size), _span(r.us, lambda v: f"{v:.1f}"),
+    colls = [[r.op, str(r.group), ", ".join(r.layouts), _span(r.bytes, size_text), _span(r.us, lambda v: f"{v:.1f}"),
               f"{r.wait_us:.1f}", r.path, r.origin, r.source, " · ".join(r.whys)] for r in collective_sources(doc)]
     rec = doc.recommendation
     parts = [
