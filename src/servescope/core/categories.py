@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from servescope.core.errors import InputError
+from servescope.core.files import unreadable
 
 if TYPE_CHECKING:
     from servescope.core.analysis import AnalysisDoc
@@ -56,6 +57,8 @@ ROLES = ("weights", "attention", "collectives", "other")
 BUILTIN_SOURCE = "servescope/data/taxonomy.toml"
 _FIELDS = ("group", "label", "colour", "role", "words")
 _COLOUR = re.compile(r"#[0-9a-fA-F]{6}")
+_UNREADABLE = {FileNotFoundError: "no such file", IsADirectoryError: "is a directory, not a TOML file",
+               UnicodeDecodeError: "not UTF-8 text"}
 
 
 @dataclass(frozen=True)
@@ -167,14 +170,8 @@ def read_taxonomy(path: Path, source: str) -> dict[str, Any]:
     """
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(source, "no such file") from None
-    except IsADirectoryError:
-        raise InputError(source, "is a directory, not a TOML file") from None
-    except UnicodeDecodeError:
-        raise InputError(source, "not UTF-8 text") from None
-    except OSError as exc:
-        raise InputError(source, f"cannot read: {exc.strerror or exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise unreadable(source, exc, _UNREADABLE) from None
     return _loads(text, source)
 
 
