@@ -51,8 +51,8 @@ __all__ = [
 GROUPS = ("communication", "compute", "memory", "other")
 COMMUNICATION = "communication"
 CATEGORY_OTHER = "other"  # what a name no rule matches is
-# The parts of a step the planner prices apart (servescope.plan.calibrate): the weights read, the KV read, the
-# collectives, and the rest.
+# The parts of a step the planner prices apart (servescope.plan.captured splits a capture into them): the weights
+# read, the KV read, the collectives, and the rest.
 ROLES = ("weights", "attention", "collectives", "other")
 BUILTIN_SOURCE = "servescope/data/taxonomy.toml"
 _FIELDS = ("group", "label", "colour", "role", "words")
