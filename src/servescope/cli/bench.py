@@ -49,10 +49,11 @@ def bench_gemm(
     from servescope.core.atomic import write_bytes_atomic
     from servescope.core.document import encode
     from servescope.plan.model import gemm_shapes, load_model_arch
+    from servescope.plan.planner import parse_batches
     from servescope.report.gpu import render_gemm
 
     with user_errors():
-        batches = _int_list("--batch", ",".join(batch))
+        batches = parse_batches(",".join(batch))
         arch = load_model_arch(model)
         shapes = [s for b in batches for s in gemm_shapes(arch, tp=tp, batch=b)]
         doc = run_gemm_bench(shapes, device=device, iters=iters, progress=None if as_json else _gemm_progress)
@@ -118,10 +119,11 @@ def bench_comm(
     from servescope.bench.comm import bench_comm as measure
     from servescope.core.atomic import write_text_atomic
     from servescope.core.document import encode
+    from servescope.plan.planner import parse_batches
     from servescope.report.comm import render_comm
 
     with user_errors():
-        batches = _int_list("--batch", ",".join(batch))
+        batches = parse_batches(",".join(batch))
         rendezvous = {"nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": rdzv_endpoint,
                       "rdzv_backend": rdzv_backend, "rdzv_id": rdzv_id, "master_addr": master_addr,
                       "master_port": master_port}
@@ -146,18 +148,6 @@ def bench_comm(
     print_result(doc, render_comm, as_json=as_json)
     if doc.failures:
         fail(f"{len(doc.failures)} failed: {doc.failures[0]}")
-
-
-def _int_list(option: str, text: str) -> list[int]:
-    """``1,8,32`` as integers.
-
-    Raises:
-        InputError: naming ``option``, when an item is not an integer.
-    """
-    try:
-        return [int(b) for b in text.split(",") if b.strip()]
-    except ValueError:
-        raise InputError(option, f"not a comma-separated list of integers: {text!r}") from None
 
 
 def _parse_list(option: str, text: str | None, kind: type[N]) -> tuple[N, ...]:
