@@ -216,3 +216,11 @@ def test_every_batch_given_is_read(command: list[str]) -> None:
     result = runner.invoke(app, [*command, "--model", "llama-3-8b", "--batch", "x", "--batch", "1"])
     assert result.exit_code == 2
     assert "--batch: not a comma-separated list of integers: 'x,1'" in result.output
+
+
+@pytest.mark.parametrize("command", [["bench", "gemm"], ["bench", "comm"]])
+def test_a_batch_below_one_is_one_line(command: list[str]) -> None:
+    """`--batch 0`: no decode step has no request; refused like plan's, before anything runs."""
+    result = runner.invoke(app, [*command, "--model", "llama-3-8b", "--batch", "0"])
+    assert result.exit_code == 2
+    assert result.output.strip() == "servescope: error: --batch: expected integers from 1 to 1048576, got '0'"
