@@ -108,11 +108,11 @@ export CAP_VLLM_VERSION=$VLLM_VERSION CAP_TORCH_VERSION=$TORCH_VERSION   # for p
 unset VLLM_VERSION TORCH_VERSION   # not the server's: vLLM warns about unknown VLLM_* variables and settings lists them
 
 if [ $# -eq 0 ]; then say "no plan words: install only"; pack; exit 0; fi
-PLAN_NAME=$(echo "$@" | tr ' ' '+')
+PLAN_NAME=$(echo "$@" | tr ' ' '_')
 
 need_models=""
 WANT_MODELS="llama8b-16l qwen3moe-30b-12l"
-case "$*" in *graphs*|*eager*|*admit*|*ab-*) ;; example) WANT_MODELS=qwen3moe-30b-12l ;; *) WANT_MODELS=llama8b-16l ;; esac
+case "$*" in *graphs*|*eager*|*admit*|*ab-*|*steady-*) ;; example) WANT_MODELS=qwen3moe-30b-12l ;; *) WANT_MODELS=llama8b-16l ;; esac
 for m in $WANT_MODELS; do [ -f $MODELS/$m/config.json ] || need_models="$need_models $m"; done
 if [ -n "$need_models" ]; then
   say "making models:$need_models"
