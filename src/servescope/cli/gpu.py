@@ -13,6 +13,7 @@ from servescope.cli.common import fail, gpu_app, print_result, save, user_errors
 
 T = TypeVar("T")
 Prefer = Annotated[str, typer.Option("--prefer", help="nvml or nvidia-smi (the other is the fallback).")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of a table.")]
 
 
 def _show(query: Callable[..., T], render: Callable[[T, Console], None], *, prefer: str, as_json: bool,
@@ -35,7 +36,7 @@ def _show(query: Callable[..., T], render: Callable[[T, Console], None], *, pref
 @gpu_app.command("list")
 def gpu_list(
     prefer: Prefer = "nvml",
-    as_json: Annotated[bool, typer.Option("--json", help="Print the snapshot as JSON.")] = False,
+    as_json: AsJson = False,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the snapshot (JSON) here.")] = None,
 ) -> None:
     """GPUs, their memory, PCIe link and the processes holding memory (NVML, else nvidia-smi)."""
@@ -46,10 +47,7 @@ def gpu_list(
 
 
 @gpu_app.command("topo")
-def gpu_topo(
-    prefer: Prefer = "nvml",
-    as_json: Annotated[bool, typer.Option("--json", help="Print the topology as JSON.")] = False,
-) -> None:
+def gpu_topo(prefer: Prefer = "nvml", as_json: AsJson = False) -> None:
     """Per GPU pair NVLink or the PCIe path and P2P; each GPU's PCIe link and CPU/NUMA affinity; a verdict."""
     from servescope.gpu.topology import read_topology
     from servescope.report.gpu import render_topology
@@ -58,10 +56,7 @@ def gpu_topo(
 
 
 @gpu_app.command("holders")
-def gpu_holders(
-    prefer: Prefer = "nvml",
-    as_json: Annotated[bool, typer.Option("--json", help="Print the holders as JSON.")] = False,
-) -> None:
+def gpu_holders(prefer: Prefer = "nvml", as_json: AsJson = False) -> None:
     """Processes holding GPU memory, per GPU: pid, user, MiB, command line (secrets redacted), and the total."""
     from servescope.gpu.holders import read_gpu_holders
     from servescope.report.gpu import render_holders
