@@ -2,19 +2,21 @@
 """plan --calibrate on the real vLLM 0.26 H200 captures made with distinct prompts per request (issue 24): each
 pair calibrated at one batch and predicting the other (16 -> 1, 1 -> 16).
 
-  .venv/bin/python benchmarks/plan_calibrate_pairs.py          # markdown table on stdout (docs/measurements.md)
+  .venv/bin/python benchmarks/plan_calibrate_pairs.py [SET ...]   # a markdown table per set (docs/measurements.md)
 
 Each capture is analyzed and written as `servescope profile --json` writes it (the analysis and its ``profile``
 section: model, batch, tokens, ``"prompts": "distinct"``, from provenance.json); the planner gets the model's shape
 from provenance.json, with ``quantization_config: {quant_method: fp8}`` where the server ran ``--quantization
-fp8`` (its server_flags: weights one byte, per-tensor scales). Truth: the mean device duration of the capture's
-decode step annotations (``execute_context_0(0)_generation_B(B)``, ``gpu_user_annotation``) by plain gzip + json.
+fp8`` (its server_flags: weights one byte, per-tensor scales), and the context in the middle of the profiled window.
+Truth by plain gzip + json: the capture's decode step annotations (``execute_context_0(0)_generation_B(B)``,
+``gpu_user_annotation``) for the step, the kernels inside them for the device's work, the rest for the host's.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -25,9 +27,15 @@ from servescope.report.profile import encode_profile
 from servescope.trace.analyze import AnalyzeRequest, analyze
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "h200-vllm"
-PAIRS = [("dense", "async", "ab/dense-async"), ("dense", "noasync", "ab/dense-noasync"),
-         ("moe", "async", "ab/moe-async"), ("moe", "noasync", "ab/moe-noasync"),
-         ("dense", "fp8", "dense-fp8"), ("moe", "fp8", "moe-fp8")]
+# The capture sets: 2026-12-04's (window from engine step 20, admission still settling) and 2026-12-05's steady
+# windows (engine steps 64..75, every request decoding since long before), two windows each for dense and MoE.
+SETS = {
+    "2026-12-04": [("dense", "async", "ab/dense-async"), ("dense", "noasync", "ab/dense-noasync"),
+                   ("moe", "async", "ab/moe-async"), ("moe", "noasync", "ab/moe-noasync"),
+                   ("dense", "fp8", "dense-fp8"), ("moe", "fp8", "moe-fp8")],
+    "steady/w1": [(k, f, f"steady/w1/{k}-{f}") for k in ("dense", "moe") for f in ("async", "noasync", "fp8")],
+    "steady/w2": [(k, f, f"steady/w2/{k}-{f}") for k in ("dense", "moe") for f in ("async", "noasync")],
+}
 BATCHES = (1, 16)
 
 
@@ -36,13 +44,21 @@ def provenance(folder: str) -> dict[str, Any]:
     return prov
 
 
-def true_step_ms(folder: str, batch: int) -> float:
-    """Mean device duration of the capture's decode steps of ``batch`` requests, by plain json."""
+def window(folder: str, batch: int) -> dict[str, float]:
+    """The capture's decode steps of ``batch`` requests by plain json, ms a step: the annotations' span
+    (``step``), the kernel time inside them (``device``) and the rest (``host``, the device idle in the step)."""
     with gzip.open(DATA / folder / "rank0.pt.trace.json.gz", "rt", encoding="utf-8") as fh:
         events = json.load(fh)["traceEvents"]
     name = f"execute_context_0(0)_generation_{batch}({batch})"
-    steps = [float(e["dur"]) for e in events if e.get("cat") == "gpu_user_annotation" and e.get("name") == name]
-    return sum(steps) / len(steps) / 1e3
+    steps = [e for e in events if e.get("cat") == "gpu_user_annotation" and e.get("name") == name]
+    kernels = [(float(k["ts"]), float(k["ts"]) + float(k["dur"])) for k in events if k.get("cat") == "kernel"]
+    span = busy = 0.0
+    for s in steps:
+        a, b = float(s["ts"]), float(s["ts"]) + float(s["dur"])
+        span += b - a
+        busy += sum(min(end, b) - max(start, a) for start, end in kernels if start < b and end > a)
+    n = len(steps) * 1e3
+    return {"step": span / n, "device": busy / n, "host": (span - busy) / n}
 
 
 def config(folder: str, out: Path) -> Path:
@@ -58,6 +74,14 @@ def config(folder: str, out: Path) -> Path:
     return path
 
 
+def context_tokens(prov: dict[str, Any]) -> int:
+    """Tokens each request holds in the middle of the profiled window: its prompt plus the engine steps before the
+    window's middle (``window``: "engine steps A..B ..."); without a window, half the output."""
+    found = re.search(r"engine steps (\d+)\.\.(\d+)", prov.get("window", ""))
+    done = (int(found[1]) + int(found[2])) // 2 if found else prov["output_tokens"] // 2
+    return int(prov["input_tokens"]) + done
+
+
 def profile_doc(folder: str, out: Path) -> Path:
     """The capture as `servescope profile --json` writes it, beside nothing (the device is checked from the trace)."""
     prov = provenance(folder)
@@ -69,36 +93,44 @@ def profile_doc(folder: str, out: Path) -> Path:
     return path
 
 
-def measure() -> list[dict[str, Any]]:
-    """One row per (kind, flavour): the true steps and the error of each direction."""
+def measure(pairs: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
+    """One row per (kind, flavour): both windows' truth and, per direction, the error of the step and of the
+    device's work (the predicted step less the fitted window's host time, which the planner carries)."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        for kind, flavour, stem in PAIRS:
+        for kind, flavour, stem in pairs:
             folders = {b: f"{stem}-b{b}" for b in BATCHES}
-            truth = {b: true_step_ms(f, b) for b, f in folders.items()}
+            truth = {b: window(f, b) for b, f in folders.items()}
             cfg = config(folders[1], out)
             docs = {b: profile_doc(f, out) for b, f in folders.items()}
-            row: dict[str, Any] = {"kind": kind, "flavour": flavour, "truth_ms": truth, "error": {}, "predicted_ms": {}}
+            row: dict[str, Any] = {"kind": kind, "flavour": flavour, "truth": truth, "error": {}, "device": {}}
             for fit, check in ((16, 1), (1, 16)):
                 prov = provenance(folders[check])
-                context = prov["input_tokens"] + prov["output_tokens"] // 2
-                doc = run_plan(PlanRequest(model=str(cfg), hardware="h200", gpus=1, batches=(check,), context=context,
-                                           calibrate=str(docs[fit])))
-                predicted = doc["layouts"][0]["points"][0]["step_ms"]
-                row["predicted_ms"][(fit, check)] = predicted
-                row["error"][(fit, check)] = predicted / truth[check] - 1
+                doc = run_plan(PlanRequest(model=str(cfg), hardware="h200", gpus=1, batches=(check,),
+                                           context=context_tokens(prov), calibrate=str(docs[fit])))
+                predicted = doc.layouts[0].points[0].step_ms
+                row["error"][(fit, check)] = predicted / truth[check]["step"] - 1
+                row["device"][(fit, check)] = (predicted - truth[fit]["host"]) / truth[check]["device"] - 1
             rows.append(row)
     return rows
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| capture pair | true step b1 / b16 (ms) | 16→1 | 1→16 |", "|---|---|---|---|"]
+    lines = ["| capture pair | step b1 / b16 (ms) | device b1 / b16 | host b1 / b16 | step 16→1 | step 1→16 | "
+             "device 16→1 | device 1→16 |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['kind']} {r['flavour']} | {r['truth_ms'][1]:.2f} / {r['truth_ms'][16]:.2f} | "
-                     f"{r['error'][(16, 1)]:+.1%} | {r['error'][(1, 16)]:+.1%} |")
-    return "\n".join(lines).replace("-", "−").replace("|−−−|−−−|−−−|−−−|", "|---|---|---|---|")
+        t = r["truth"]
+        lines.append(f"| {r['kind']} {r['flavour']} | {t[1]['step']:.2f} / {t[16]['step']:.2f} | "
+                     f"{t[1]['device']:.2f} / {t[16]['device']:.2f} | {t[1]['host']:.2f} / {t[16]['host']:.2f} | "
+                     f"{r['error'][(16, 1)]:+.1%} | {r['error'][(1, 16)]:+.1%} | {r['device'][(16, 1)]:+.1%} | "
+                     f"{r['device'][(1, 16)]:+.1%} |")
+    return "\n".join(lines[:2] + [line.replace("-", "−") for line in lines[2:]])
 
 
 if __name__ == "__main__":
-    sys.stdout.write(table(measure()) + "\n")
+    chosen = sys.argv[1:] or list(SETS)
+    for name in chosen:
+        if name not in SETS:
+            raise SystemExit(f"unknown capture set {name!r}: one of {', '.join(SETS)}")
+        sys.stdout.write(f"\n{name}\n\n{table(measure(SETS[name]))}\n")
