@@ -112,7 +112,7 @@ PLAN_NAME=$(echo "$@" | tr ' ' '_')
 
 need_models=""
 WANT_MODELS="llama8b-16l qwen3moe-30b-12l"
-case "$*" in *graphs*|*eager*|*admit*|*ab-*|*steady-*) ;; example) WANT_MODELS=qwen3moe-30b-12l ;; *) WANT_MODELS=llama8b-16l ;; esac
+case "$*" in *graphs*|*eager*|*admit*|*ab-*|*steady-*|*repeat-*) ;; example) WANT_MODELS=qwen3moe-30b-12l ;; *) WANT_MODELS=llama8b-16l ;; esac
 for m in $WANT_MODELS; do [ -f $MODELS/$m/config.json ] || need_models="$need_models $m"; done
 if [ -n "$need_models" ]; then
   say "making models:$need_models"
@@ -279,6 +279,27 @@ run_ab() {   # run_ab KEY_A MODEL_A FLAV_A "FLAGS_A" KEY_B MODEL_B FLAV_B "FLAGS
     done
   done
   stop_server $ka; stop_server $kb
+}
+
+run_repeat() {   # run_repeat KEY MODEL FLAVOUR "FLAGS": one server alone (stacks on), captured REPEATS times at each of
+  # AB_BATCHES, back to back; folders MODELKIND-FLAVOUR-rR-bB (does the host's time repeat when no other server runs?)
+  if [ "$(left)" -lt 200 ]; then say "skip repeat $3: $(left)s left"; return; fi
+  local k=$1 flav=$3 g=$4 r b mk=dense
+  case $2 in qwen3moe*) mk=moe ;; esac
+  MODEL[$k]=$2; PORT[$k]=8001
+  # shellcheck disable=SC2086
+  WITH_STACK=true start_server $k "$flav" --kv-cache-memory-bytes $KV_BYTES $g
+  wait_ready "$flav" $k
+  if [ "${READY[$k]}" != 0 ]; then tail -15 "$W/logs/server-$k-$flav.log" | cut -c1-200 | tee -a "$LOG"; stop_server $k; return; fi
+  $SS settings --pid ${PID[$k]} --url http://127.0.0.1:${PORT[$k]} --json > "$W/logs/settings-$k-$flav.json" 2>&1
+  for r in $(seq 1 "${REPEATS:-3}"); do
+    for b in ${AB_BATCHES:-16 1}; do
+      if [ "$(left)" -lt 40 ]; then say "skip capture $mk-$flav-r$r-b$b: $(left)s left"; continue; fi
+      capture_ab $k "$flav" "$b"
+      rm -rf "$CAP/$mk-$flav-r$r-b$b"; mv "$CAP/$mk-$flav-b$b" "$CAP/$mk-$flav-r$r-b$b"
+    done
+  done
+  stop_server $k
 }
 
 capture_ab() {   # capture_ab KEY FLAVOUR BATCH: the capture folder is named MODELKIND-FLAVOUR-bB
@@ -492,6 +513,10 @@ for word in "$@"; do
     steady-dense) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" STACK_A=true STACK_B=true run_ab a llama8b-16l async "" b llama8b-16l noasync "--no-async-scheduling" ;;
     steady-moe) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" STACK_A=true STACK_B=true run_ab a qwen3moe-30b-12l async "" b qwen3moe-30b-12l noasync "--no-async-scheduling" ;;
     steady-fp8) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" STACK_A=true STACK_B=true run_ab a llama8b-16l fp8 "--quantization fp8" b qwen3moe-30b-12l fp8 "--quantization fp8" ;;
+    # One server alone, the steady window captured three times at 16 and at 1 request (issue 24: whether the host's
+    # time inside a step repeats when no second server shares the machine)
+    repeat-moe) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" run_repeat a qwen3moe-30b-12l noasync "--no-async-scheduling" ;;
+    repeat-dense) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" run_repeat a llama8b-16l noasync "--no-async-scheduling" ;;
     bench) run_bench ;;
     example) run_example ;;
     scaled) run_load "${API_SERVERS:-4}" ;;
