@@ -141,7 +141,9 @@ start_server() {   # start_server KEY FLAVOUR EXTRA...   (KEY = dense|moe)
 wait_ready() {   # wait_ready FLAVOUR KEY...   (health --wait of each, side by side)
   local flav=$1; shift; local k hp=()
   for k in "$@"; do
-    local name=$k-$flav to=$(( $(left) - 120 )); [ $to -lt 60 ] && to=60
+    # what the call has left, less READY_RESERVE_S for the captures (a short SESSION_BUDGET_S leaves the server too
+    # little: on 2026-12-05 a 330 s budget gave health --wait 103 s, and the MoE server needed ~110 cold)
+    local name=$k-$flav to=$(( $(left) - ${READY_RESERVE_S:-120} )); [ $to -lt 60 ] && to=60
     $SS health http://127.0.0.1:${PORT[$k]} --wait --timeout $to --poll 2 --pid ${PID[$k]} \
       --log "$W/logs/server-$name.log" > "$W/logs/health-$name.txt" 2>&1 &
     hp+=("$!:$k")
@@ -515,8 +517,8 @@ for word in "$@"; do
     steady-fp8) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" STACK_A=true STACK_B=true run_ab a llama8b-16l fp8 "--quantization fp8" b qwen3moe-30b-12l fp8 "--quantization fp8" ;;
     # One server alone, the steady window captured three times at 16 and at 1 request (issue 24: whether the host's
     # time inside a step repeats when no second server shares the machine)
-    repeat-moe) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" run_repeat a qwen3moe-30b-12l noasync "--no-async-scheduling" ;;
-    repeat-dense) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" run_repeat a llama8b-16l noasync "--no-async-scheduling" ;;
+    repeat-moe) READY_RESERVE_S=${READY_RESERVE_S:-60} DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" run_repeat a qwen3moe-30b-12l noasync "--no-async-scheduling" ;;
+    repeat-dense) READY_RESERVE_S=${READY_RESERVE_S:-60} DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" run_repeat a llama8b-16l noasync "--no-async-scheduling" ;;
     bench) run_bench ;;
     example) run_example ;;
     scaled) run_load "${API_SERVERS:-4}" ;;
