@@ -225,3 +225,22 @@ def test_another_profile_takes_the_bridge_figure_as_assumed() -> None:
 def test_a_dense_model_has_no_ep_side() -> None:
     doc = run_plan(PlanRequest(model="llama-3-70b", hardware="rtx-pro-6000", gpus=G, batches=(1,)))
     assert doc.ep_vs_tp is None
+
+
+@pytest.mark.parametrize(("hardware", "backend", "warned"), [
+    ("rtx-pro-6000", "deepep_high_throughput", True), ("rtx-pro-6000", "flashinfer_nvlink_two_sided", True),
+    ("rtx-pro-6000", "deepep_low_latency", False), ("rtx-pro-6000", "allgather_reducescatter", False),
+    ("h200", "deepep_high_throughput", False)])
+def test_a_backend_that_needs_nvlink_is_named_on_pcie(hardware: str, backend: str, warned: bool) -> None:
+    """DeepEP's high-throughput kernels need NVLink within a node (its maintainers, DeepEP issues 216 and 162; the
+    data file says so, by its interconnect, read here as plain TOML): on a PCIe box the plan says the layout will
+    not run with it; on NVLink, or with a backend that runs on PCIe, nothing."""
+    rules = tomllib.loads((DATA / "comm" / "vllm-0.26.toml").read_text(encoding="utf-8"))["ep"]["backends"][backend]
+    profile = tomllib.loads((DATA / "hardware" / f"{hardware}.toml").read_text(encoding="utf-8"))
+    assert (rules.get("needs") == "nvlink" and profile.get("nvlink_gbps", 0) == 0) is warned
+    doc = run_plan(PlanRequest(model="kimi-k2.5", hardware=hardware, gpus=G, batches=(1,),
+                               env={"VLLM_ALL2ALL_BACKEND": backend}))
+    said = [n for n in doc.notes if n.startswith(f"--all2all-backend {backend} needs nvlink")]
+    assert bool(said) is warned
+    if warned:
+        assert "will not run with it" in said[0] and rules["needs_source"] in said[0]

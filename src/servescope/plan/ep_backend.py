@@ -38,6 +38,8 @@ class EpBackend:
         notes: lines for the plan's notes (the environment variable vLLM 0.26 does not read).
         min_dp: the data-parallel size from which vLLM runs the backend at all.
         dp1_why: why a DP = 1 EP layout runs no backend, for the path of its all-reduce.
+        needs: the interconnect the backend's kernels need (``nvlink``), empty when any; ``needs_source`` says
+            where that is known from.
     """
 
     name: str
@@ -49,6 +51,16 @@ class EpBackend:
     notes: tuple[str, ...]
     min_dp: int
     dp1_why: str
+    needs: str = ""
+    needs_source: str = ""
+
+    def unmet(self, interconnect: str) -> str | None:
+        """A note when the GPUs' ``interconnect`` cannot run this backend, else None."""
+        if not self.needs or self.needs == interconnect:
+            return None
+        return (f"--all2all-backend {self.name} needs {self.needs} between the GPUs ({self.needs_source}); these "
+                f"are joined by {interconnect}: a DP > 1 EP layout will not run with it there (priced as if it "
+                f"did); deepep_low_latency and allgather_reducescatter run on PCIe")
 
 
 def ep_backend(env: dict[str, str]) -> EpBackend:
@@ -79,6 +91,7 @@ def ep_backend(env: dict[str, str]) -> EpBackend:
     return EpBackend(name=name, dispatch=str(b["dispatch"]), combine=str(b["combine"]),
                      extra_bytes_per_routed=int(b.get("dispatch_extra_bytes_per_routed", 0)),
                      why=why, how=str(b["how"]), notes=tuple(notes), min_dp=int(ep["all2all_min_dp"]),
+                     needs=str(b.get("needs", "")), needs_source=str(b.get("needs_source", "")),
                      dp1_why=(f"EP with DP = 1 runs no all2all backend ({where} fused_moe/config.py "
                               "use_all2all_kernels needs DP > 1): the routed + shared output is all-reduced over TP "
                               "(fused_moe/runner/moe_runner.py _maybe_reduce_final_output)"))

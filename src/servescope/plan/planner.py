@@ -295,7 +295,9 @@ def run_plan(request: PlanRequest) -> PlanDoc:
                      user_path=sources[0].path if request.comm is not None else None)
     notes += comm.nccl_env.notes
     if arch.experts:
-        notes += ep_backend(request.env).notes
+        backend = ep_backend(request.env)
+        unmet = backend.unmet(hw.interconnect) if request.gpus > 1 else None
+        notes += [*backend.notes, *([unmet] if unmet else [])]
     calibration = None
     if request.calibrate is not None:
         source, capture, raw = read_capture(request.calibrate)
