@@ -20,6 +20,7 @@ less a margin; ``--parts N`` forces N parts instead.
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import os
@@ -193,7 +194,33 @@ def cmd_collect(args: argparse.Namespace) -> None:
             "settings.json", "server-log-lines.txt"}
     for tar in tars:
         _extract(tar, dest, keep)
+    if args.without_python_frames:
+        for trace in sorted(dest.glob("*/rank0.pt.trace.json.gz")):
+            _drop_python_frames(trace)
     _report(dest, keep)
+
+
+# Where the device's run tool keeps the checkout and $OUT; a settings document names them (the server's cwd and
+# environment), and the project keeps no machine's paths: they are written as these.
+DEVICE_PATHS = {"/work/main": "/srv/checkout", "/root/out": "/srv/out"}
+
+
+def _drop_python_frames(trace: Path) -> None:
+    """Rewrite ``trace`` without its ``python_function`` events (three quarters of a capture with python stacks),
+    and say so in the folder's provenance.json: every other event stays as recorded."""
+    with gzip.open(trace, "rt", encoding="utf-8") as fh:
+        doc = json.load(fh)
+    events = doc["traceEvents"]
+    kept = [e for e in events if e.get("cat") != "python_function"]
+    doc["traceEvents"] = kept
+    with gzip.open(trace, "wt", encoding="utf-8", compresslevel=9) as fh:
+        json.dump(doc, fh, separators=(",", ":"))
+    prov_path = trace.parent / "provenance.json"
+    prov = json.loads(prov_path.read_text(encoding="utf-8"))
+    prov["python_frames_removed"] = (f"{len(events) - len(kept)} python_function events removed by "
+                                     f"tools/gpu_vllm_run.py collect --without-python-frames; every other event "
+                                     f"as recorded")
+    prov_path.write_text(json.dumps(prov, indent=1) + "\n", encoding="utf-8")
 
 
 def _extract(tar: Path, dest: Path, keep: set[str]) -> None:
@@ -206,7 +233,13 @@ def _extract(tar: Path, dest: Path, keep: set[str]) -> None:
             target.parent.mkdir(parents=True, exist_ok=True)
             f = t.extractfile(m)
             assert f is not None
-            target.write_bytes(f.read())
+            data = f.read()
+            if parts[2] == "settings.json":
+                text = data.decode("utf-8")
+                for there, here in DEVICE_PATHS.items():
+                    text = text.replace(f'"{there}', f'"{here}')
+                data = text.encode("utf-8")
+            target.write_bytes(data)
 
 
 def _report(dest: Path, keep: set[str]) -> None:
@@ -233,6 +266,8 @@ def main() -> None:
     k = sub.add_parser("collect", help="unpack captures.tar from a call's files into the test data")
     k.add_argument("files_at")
     k.add_argument("--dest", default=str(DATA))
+    k.add_argument("--without-python-frames", action="store_true",
+                   help="drop the rank traces' python_function events (said in each provenance.json)")
     args = ap.parse_args()
     {"build": cmd_build, "stage": cmd_stage, "calls": cmd_calls, "collect": cmd_collect}[args.cmd](args)
 
