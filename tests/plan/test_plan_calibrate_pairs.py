@@ -295,3 +295,15 @@ def test_an_fp8_capture_for_a_bf16_model_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"hbm_efficiency 1\.\d+ fitted: the capture's weights .* ran faster than the "
                                          r"datasheet's 4800 GB/s allows"):
         run_plan(PlanRequest(**request, force=True))  # type: ignore[arg-type]
+
+
+def test_the_plan_names_the_host_time_it_carries(steady: dict[tuple[str, str, str, int, int], dict[str, Any]]) -> None:
+    """Every steady calibration says how much of the capture's step is the host's time, carried as a fixed time:
+    the figure in its note is the fitted window's host time by plain json (within 2%: the analysis counts a step's
+    copies as device work too, and prints 0.01 ms)."""
+    for key, case in steady.items():
+        [note] = [n for n in case["doc"].notes if n.startswith("host time: ")]
+        host, step = (float(x) for x in re.findall(r"([0-9.]+) ms", note)[:2])
+        assert host == pytest.approx(case["fit"]["host"], rel=0.02), key
+        assert step == pytest.approx(case["fit"]["step"], rel=0.02), key
+        assert "carried to every batch and layout" in note
