@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from servescope.core.analysis import StepReference
 from servescope.core.errors import InputError
 from servescope.plan.model import arch_from_hf_config
 from servescope.plan.planner import PlanRequest, run_plan
@@ -307,3 +308,27 @@ def test_the_plan_names_the_host_time_it_carries(steady: dict[tuple[str, str, st
         assert host == pytest.approx(case["fit"]["host"], rel=0.02), key
         assert step == pytest.approx(case["fit"]["step"], rel=0.02), key
         assert "carried to every batch and layout" in note
+
+
+def test_the_host_time_note_names_the_unprofiled_step(tmp_path: Path) -> None:
+    """A capture saved by `servescope profile` carries its server's step without the profiler (the engine's own
+    inter-token latency, /metrics, over the same batch run): the note quotes it beside the host time it carries,
+    as a gauge (taken here from provenance.json)."""
+    folder = "steady/w1/moe-noasync-b16"
+    prov = _prov(folder)
+    itl_ms = float(prov["unprofiled_server"]["itl_ms"])
+    trace = DATA / folder / "rank0.pt.trace.json.gz"
+    doc = analyze(AnalyzeRequest(paths=[trace], reference=StepReference(
+        step_us=itl_ms * 1e3, source="the server's inter-token latency without the profiler")))
+    capture = tmp_path / "b16.profile.json"
+    capture.write_bytes(encode_profile(doc, [trace], capture={
+        "model": prov["model"], "batch": 16, "input_tokens": 32, "output_tokens": 90, "prompts": "distinct"}))
+    config = tmp_path / "moe" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(prov["model_shape"]), encoding="utf-8")
+    plan = run_plan(PlanRequest(model=str(config), hardware="h200", gpus=1, batches=(1,), context=101,
+                                calibrate=str(capture)))
+    [note] = [n for n in plan.notes if n.startswith("host time: ")]
+    assert f"without the profiler this server's step was {itl_ms:.2f} ms" in note
+    # not a correction: the latency of a whole run (its admission too) can exceed the window's steps, as here
+    assert abs(itl_ms / _window(folder, 16)["step"] - 1) < 0.1

@@ -310,10 +310,14 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
         notes.append(f"collective_scale: kept as assumed (the {'capture' if m <= 0 else 'model'} has no "
                      f"collectives)")
     if not host_bound and rank.work_kind == "device" and idle >= 0.1 * phase.step_us.mean:
+        unprofiled = ""
+        if doc.unprofiled is not None:  # the gauge of what the window's host time was worth
+            unprofiled = (f"; without the profiler this server's step was {doc.unprofiled.step_us / 1e3:.2f} ms "
+                          f"({doc.unprofiled.source})")
         notes.append(f"host time: {idle / 1e3:.2f} ms of the capture's {phase.step_us.mean / 1e3:.2f} ms step is the "
                      f"device idle (the host's preparation before the replay), carried to every batch and layout as "
                      f"a fixed time; it is the host's speed in the captured window (two windows of one vLLM server "
-                     f"under its profiler: the same device work, host times up to 1.9x apart)")
+                     f"under its profiler: the same device work, host times up to 1.9x apart){unprofiled}")
     if host_bound:
         fitted["host_step_us"] = phase.step_us.mean
         notes.append(f"launch-bound capture: the device idled {phase.idle_us_per_step:.0f} of "
