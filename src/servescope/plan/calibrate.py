@@ -247,7 +247,8 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
                   "attention": calls["attention"] * floors.get("attention", 0.0), "other": 0.0}
 
     def by_rule_2(part: str) -> tuple[float, float]:
-        return one_batch(measured[part], at_batch[part], prior[part], part_floor[part], datasheet=part != "other")
+        return one_batch(measured[part], at_batch[part], prior[part], part_floor[part],
+                         least_slope=0.0 if part == "other" else 1.0)
 
     groups = batch_groups(rank.steps, streaming, device_only=host_bound, min_steps=MIN_GROUP_STEPS)
     points: list[CalibrationPoint] = []
@@ -334,20 +335,19 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
 
 
 def one_batch(measured: float, x: float, assumed_slope: float, floor: float, *,
-              datasheet: bool = True) -> tuple[float, float]:
-    """(fixed µs, slope) of a part from its time at one batch: its ``x`` (bytes' time at the datasheet rate, or
-    requests) at the assumed slope, the rest fixed; for bytes (``datasheet``), the fixed time held between the
-    part's calls at their measured kernel floor and what leaves the bytes their datasheet time (slope 1), the
-    slope being what remains. A part faster than its bytes at the datasheet rate keeps no fixed time (the physics
-    guard refuses its slope)."""
+              least_slope: float = 1.0) -> tuple[float, float]:
+    """(fixed µs, slope) of a part from its time at one batch: its ``x`` at the assumed slope, the rest fixed, the
+    fixed time held at least at the part's calls at their measured kernel floor and at most at what leaves ``x``
+    the least slope physics allows (1 for bytes at the datasheet rate, 0 for requests); where a bound holds, the
+    slope is what remains. A part faster than that keeps no fixed time (the physics guard refuses its slope)."""
     if x <= 0:
         return max(0.0, measured), assumed_slope
-    most = measured - x if datasheet else measured
+    most = measured - least_slope * x
     if most < 0:
         return 0.0, measured / x
     fixed = max(measured - assumed_slope * x, floor)
     if fixed >= most:
-        return most, 1.0 if datasheet else 0.0
+        return most, least_slope
     return fixed, (measured - fixed) / x
 
 
