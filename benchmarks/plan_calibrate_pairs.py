@@ -93,26 +93,40 @@ def profile_doc(folder: str, out: Path) -> Path:
     return path
 
 
+def pair(stem: str, out: Path) -> dict[tuple[int, int], dict[str, Any]]:
+    """Per direction (fit, check): the plan calibrated on ``stem``-b``fit`` for the batch of ``stem``-b``check``
+    (``doc``, ``predicted_ms``), both windows' truth (``fit``, ``check``), the error of the step and of the device's
+    work (the predicted step less the fitted window's host time, which the planner carries), and how far the host's
+    time moved between the windows (``host_moved_ms``)."""
+    folders = {b: f"{stem}-b{b}" for b in BATCHES}
+    for b, f in folders.items():
+        assert provenance(f)["batch"] == b, f
+    truth = {b: window(f, b) for b, f in folders.items()}
+    cfg = config(folders[1], out)
+    docs = {b: profile_doc(f, out) for b, f in folders.items()}
+    cases = {}
+    for fit, check in ((16, 1), (1, 16)):
+        doc = run_plan(PlanRequest(model=str(cfg), hardware="h200", gpus=1, batches=(check,),
+                                   context=context_tokens(provenance(folders[check])), calibrate=str(docs[fit])))
+        predicted = doc.layouts[0].points[0].step_ms
+        cases[(fit, check)] = {"doc": doc, "predicted_ms": predicted, "fit": truth[fit], "check": truth[check],
+                               "error": predicted / truth[check]["step"] - 1,
+                               "device_error": (predicted - truth[fit]["host"]) / truth[check]["device"] - 1,
+                               "host_moved_ms": truth[check]["host"] - truth[fit]["host"]}
+    return cases
+
+
 def measure(pairs: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
     """One row per (kind, flavour): both windows' truth and, per direction, the error of the step and of the
-    device's work (the predicted step less the fitted window's host time, which the planner carries)."""
+    device's work."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
         for kind, flavour, stem in pairs:
-            folders = {b: f"{stem}-b{b}" for b in BATCHES}
-            truth = {b: window(f, b) for b, f in folders.items()}
-            cfg = config(folders[1], out)
-            docs = {b: profile_doc(f, out) for b, f in folders.items()}
-            row: dict[str, Any] = {"kind": kind, "flavour": flavour, "truth": truth, "error": {}, "device": {}}
-            for fit, check in ((16, 1), (1, 16)):
-                prov = provenance(folders[check])
-                doc = run_plan(PlanRequest(model=str(cfg), hardware="h200", gpus=1, batches=(check,),
-                                           context=context_tokens(prov), calibrate=str(docs[fit])))
-                predicted = doc.layouts[0].points[0].step_ms
-                row["error"][(fit, check)] = predicted / truth[check]["step"] - 1
-                row["device"][(fit, check)] = (predicted - truth[fit]["host"]) / truth[check]["device"] - 1
-            rows.append(row)
+            cases = pair(stem, Path(tmp))
+            rows.append({"kind": kind, "flavour": flavour, "truth": {1: cases[(16, 1)]["check"],
+                                                                      16: cases[(1, 16)]["check"]},
+                         "error": {d: c["error"] for d, c in cases.items()},
+                         "device": {d: c["device_error"] for d, c in cases.items()}})
     return rows
 
 

@@ -23,6 +23,7 @@ calibration can foresee: two windows of one server at one batch ran the same dev
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -36,6 +37,14 @@ from servescope.plan.model import arch_from_hf_config
 from servescope.plan.planner import PlanRequest, run_plan
 from servescope.report.profile import encode_profile
 from servescope.trace.analyze import AnalyzeRequest, analyze
+from tracefiles import ROOT
+
+# The pairs are planned and their truth read (plain gzip + json) by the benchmark that prints the tables of
+# docs/measurements.md, so the test holds the numbers the docs quote.
+_spec = importlib.util.spec_from_file_location("plan_calibrate_pairs", ROOT / "benchmarks" / "plan_calibrate_pairs.py")
+assert _spec is not None and _spec.loader is not None
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h200-vllm"
 PAIRS = {("dense", "async"): "ab/dense-async", ("dense", "noasync"): "ab/dense-noasync",
@@ -55,9 +64,7 @@ DEVICE_BEYOND = {("w1", "dense", "fp8", 16, 1): 0.126}
 MARGIN = 0.01
 
 
-def _prov(folder: str) -> dict[str, Any]:
-    prov: dict[str, Any] = json.loads((DATA / folder / "provenance.json").read_text(encoding="utf-8"))
-    return prov
+_prov = bench.provenance
 
 
 def _events(folder: str) -> list[dict[str, Any]]:
@@ -66,76 +73,12 @@ def _events(folder: str) -> list[dict[str, Any]]:
     return events
 
 
-def _steps(folder: str, batch: int) -> list[dict[str, Any]]:
-    name = f"execute_context_0(0)_generation_{batch}({batch})"
-    return [e for e in _events(folder) if e.get("cat") == "gpu_user_annotation" and e.get("name") == name]
-
-
-def _window(folder: str, batch: int) -> dict[str, float]:
-    """The capture's decode steps by plain json, ms a step: the annotation's span (``step``), the kernel time
-    inside it (``device``) and the rest (``host``: the device idle inside the step)."""
-    events = _events(folder)
-    spans = [(float(k["ts"]), float(k["ts"]) + float(k["dur"])) for k in events if k.get("cat") == "kernel"]
-    steps = _steps(folder, batch)
-    span = busy = 0.0
-    for s in steps:
-        a, b = float(s["ts"]), float(s["ts"]) + float(s["dur"])
-        span += b - a
-        busy += sum(min(end, b) - max(start, a) for start, end in spans if start < b and end > a)
-    n = len(steps) * 1e3
-    return {"step": span / n, "device": busy / n, "host": (span - busy) / n}
-
-
-def _context(prov: dict[str, Any]) -> int:
-    """Tokens a request holds in the middle of the profiled window (provenance's "engine steps A..B")."""
-    first, last = re.search(r"engine steps (\d+)\.\.(\d+)", prov["window"]).groups()  # type: ignore[union-attr]
-    return int(prov["input_tokens"]) + (int(first) + int(last)) // 2
-
-
-def _predict(stem: str, out_dir: Path) -> dict[tuple[int, int], dict[str, Any]]:
-    """Per (fit, check): the plan calibrated on ``stem``-b``fit`` for the batch of ``stem``-b``check``, with the
-    truth of both windows."""
-    prov = _prov(f"{stem}-b1")
-    shape = dict(prov["model_shape"])
-    flags = prov["server_flags"]
-    if "--quantization" in flags:
-        assert flags[flags.index("--quantization") + 1] == "fp8"
-        shape["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
-    config = out_dir / stem.replace("/", "-") / "config.json"
-    config.parent.mkdir(parents=True)
-    config.write_text(json.dumps(shape), encoding="utf-8")
-    docs, truth = {}, {}
-    for batch in (1, 16):
-        folder = f"{stem}-b{batch}"
-        p = _prov(folder)
-        assert p["batch"] == batch
-        trace = DATA / folder / "rank0.pt.trace.json.gz"
-        docs[batch] = config.parent / f"b{batch}.profile.json"
-        docs[batch].write_bytes(encode_profile(analyze(AnalyzeRequest(paths=[trace])), [trace], capture={
-            "model": p["model"], "batch": batch, "input_tokens": p["input_tokens"],
-            "output_tokens": p["output_tokens"], "prompts": "distinct"}))
-        truth[batch] = _window(folder, batch)
-    out = {}
-    for fit, check in DIRECTIONS:
-        doc = run_plan(PlanRequest(model=str(config), hardware="h200", gpus=1, batches=(check,),
-                                   context=_context(_prov(f"{stem}-b{check}")), calibrate=str(docs[fit])))
-        predicted = doc.layouts[0].points[0].step_ms
-        # the planner carries the fitted window's host time as a fixed time a step: the rest is the device's work
-        device = predicted - truth[fit]["host"]
-        out[(fit, check)] = {"doc": doc, "predicted_ms": predicted, "truth_ms": truth[check]["step"],
-                             "error": predicted / truth[check]["step"] - 1,
-                             "device_error": device / truth[check]["device"] - 1,
-                             "host_moved_ms": truth[check]["host"] - truth[fit]["host"], "fit": truth[fit],
-                             "check": truth[check]}
-    return out
-
-
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, int, int], dict[str, Any]]:
     """The 2026-12-04 set, per (kind, flavour, fit, check)."""
     out_dir = tmp_path_factory.mktemp("pairs")
     return {(kind, flavour, fit, check): case for (kind, flavour), stem in PAIRS.items()
-            for (fit, check), case in _predict(stem, out_dir).items()}
+            for (fit, check), case in bench.pair(stem, out_dir).items()}
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +86,7 @@ def steady(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, str
     """The steady windows, per (window, kind, flavour, fit, check)."""
     out_dir = tmp_path_factory.mktemp("steady")
     return {(*key, fit, check): case for key, stem in STEADY.items()
-            for (fit, check), case in _predict(stem, out_dir).items()}
+            for (fit, check), case in bench.pair(stem, out_dir).items()}
 
 
 @pytest.mark.parametrize(("kind", "flavour", "fit", "check"),
@@ -153,7 +96,7 @@ def test_calibrated_at_one_batch_predicts_the_other(plans: dict[tuple[str, str, 
     case = plans[(kind, flavour, fit, check)]
     bound = BEYOND.get((kind, flavour, fit, check))
     print(f"{kind} {flavour}: calibrated at {fit}, batch {check} predicted {case['predicted_ms']:.3f} ms against "
-          f"{case['truth_ms']:.3f} ms: {case['error']:+.1%}")
+          f"{case['check']['step']:.3f} ms: {case['error']:+.1%}")
     assert abs(case["error"]) <= (WITHIN if bound is None else bound + MARGIN)
 
 
@@ -169,13 +112,13 @@ def test_steady_windows_the_device_work_is_predicted(steady: dict[tuple[str, str
           f"host {case['fit']['host']:.2f} → {case['check']['host']:.2f} ms")
     bound = DEVICE_BEYOND.get((window, kind, flavour, fit, check))
     assert abs(case["device_error"]) <= (WITHIN if bound is None else bound + MARGIN)
-    assert abs(case["error"]) <= WITHIN + abs(case["host_moved_ms"]) / case["truth_ms"]
+    assert abs(case["error"]) <= WITHIN + abs(case["host_moved_ms"]) / case["check"]["step"]
 
 
 def test_steady_windows_where_the_host_kept_its_speed_the_step_is_within_10_percent(
         steady: dict[tuple[str, str, str, int, int], dict[str, Any]]) -> None:
     """Pairs whose two windows' host time moved by under 5% of the step: the step itself within 10%."""
-    kept = {k: c for k, c in steady.items() if abs(c["host_moved_ms"]) < 0.05 * c["truth_ms"]}
+    kept = {k: c for k, c in steady.items() if abs(c["host_moved_ms"]) < 0.05 * c["check"]["step"]}
     assert len(kept) >= 6
     assert all(abs(c["error"]) <= WITHIN for c in kept.values()), {k: c["error"] for k, c in kept.items()}
 
@@ -189,7 +132,8 @@ def test_repeated_windows_differ_in_the_hosts_time_not_the_devices() -> None:
         if w != "w1" or (flavour == "fp8"):
             continue
         for batch in (1, 16):
-            one, two = _window(f"{stem}-b{batch}", batch), _window(f"steady/w2/{kind}-{flavour}-b{batch}", batch)
+            one = bench.window(f"{stem}-b{batch}", batch)
+            two = bench.window(f"steady/w2/{kind}-{flavour}-b{batch}", batch)
             assert abs(two["device"] / one["device"] - 1) < 0.02
             ratios[(kind, flavour, batch)] = (two["host"] / one["host"], two["step"] / one["step"])
     print({k: (round(h, 2), round(s, 2)) for k, (h, s) in ratios.items()})
@@ -220,18 +164,8 @@ def test_the_moe_shape_has_its_experts() -> None:
 def test_the_misses_are_the_hosts_preparation() -> None:
     """The device's time a decode step hardly changes between these windows at one batch, the idle host
     preparation inside the step does: dense at batch 1, async on vs off, 0.88 ms apart at the same device work."""
-    def parts(folder: str, batch: int) -> tuple[float, float]:
-        events = _events(folder)
-        steps = _steps(folder, batch)
-        kernels = [e for e in events if e.get("cat") == "kernel"]
-        busy = 0.0
-        for s in steps:
-            a, b = float(s["ts"]), float(s["ts"]) + float(s["dur"])
-            busy += sum(float(k["dur"]) for k in kernels if a <= float(k["ts"]) < b)
-        span = sum(float(s["dur"]) for s in steps)
-        return busy / len(steps) / 1e3, (span - busy) / len(steps) / 1e3
-    busy_a, idle_a = parts("ab/dense-async-b1", 1)
-    busy_n, idle_n = parts("ab/dense-noasync-b1", 1)
+    a, n = bench.window("ab/dense-async-b1", 1), bench.window("ab/dense-noasync-b1", 1)
+    (busy_a, idle_a), (busy_n, idle_n) = (a["device"], a["host"]), (n["device"], n["host"])
     print(f"dense b1: device {busy_a:.2f} / {busy_n:.2f} ms, the rest {idle_a:.2f} / {idle_n:.2f} ms (async / not)")
     assert abs(busy_a / busy_n - 1) < 0.02 and idle_a - idle_n > 0.5
 
@@ -251,20 +185,9 @@ def test_the_misses_follow_the_hosts_speed_in_each_window() -> None:
     step's idle grew 1.58×; where the launch kept its time (dense async, MoE no async) so did the idle. Within one
     window (the admission windows, ``*-admit-*``: batch 1 and 13-16 decode steps side by side) the idle grows by
     at most ~12 µs a request. Plain json: the annotation spans minus the kernels inside them."""
-    def idle_ms(folder: str, batch: int) -> float:
-        events = _events(folder)
-        kernels = [e for e in events if e.get("cat") == "kernel"]
-        total = 0.0
-        steps = _steps(folder, batch)
-        spans = [(float(k["ts"]), float(k["ts"]) + float(k["dur"])) for k in kernels]
-        for s in steps:
-            a, b = float(s["ts"]), float(s["ts"]) + float(s["dur"])
-            total += float(s["dur"]) - sum(min(end, b) - max(start, a) for start, end in spans if start < b and end > a)
-        return total / len(steps) / 1e3
-
     ratios = {}
     for (kind, flavour), stem in PAIRS.items():
-        idle = idle_ms(f"{stem}-b16", 16) / idle_ms(f"{stem}-b1", 1)
+        idle = bench.window(f"{stem}-b16", 16)["host"] / bench.window(f"{stem}-b1", 1)["host"]
         launch = _graph_launch_us(f"{stem}-b16") / _graph_launch_us(f"{stem}-b1")
         ratios[(kind, flavour)] = (idle, launch)
         print(f"{kind} {flavour}: idle ×{idle:.2f}, graph launch ×{launch:.2f} (batch 16 / batch 1)")
@@ -331,4 +254,4 @@ def test_the_host_time_note_names_the_unprofiled_step(tmp_path: Path) -> None:
     [note] = [n for n in plan.notes if n.startswith("host time: ")]
     assert f"without the profiler this server's step was {itl_ms:.2f} ms" in note
     # not a correction: the latency of a whole run (its admission too) can exceed the window's steps, as here
-    assert abs(itl_ms / _window(folder, 16)["step"] - 1) < 0.1
+    assert abs(itl_ms / bench.window(folder, 16)["step"] - 1) < 0.1
