@@ -283,14 +283,14 @@ run_ab() {   # run_ab KEY_A MODEL_A FLAV_A "FLAGS_A" KEY_B MODEL_B FLAV_B "FLAGS
   stop_server $ka; stop_server $kb
 }
 
-run_repeat() {   # run_repeat KEY MODEL FLAVOUR "FLAGS": one server alone (stacks on), captured REPEATS times at each of
+run_repeat() {   # run_repeat KEY MODEL FLAVOUR "FLAGS": one server alone (stacks REPEAT_STACK, default on), captured REPEATS times at each of
   # AB_BATCHES, back to back; folders MODELKIND-FLAVOUR-rR-bB (does the host's time repeat when no other server runs?)
   if [ "$(left)" -lt 200 ]; then say "skip repeat $3: $(left)s left"; return; fi
   local k=$1 flav=$3 g=$4 r b mk=dense
   case $2 in qwen3moe*) mk=moe ;; esac
   MODEL[$k]=$2; PORT[$k]=8001
   # shellcheck disable=SC2086
-  WITH_STACK=true start_server $k "$flav" --kv-cache-memory-bytes $KV_BYTES $g
+  WITH_STACK=${REPEAT_STACK:-true} start_server $k "$flav" --kv-cache-memory-bytes $KV_BYTES $g
   wait_ready "$flav" $k
   if [ "${READY[$k]}" != 0 ]; then tail -15 "$W/logs/server-$k-$flav.log" | cut -c1-200 | tee -a "$LOG"; stop_server $k; return; fi
   $SS settings --pid ${PID[$k]} --url http://127.0.0.1:${PORT[$k]} --json > "$W/logs/settings-$k-$flav.json" 2>&1
@@ -518,6 +518,8 @@ for word in "$@"; do
     # One server alone, the steady window captured three times at 16 and at 1 request (issue 24: whether the host's
     # time inside a step repeats when no second server shares the machine)
     repeat-moe) READY_RESERVE_S=${READY_RESERVE_S:-60} DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" run_repeat a qwen3moe-30b-12l noasync "--no-async-scheduling" ;;
+    repeat-moe-nostack) READY_RESERVE_S=${READY_RESERVE_S:-60} DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" REPEAT_STACK=false run_repeat a qwen3moe-30b-12l noasync-nostack "--no-async-scheduling" ;;
+    repeat-moe-async) READY_RESERVE_S=${READY_RESERVE_S:-60} DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" run_repeat a qwen3moe-30b-12l async "" ;;
     repeat-dense) READY_RESERVE_S=${READY_RESERVE_S:-60} DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" run_repeat a llama8b-16l noasync "--no-async-scheduling" ;;
     bench) run_bench ;;
     example) run_example ;;
