@@ -37,6 +37,9 @@ SETS = {
     "steady/w2": [(k, f, f"steady/w2/{k}-{f}") for k in ("dense", "moe") for f in ("async", "noasync")],
 }
 BATCHES = (1, 16)
+# One server alone (MoE, no async scheduling, python stacks on), its steady window captured three times at each
+# batch within two minutes (plan word `repeat-moe`): how far the truth itself moves between windows.
+REPEATS = {"steady/repeat": ("steady/repeat/moe-noasync", 3)}
 
 
 def provenance(folder: str) -> dict[str, Any]:
@@ -93,6 +96,13 @@ def profile_doc(folder: str, out: Path) -> Path:
     return path
 
 
+def predict(fit: str, check: str, out: Path) -> Any:
+    """The plan calibrated on capture ``fit`` for the batch and context of capture ``check`` (the same model)."""
+    target = provenance(check)
+    return run_plan(PlanRequest(model=str(config(check, out)), hardware="h200", gpus=1, batches=(target["batch"],),
+                                context=context_tokens(target), calibrate=str(profile_doc(fit, out))))
+
+
 def pair(stem: str, out: Path) -> dict[tuple[int, int], dict[str, Any]]:
     """Per direction (fit, check): the plan calibrated on ``stem``-b``fit`` for the batch of ``stem``-b``check``
     (``doc``, ``predicted_ms``), both windows' truth (``fit``, ``check``), the error of the step and of the device's
@@ -102,12 +112,9 @@ def pair(stem: str, out: Path) -> dict[tuple[int, int], dict[str, Any]]:
     for b, f in folders.items():
         assert provenance(f)["batch"] == b, f
     truth = {b: window(f, b) for b, f in folders.items()}
-    cfg = config(folders[1], out)
-    docs = {b: profile_doc(f, out) for b, f in folders.items()}
     cases = {}
     for fit, check in ((16, 1), (1, 16)):
-        doc = run_plan(PlanRequest(model=str(cfg), hardware="h200", gpus=1, batches=(check,),
-                                   context=context_tokens(provenance(folders[check])), calibrate=str(docs[fit])))
+        doc = predict(folders[fit], folders[check], out)
         predicted = doc.layouts[0].points[0].step_ms
         cases[(fit, check)] = {"doc": doc, "predicted_ms": predicted, "fit": truth[fit], "check": truth[check],
                                "error": predicted / truth[check]["step"] - 1,
@@ -142,9 +149,53 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines[:2] + [line.replace("-", "−") for line in lines[2:]])
 
 
+def repeats(stem: str, count: int) -> dict[str, Any]:
+    """The repeated windows of one server: per batch, each window's truth (``truth``); per direction (fit, check),
+    the step predicted from each fitted window (``predicted``) and its error against each checked window
+    (``errors``, count x count), and the same for the device's work (``device_errors``: the prediction less the
+    fitted window's host time)."""
+    folders = {(r, b): f"{stem}-r{r}-b{b}" for r in range(1, count + 1) for b in BATCHES}
+    truth = {b: [window(folders[(r, b)], b) for r in range(1, count + 1)] for b in BATCHES}
+    study: dict[str, Any] = {"truth": truth, "predicted": {}, "errors": {}, "device_errors": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for fit, check in ((16, 1), (1, 16)):
+            predicted = [predict(folders[(r, fit)], folders[(1, check)], Path(tmp)).layouts[0].points[0].step_ms
+                         for r in range(1, count + 1)]
+            study["predicted"][(fit, check)] = predicted
+            study["errors"][(fit, check)] = [[p / t["step"] - 1 for t in truth[check]] for p in predicted]
+            study["device_errors"][(fit, check)] = [
+                [(p - f["host"]) / t["device"] - 1 for t in truth[check]]
+                for p, f in zip(predicted, truth[fit], strict=True)]
+    return study
+
+
+def repeat_table(study: dict[str, Any]) -> str:
+    """Each window's step, device and host time per batch; then each direction's predictions against the
+    checked windows' range."""
+    lines = ["| window | step b1 / b16 (ms) | device b1 / b16 | host b1 / b16 |", "|---|---|---|---|"]
+    t = study["truth"]
+    for r, (one, sixteen) in enumerate(zip(t[1], t[16], strict=True), start=1):
+        lines.append(f"| r{r} | {one['step']:.2f} / {sixteen['step']:.2f} | {one['device']:.2f} / "
+                     f"{sixteen['device']:.2f} | {one['host']:.2f} / {sixteen['host']:.2f} |")
+    lines += ["", "| direction | predicted (ms), from r1 / r2 / r3 | checked windows (ms) | step errors, min .. max | "
+              "device errors, min .. max |", "|---|---|---|---|---|"]
+    for (fit, check), predicted in study["predicted"].items():
+        errors = [e for row in study["errors"][(fit, check)] for e in row]
+        device = [e for row in study["device_errors"][(fit, check)] for e in row]
+        steps = sorted(w["step"] for w in t[check])
+        lines.append(f"| {fit}→{check} | {' / '.join(f'{p:.2f}' for p in predicted)} | "
+                     f"{' .. '.join(f'{x:.2f}' for x in (steps[0], steps[-1]))} | "
+                     f"{min(errors):+.1%} .. {max(errors):+.1%} | {min(device):+.1%} .. {max(device):+.1%} |"
+                     .replace("-", "−"))
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    chosen = sys.argv[1:] or list(SETS)
+    chosen = sys.argv[1:] or [*SETS, *REPEATS]
     for name in chosen:
-        if name not in SETS:
-            raise SystemExit(f"unknown capture set {name!r}: one of {', '.join(SETS)}")
-        sys.stdout.write(f"\n{name}\n\n{table(measure(SETS[name]))}\n")
+        if name in REPEATS:
+            sys.stdout.write(f"\n{name}\n\n{repeat_table(repeats(*REPEATS[name]))}\n")
+        elif name in SETS:
+            sys.stdout.write(f"\n{name}\n\n{table(measure(SETS[name]))}\n")
+        else:
+            raise SystemExit(f"unknown capture set {name!r}: one of {', '.join([*SETS, *REPEATS])}")

@@ -28,7 +28,7 @@ CAPTURES = sorted(p for p in DATA.iterdir() if (p / "profiler_out_0.txt").is_fil
 AB = (sorted(p for p in (DATA / "ab").iterdir() if (p / "profiler_out_0.txt").is_file())
       if (DATA / "ab").is_dir() else [])
 # the steady windows (issue 24, plan --calibrate pairs): engine steps 64..75, python frames removed on collection
-STEADY = sorted(p for p in DATA.glob("steady/w*/*") if (p / "profiler_out_0.txt").is_file())
+STEADY = sorted(p for p in DATA.glob("steady/*/*") if (p / "profiler_out_0.txt").is_file())
 # windows from the first engine step with python stacks on (plan word `admit`): prefill, mixed and decode steps
 ADMISSION = [p for p in CAPTURES if "-admit-" in p.name]
 DECODE = [p for p in CAPTURES if p not in ADMISSION]
@@ -104,9 +104,9 @@ def test_the_captures_are_here() -> None:
         assert must in names, f"{must} missing from {DATA}"
     total = sum(f.stat().st_size for f in DATA.rglob("*") if f.is_file())
     # the A/B pairs of issue 22 (11 MB, 5 of them with python stacks) took it from 8 to 19 MB, the steady windows of
-    # issue 24 (20 captures, python frames removed: 3.9 MB; 15 MB with them) to 23 MB; a device call carries the
-    # tree beside a payload part (64 MiB in all), so it stays bounded
-    assert total < 24e6, f"{total / 1e6:.1f} MB of captures: keep the test data small (it travels to the device)"
+    # issue 24 (20 captures, python frames removed: 3.9 MB; 15 MB with them) and one server's repeats (6, 1.2 MB) to
+    # 23.9 MB; a device call carries the tree beside a payload part (64 MiB in all), so it stays bounded
+    assert total < 25e6, f"{total / 1e6:.1f} MB of captures: keep the test data small (it travels to the device)"
     for capture in CAPTURES:
         prov = _provenance(capture)
         assert str(prov["vllm_version"]).startswith("0.26"), capture
