@@ -6,6 +6,7 @@ The curve tests use the real H200 world-size-1 file from ``bench comm`` and curv
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from pathlib import Path
@@ -19,7 +20,14 @@ from servescope.plan.factors import default_factors
 from servescope.plan.hardware import list_hardware_profiles, load_hardware
 
 DATA = Path(__file__).resolve().parents[1] / "data"
+H200_VLLM = DATA / "h200-vllm"
 FACTORS = default_factors()
+
+
+def _trace_events(path: Path) -> list[dict[str, Any]]:
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        events: list[dict[str, Any]] = json.load(fh)["traceEvents"]
+    return events
 
 
 def test_every_bundled_profile_loads() -> None:
@@ -60,6 +68,22 @@ def test_extra_keys_and_both_interconnect_spellings(tmp_path: Path) -> None:
     assert hw.kernel_floor_us == {} and hw.other_floor_us(16) is None  # no floors: not known, not 0
 
 
+def test_an_engines_attention_kernel_has_its_own_floor() -> None:
+    """FlashAttention 3's decode kernel on the H200: the profile's floor is the fewest µs a call of that kernel in
+    the batch-1 vLLM captures of 2026-12-03 (plain gzip + json over their traces); any other attention kernel gets
+    the plain PyTorch floor."""
+    hw = load_hardware("h200")
+    fewest = min(float(e["dur"]) for name in ("dense-graphs-b1", "dense-eager-b1", "moe-graphs-b1", "moe-eager-b1")
+                 for e in _trace_events(H200_VLLM / name / "rank0.pt.trace.json.gz")
+                 if e.get("cat") == "kernel" and "FlashAttnFwdSm90" in e.get("name", ""))
+    fa3 = "void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<...>>>(...)"
+    assert hw.attention_floor_us(fa3) == pytest.approx(fewest, abs=0.005)
+    assert hw.attention_floor_us("flash_fwd_splitkv_kernel") == hw.kernel_floor_us["attention"] < fewest
+    assert "2026-12-03" in hw.attention_kernel_floor_source
+    assert load_hardware("h100-sxm").attention_floor_us(fa3) == load_hardware("h100-sxm").kernel_floor_us.get(
+        "attention")  # measured on the H200 only
+
+
 @pytest.mark.parametrize(("text", "words"), [
     ("hbm_gbps = 1\n", "missing field 'memory_gb'"),
     ("memory_gb = 'lots'\nhbm_gbps = 1\n", "memory_gb: expected a number"),
@@ -70,6 +94,8 @@ def test_extra_keys_and_both_interconnect_spellings(tmp_path: Path) -> None:
     ('memory_gb = 1\nhbm_gbps = 1\n[other_floor_by_batch_us]\n"0" = 1.0\n', "'0' is not a batch size"),
     ('memory_gb = 1\nhbm_gbps = 1\n[other_floor_by_batch_us]\nb16 = 1.0\n', "'b16' is not a batch size"),
     ('memory_gb = 1\nhbm_gbps = 1\n[other_floor_by_batch_us]\n"16" = "fast"\n', "16: expected a number"),
+    ("memory_gb = 1\nhbm_gbps = 1\nattention_kernel_floor_us = 8\n", "attention_kernel_floor_us: expected a table"),
+    ('memory_gb = 1\nhbm_gbps = 1\n[attention_kernel_floor_us]\nFlash = "slow"\n', "Flash: expected a number"),
 ])
 def test_bad_profiles_name_the_file(tmp_path: Path, text: str, words: str) -> None:
     path = tmp_path / "bad.toml"

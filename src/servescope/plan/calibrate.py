@@ -221,6 +221,10 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
              if streaming.part_calls(name, c.calls_per_step) < c.calls_per_step]
     if small:
         notes.append(f"small calls priced as other (they stream no weight or KV bytes): {', '.join(small)}")
+    own_floor = streaming.attention_floor_us
+    if own_floor is not None and own_floor != hw.kernel_floor_us.get("attention"):
+        notes.append(f"attention: its kernels' floor is {own_floor:.2f} µs a call, the engine's own kernel as the "
+                     f"hardware profile measured it ({hw.attention_kernel_floor_source or hw.name})")
     # A GPU capture whose device idles most of the step is launch-bound (eager PyTorch): its step is the host's
     # time, and only the device's work is fitted to the parts (host_step_us holds the step).
     # A graph replay's idle is the host's preparation before it, serial with the replay: a fixed cost, not a floor.
@@ -244,7 +248,7 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
     fits: dict[str, tuple[float, float]] = {}  # part -> (fixed µs, slope)
 
     part_floor = {"weights": calls["weights"] * floors.get("gemm", 0.0),
-                  "attention": calls["attention"] * floors.get("attention", 0.0), "other": 0.0}
+                  "attention": calls["attention"] * (streaming.attention_floor_us or 0.0), "other": 0.0}
 
     def by_rule_2(part: str) -> tuple[float, float]:
         return one_batch(measured[part], at_batch[part], prior[part], part_floor[part],

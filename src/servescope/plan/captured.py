@@ -157,11 +157,13 @@ def capture_routing(raw: Any, arch: ModelArch, batch: int, measured_us: float,
 class Streaming:
     """Per weight or attention category, the shares of its time and of its calls that stream bytes (the rest
     is small calls, priced as *other*); a category missing here streams wholly. ``categories``: each category's
-    role, the part of the step it counts in."""
+    role, the part of the step it counts in. ``attention_floor_us``: the least duration of a streaming attention
+    call, µs, the mean over the capture's attention kernels of each one's floor (``None`` when not measured)."""
 
     time: dict[str, float]
     calls: dict[str, float]
     categories: CategoryTable
+    attention_floor_us: float | None = None
 
     def role(self, name: str) -> str:
         return self.categories[name].role
@@ -175,7 +177,7 @@ class Streaming:
 
 def _streams(row: KernelRow, role: str, attention_floor_us: float | None) -> bool:
     """Whether a kernel of a weight or attention category streams what its part models (rules in the module
-    doc): weights, a GEMM; attention, a call longer than the profile's attention floor."""
+    doc): weights, a GEMM; attention, a call longer than its kernel's floor."""
     if role == "attention":
         return attention_floor_us is None or row.total_us > attention_floor_us * row.count
     return row.category == "gemm" or GEMM_NAME.search(row.name) is not None
@@ -183,9 +185,9 @@ def _streams(row: KernelRow, role: str, attention_floor_us: float | None) -> boo
 
 def streaming_shares(doc: AnalysisDoc, rank: int, hw: HardwareProfile) -> Streaming:
     """The shares of :class:`Streaming` from the document's kernel rows of ``rank`` (all phases)."""
-    floor = hw.kernel_floor_us.get("attention")
     categories = categories_of(doc)
     totals: dict[str, list[float]] = {}  # category -> [time, calls, streaming time, streaming calls]
+    floor_calls = floor_us = 0.0  # the streaming attention calls, and their floors summed
     for row in doc.kernels:
         role = categories[row.category].role
         if row.rank != rank or role not in ("weights", "attention"):
@@ -193,11 +195,16 @@ def streaming_shares(doc: AnalysisDoc, rank: int, hw: HardwareProfile) -> Stream
         t = totals.setdefault(row.category, [0.0, 0.0, 0.0, 0.0])
         t[0] += row.total_us
         t[1] += row.count
+        floor = hw.attention_floor_us(row.name) if role == "attention" else None
         if _streams(row, role, floor):
             t[2] += row.total_us
             t[3] += row.count
+            if floor is not None:
+                floor_calls += row.count
+                floor_us += floor * row.count
     return Streaming(time={c: t[2] / t[0] for c, t in totals.items() if t[0] > 0},
-                     calls={c: t[3] / t[1] for c, t in totals.items() if t[1] > 0}, categories=categories)
+                     calls={c: t[3] / t[1] for c, t in totals.items() if t[1] > 0}, categories=categories,
+                     attention_floor_us=floor_us / floor_calls if floor_calls else hw.kernel_floor_us.get("attention"))
 
 
 def split_parts(step_us: float, cats: dict[str, float], streaming: Streaming) -> dict[str, float]:

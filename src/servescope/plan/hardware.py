@@ -24,6 +24,10 @@ Fields read (top level unless a table is named):
   the gap between two kernels (measured with ``tools/bench_kernel_floor.py``). ``--calibrate`` uses them to
   split a capture's time into floors and per-request work; a profile without them has none (plan says so in
   its notes).
+- ``[attention_kernel_floor_us]`` (optional table, a piece of a kernel's name → µs; ``source`` names where they
+  were measured): an engine's own decode attention kernel's least duration, for the kernels whose name holds
+  the key; it replaces ``kernel_floor_us.attention`` (a plain PyTorch attention) for them. FlashAttention 3
+  takes ~8 µs a call on an H200 however few tokens it reads, the PyTorch one ~5.
 - ``[other_floor_by_batch_us]`` (optional table, batch size → µs, e.g. ``"16" = 1.93``): the mean duration of
   a decoder layer's small activation-sized kernels (norms, rotary, residual adds, SiLU, KV-cache writes) at
   that many requests, from the same benchmark. Between two measured batches the floor is interpolated
@@ -82,6 +86,9 @@ class HardwareProfile:
         kernel_floor_us: per kernel kind (``gemm``, ``attention``, ``other``), the measured time of one
             small kernel, µs; a kind absent is not known.
         kernel_floor_source: where the floors were measured.
+        attention_kernel_floor_us: a piece of an attention kernel's name → its least duration, µs (an engine's
+            own kernel, whose floor is not the plain one's).
+        attention_kernel_floor_source: where those were measured.
         other_floor_by_batch_us: batch size → mean duration of a decoder layer's small kernels, µs; empty
             when not measured.
         p2p, nvlink_multicast, compute_capability, platform: GPU peer-to-peer, NVLink SHARP multicast, the CUDA
@@ -105,11 +112,21 @@ class HardwareProfile:
     hop_us: float | None = None
     kernel_floor_us: dict[str, float] = field(default_factory=dict)
     kernel_floor_source: str = ""
+    attention_kernel_floor_us: dict[str, float] = field(default_factory=dict)
+    attention_kernel_floor_source: str = ""
     other_floor_by_batch_us: dict[int, float] = field(default_factory=dict)
     p2p: bool = True
     nvlink_multicast: bool = False
     compute_capability: str = ""
     platform: str = "cuda"
+
+    def attention_floor_us(self, kernel: str) -> float | None:
+        """The least duration of one call of the attention kernel named ``kernel``, µs: its own measured floor
+        where ``[attention_kernel_floor_us]`` has a key in its name, else ``kernel_floor_us.attention``."""
+        for key, us in self.attention_kernel_floor_us.items():
+            if key in kernel:
+                return us
+        return self.kernel_floor_us.get("attention")
 
     def other_floor_us(self, batch: int) -> float | None:
         """The duration of one small "other" kernel at ``batch`` requests, µs; ``None`` when not measured.
@@ -219,6 +236,11 @@ def _profile_from_text(text: str, where: str, *, default_name: str) -> HardwareP
     if bad:
         raise InputError(where, f"kernel_floor_us: unknown kind {bad[0]!r}; kinds: {', '.join(FLOOR_KINDS)}")
     floor_us = {k: _number(floors, k, f"{where}: kernel_floor_us") for k in FLOOR_KINDS if k in floors}
+    by_kernel = data.get("attention_kernel_floor_us", {})
+    if not isinstance(by_kernel, dict):
+        raise InputError(where, "attention_kernel_floor_us: expected a table of kernel name = µs")
+    attention_floors = {k: _number(by_kernel, k, f"{where}: attention_kernel_floor_us")
+                        for k in by_kernel if k != "source"}
     by_batch = data.get("other_floor_by_batch_us", {})
     if not isinstance(by_batch, dict):
         raise InputError(where, "other_floor_by_batch_us: expected a table of batch = µs")
@@ -229,6 +251,8 @@ def _profile_from_text(text: str, where: str, *, default_name: str) -> HardwareP
         curve[int(key)] = _number(by_batch, key, f"{where}: other_floor_by_batch_us")
     return HardwareProfile(
         kernel_floor_us=floor_us, other_floor_by_batch_us=curve, kernel_floor_source=_text(floors, "source", where, ""),
+        attention_kernel_floor_us=attention_floors,
+        attention_kernel_floor_source=_text(by_kernel, "source", where, ""),
         name=_text(data, "name", where, default_name), gpu=_text(data, "gpu", where, default_name),
         quality=_text(data, "quality", where, "datasheet"), source=_text(data, "source", where, where),
         match=tuple(match), memory_gb=memory, hbm_gbps=hbm, nvlink_gbps=nvlink, pcie_gbps=pcie,
