@@ -276,7 +276,8 @@ def test_the_plan_names_the_host_time_it_carries(steady: dict[tuple[str, str, st
         assert "carried to every batch and layout" in note
 
 
-def test_the_plan_names_the_attention_floor_it_used(steady: dict[tuple[str, str, str, int, int], dict[str, Any]]) -> None:
+def test_the_plan_names_the_attention_floor_it_used(
+        steady: dict[tuple[str, str, str, int, int], dict[str, Any]]) -> None:
     """Every steady capture runs FlashAttention 3 (its kernel names, plain json); each calibration names that
     kernel's own floor from the H200 profile, not the plain PyTorch attention's."""
     for key, case in steady.items():
