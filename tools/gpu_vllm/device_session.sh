@@ -515,6 +515,9 @@ for word in "$@"; do
     steady-dense) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" STACK_A=true STACK_B=true run_ab a llama8b-16l async "" b llama8b-16l noasync "--no-async-scheduling" ;;
     steady-moe) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" STACK_A=true STACK_B=true run_ab a qwen3moe-30b-12l async "" b qwen3moe-30b-12l noasync "--no-async-scheduling" ;;
     steady-fp8) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" STACK_A=true STACK_B=true run_ab a llama8b-16l fp8 "--quantization fp8" b qwen3moe-30b-12l fp8 "--quantization fp8" ;;
+    # The same steady windows with the profiler's python stacks off (does the host's time repeat without them?)
+    steady-dense-nostack) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" run_ab a llama8b-16l async "" b llama8b-16l noasync "--no-async-scheduling" ;;
+    steady-moe-nostack) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" run_ab a qwen3moe-30b-12l async "" b qwen3moe-30b-12l noasync "--no-async-scheduling" ;;
     # One server alone, the steady window captured three times at 16 and at 1 request (issue 24: whether the host's
     # time inside a step repeats when no second server shares the machine)
     repeat-moe) READY_RESERVE_S=${READY_RESERVE_S:-60} DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" run_repeat a qwen3moe-30b-12l noasync "--no-async-scheduling" ;;
