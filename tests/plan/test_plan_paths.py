@@ -218,3 +218,29 @@ def test_pcie_all_reduce_past_the_published_points(nbytes: int) -> None:
         assert 2 * 7 / 8 * nbytes / transfer / 1e3 == pytest.approx(BANDWIDTH["bus_gbps"])
     if nbytes == 1 * MiB:  # latency-bound still: the largest point's time
         assert transfer == 344.0
+
+
+# voipmonitor/rtx6kpro optimization/pcie-oneshot-allreduce.md, "Raw AllReduce Latency", NCCL column: 4 RTX PRO 6000
+# (TP=4) behind PCIe switches, SGLang's crossover benchmark at server start. Typed from the page, not the data file.
+PRO6000_TP4_NCCL_US = {1024: 13.5, 4096: 13.2, 8192: 13.9, 16384: 14.7, 32768: 15.6, 65536: 71.2, 131072: 24.7}
+
+
+@pytest.mark.parametrize(("nbytes", "published"), sorted(PRO6000_TP4_NCCL_US.items()))
+def test_four_rtx_pro_6000_all_reduce_from_their_published_nccl_times(nbytes: int, published: float) -> None:
+    """4 PCIe-only RTX PRO 6000: vLLM's custom all-reduce is off (more than 2 PCIe-only GPUs), so NCCL, priced at
+    the published time of 4 of these cards plus the assumed wait; before, the α-β estimate priced 16 KiB at 24 µs."""
+    pro, f = load_hardware("rtx-pro-6000"), default_factors()
+    priced = CommCosts(pro, f, []).price("all_reduce", 4, nbytes)
+    assert priced.origin == "published point" and "pcie-oneshot-allreduce.md" in priced.source
+    assert priced.us - priced.wait_us == pytest.approx(published) and priced.wait_us == WAIT
+
+
+def test_llama70b_tp4_on_four_rtx_pro_6000_names_the_published_point() -> None:
+    """The plan of a TP=4 Llama-3-70B on 4 RTX PRO 6000: each decode all-reduce of one token (hidden 8192, bf16 =
+    16 KiB) at the published 14.7 µs plus the wait, and the path says where that comes from."""
+    doc = run_plan(PlanRequest(model="llama-3-70b", hardware="rtx-pro-6000", gpus=4, batches=(1,), context=1000))
+    tp4 = next(x for x in doc.layouts if x.name == "TP=4")
+    ar = tp4.points[0].collectives_per_step["all_reduce"]
+    [path] = [p for p in ar.paths or [] if p.bytes_each == 16 * KiB]
+    assert path.impl == "nccl" and "more than 2 PCIe-only GPUs" in path.why
+    assert path.origin == "published point" and path.us_each == pytest.approx(14.7 + WAIT)
