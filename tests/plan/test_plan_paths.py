@@ -244,3 +244,13 @@ def test_llama70b_tp4_on_four_rtx_pro_6000_names_the_published_point() -> None:
     [path] = [p for p in ar.paths or [] if p.bytes_each == 16 * KiB]
     assert path.impl == "nccl" and "more than 2 PCIe-only GPUs" in path.why
     assert path.origin == "published point" and path.us_each == pytest.approx(14.7 + WAIT)
+
+
+def test_pcie_plans_say_the_assumed_wait_was_measured_on_nvlink() -> None:
+    """The wait added to microbenchmark figures comes from an NVLink trace: a PCIe plan says so, and what one
+    production PCIe deployment spent a call; an NVLink plan, whose wait it is, does not."""
+    pcie = run_plan(PlanRequest(model="llama-3-70b", hardware="rtx-pro-6000", gpus=4, batches=(1,), context=1000))
+    [note] = [n for n in pcie.notes if "wait for the last rank" in n]
+    assert "NVLink H100s" in note and "88 µs" in note and "--calibrate" in note
+    nvlink = run_plan(PlanRequest(model="llama-3-70b", hardware="h100-sxm", gpus=4, batches=(1,), context=1000))
+    assert not any("wait for the last rank" in n for n in nvlink.notes)

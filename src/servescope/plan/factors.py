@@ -101,6 +101,14 @@ class Factors:
         return out
 
 
+def wait_caveat(interconnect: str) -> str | None:
+    """What plan says about the assumed wait for the last rank on ``interconnect`` (``data/plan.toml``
+    ``[comm.wait]``, keyed by the interconnect kind), or ``None`` where the measured wait stands."""
+    data = tomllib.loads(files("servescope").joinpath("data", "plan.toml").read_text(encoding="utf-8"))
+    caveat = data["comm"].get("wait", {}).get(interconnect)
+    return str(caveat) if caveat else None
+
+
 def default_factors() -> Factors:
     """The assumed factors of ``data/plan.toml``."""
     data = tomllib.loads(files("servescope").joinpath("data", "plan.toml").read_text(encoding="utf-8"))

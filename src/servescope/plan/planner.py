@@ -51,7 +51,7 @@ from servescope.plan.collectives import ALL_OPS, PCIE_A2A_SOURCE, CommCosts, Cur
 from servescope.plan.cost import LayoutMemory, PointCost, layout_memory, predict_point
 from servescope.plan.ep_backend import ep_backend
 from servescope.plan.ep_vs_tp import LAST, ep_vs_tp
-from servescope.plan.factors import default_factors
+from servescope.plan.factors import default_factors, wait_caveat
 from servescope.plan.hardware import load_hardware
 from servescope.plan.layouts import Layout, candidate_layouts
 from servescope.plan.model import load_model_arch
@@ -335,6 +335,10 @@ def run_plan(request: PlanRequest) -> PlanDoc:
                       f"{', '.join(by_model)} by the PCIe all-to-all model" if by_model else ""]
             notes.append(f"no collective curve for {g} GPUs: {'; '.join(x for x in priced if x)} (assumed); "
                          f"`servescope bench comm --gpus {g}` measures one")
+    if any(path.wait_us_each > 0 for ev in evaluated for pt in ev.points for path in pt.collective_paths):
+        caveat = wait_caveat(hw.interconnect)
+        if caveat:
+            notes.append(caveat)
     planned = [_layout(ev.layout, ev.memory, ev.points, sorted({hw.quality, "assumed"})) for ev in evaluated]
     feasible = [ev for ev in evaluated if ev.memory.feasible]
     if not feasible:
