@@ -222,7 +222,7 @@ def test_pcie_all_reduce_past_the_published_points(nbytes: int) -> None:
 
 # voipmonitor/rtx6kpro optimization/pcie-oneshot-allreduce.md, "Raw AllReduce Latency", NCCL column: 4 RTX PRO 6000
 # (TP=4) behind PCIe switches, SGLang's crossover benchmark at server start. Typed from the page, not the data file.
-PRO6000_TP4_NCCL_US = {1024: 13.5, 4096: 13.2, 8192: 13.9, 16384: 14.7, 32768: 15.6, 65536: 71.2, 131072: 24.7}
+PRO6000_TP4_NCCL_US = {1024: 13.5, 4096: 13.2, 8192: 13.9, 16384: 14.7, 32768: 15.6, 131072: 24.7, 262144: 40.9}
 
 
 @pytest.mark.parametrize(("nbytes", "published"), sorted(PRO6000_TP4_NCCL_US.items()))
@@ -233,6 +233,16 @@ def test_four_rtx_pro_6000_all_reduce_from_their_published_nccl_times(nbytes: in
     priced = CommCosts(pro, f, []).price("all_reduce", 4, nbytes)
     assert priced.origin == "published point" and "pcie-oneshot-allreduce.md" in priced.source
     assert priced.us - priced.wait_us == pytest.approx(published) and priced.wait_us == WAIT
+
+
+def test_four_rtx_pro_6000_64_kb_row_is_left_out() -> None:
+    """The page's 64 KB row (71.2 µs) is slower than its 128 KB row (24.7 µs) in the same run: not a transfer
+    cost. A 64 KB call is priced on the line between 32 KB and 128 KB, no slower than 128 KB."""
+    pro, f = load_hardware("rtx-pro-6000"), default_factors()
+    priced = CommCosts(pro, f, []).price("all_reduce", 4, 65536)
+    transfer = priced.us - priced.wait_us
+    assert transfer == pytest.approx(15.6 + (24.7 - 15.6) * (65536 - 32768) / (131072 - 32768))
+    assert "left out" in priced.source
 
 
 def test_llama70b_tp4_on_four_rtx_pro_6000_names_the_published_point() -> None:
