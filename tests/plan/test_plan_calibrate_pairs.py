@@ -285,7 +285,7 @@ def test_the_plan_names_the_attention_floor_it_used(
         names = {e["name"] for e in _events(f"steady/{window}/{kind}-{flavour}-b{fit}") if e.get("cat") == "kernel"}
         assert any("FlashAttnFwdSm90" in n for n in names), key
         [note] = [n for n in case["doc"].notes if n.startswith("attention: its kernels' floor")]
-        assert "8.16 µs a call" in note and "FlashAttention 3" in note, note
+        assert "8.16 µs a call" in note and "attention_kernel_floor_us" in note and "4.97 µs" in note, note
 
 
 def test_the_host_time_note_names_the_unprofiled_step(tmp_path: Path) -> None:

@@ -223,8 +223,10 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
         notes.append(f"small calls priced as other (they stream no weight or KV bytes): {', '.join(small)}")
     own_floor = streaming.attention_floor_us
     if own_floor is not None and own_floor != hw.kernel_floor_us.get("attention"):
-        notes.append(f"attention: its kernels' floor is {own_floor:.2f} µs a call, the engine's own kernel as the "
-                     f"hardware profile measured it ({hw.attention_kernel_floor_source or hw.name})")
+        plain = hw.kernel_floor_us.get("attention")
+        notes.append(f"attention: its kernels' floor is {own_floor:.2f} µs a call, measured on the engine's own "
+                     f"kernel ({hw.name} profile, attention_kernel_floor_us)"
+                     + (f", not the plain PyTorch attention's {plain:.2f} µs" if plain is not None else ""))
     # A GPU capture whose device idles most of the step is launch-bound (eager PyTorch): its step is the host's
     # time, and only the device's work is fitted to the parts (host_step_us holds the step).
     # A graph replay's idle is the host's preparation before it, serial with the replay: a fixed cost, not a floor.
