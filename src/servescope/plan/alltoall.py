@@ -23,13 +23,10 @@ profiles it was measured with and ``assumed`` for any other (another host's figu
 
 from __future__ import annotations
 
-import tomllib
-from functools import cache
-from importlib.resources import files
 from typing import Any
 
 from servescope.core.plan import Figure, PcieAllToAllTerms
-from servescope.plan.factors import Factors
+from servescope.plan.factors import Factors, plan_data
 from servescope.plan.hardware import HardwareProfile
 
 __all__ = ["ASSUMPTION", "BOUNDS", "bridge_figure", "on_pcie", "pcie_all_to_all"]
@@ -44,10 +41,8 @@ def on_pcie(hw: HardwareProfile) -> bool:
     return hw.interconnect == "pcie"
 
 
-@cache
 def _table() -> dict[str, Any]:
-    text = files("servescope").joinpath("data", "plan.toml").read_text(encoding="utf-8")
-    table: dict[str, Any] = tomllib.loads(text)["all_to_all_pcie"]
+    table: dict[str, Any] = plan_data()["all_to_all_pcie"]
     return table
 
 

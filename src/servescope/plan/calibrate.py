@@ -221,9 +221,8 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
              if streaming.part_calls(name, c.calls_per_step) < c.calls_per_step]
     if small:
         notes.append(f"small calls priced as other (they stream no weight or KV bytes): {', '.join(small)}")
-    own_floor = streaming.attention_floor_us
-    if own_floor is not None and own_floor != hw.kernel_floor_us.get("attention"):
-        plain = hw.kernel_floor_us.get("attention")
+    own_floor, plain = streaming.attention_floor_us, hw.kernel_floor_us.get("attention")
+    if own_floor is not None and own_floor != plain:
         notes.append(f"attention: its kernels' floor is {own_floor:.2f} µs a call, measured on the engine's own "
                      f"kernel ({hw.name} profile, attention_kernel_floor_us)"
                      + (f", not the plain PyTorch attention's {plain:.2f} µs" if plain is not None else ""))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import tomllib
 from dataclasses import dataclass, field
+from functools import cache
 from importlib.resources import files
 from typing import Any
 
@@ -101,17 +102,23 @@ class Factors:
         return out
 
 
+@cache
+def plan_data() -> dict[str, Any]:
+    """``data/plan.toml``, read once (callers only read it)."""
+    data: dict[str, Any] = tomllib.loads(files("servescope").joinpath("data", "plan.toml").read_text(encoding="utf-8"))
+    return data
+
+
 def wait_caveat(interconnect: str) -> str | None:
     """What plan says about the assumed wait for the last rank on ``interconnect`` (``data/plan.toml``
     ``[comm.wait]``, keyed by the interconnect kind), or ``None`` where the measured wait stands."""
-    data = tomllib.loads(files("servescope").joinpath("data", "plan.toml").read_text(encoding="utf-8"))
-    caveat = data["comm"].get("wait", {}).get(interconnect)
+    caveat = plan_data()["comm"].get("wait", {}).get(interconnect)
     return str(caveat) if caveat else None
 
 
 def default_factors() -> Factors:
     """The assumed factors of ``data/plan.toml``."""
-    data = tomllib.loads(files("servescope").joinpath("data", "plan.toml").read_text(encoding="utf-8"))
+    data = plan_data()
     eff, over, mem = data["efficiency"], data["overhead"], data["memory"]
     routing = str(data.get("workload", {}).get("routing", "independent"))
     alpha = {kind: (float(v["base_us"]), float(v["hop_us"])) for kind, v in data["comm"].items() if kind != "wait"}
