@@ -44,6 +44,14 @@ KV_US_PER_REQUEST = CONTEXT * (2 * 2 * 64 * 2) * 2 / 100e3  # K and V of 2 heads
 OTHER_BASE_US = 30.0 + 15.0 * 2  # data/plan.toml: 30 µs per step + 15 µs per layer
 
 
+def _attention_split(efficiency: float) -> tuple[Any, Any]:
+    """The fitted (attention_efficiency, attention_request_tokens) of attention that read its KV at
+    ``efficiency`` at the capture's context: the bytes at the weights' assumed rate, the rest of the time as the
+    tokens read in it at that rate (tokens × rate⁻¹ = context × (efficiency⁻¹ − rate⁻¹))."""
+    rate = ASSUMED.hbm_efficiency
+    return pytest.approx(rate), pytest.approx(CONTEXT * (rate / efficiency - 1))
+
+
 def _hardware(tmp_path: Path, floors: str = "") -> Path:
     path = tmp_path / "slow.toml"  # no TFLOP/s: no compute bound
     path.write_text(f"name = 'slow'\nmemory_gb = 8\nhbm_gbps = 100\n{floors}", encoding="utf-8")
@@ -83,7 +91,10 @@ def test_batch_1_fits_fixed_times_and_keeps_slopes(tmp_path: Path) -> None:
     fit = cal.fitted
     assert fit["weights_fixed_us"] == pytest.approx(weights - WEIGHTS_US / ASSUMED.hbm_efficiency)
     assert fit["hbm_efficiency"] == pytest.approx(ASSUMED.hbm_efficiency)
-    assert fit["attention_fixed_us"] == pytest.approx(attention - KV_US_PER_REQUEST / ASSUMED.attention_efficiency)
+    # attention's bytes at the weights' stream rate; what one request costs beyond them is not visible at batch 1
+    assert fit["attention_fixed_us"] == pytest.approx(attention - KV_US_PER_REQUEST / ASSUMED.hbm_efficiency)
+    assert fit["attention_efficiency"] == pytest.approx(ASSUMED.hbm_efficiency)
+    assert fit["attention_request_tokens"] == 0.0
     assert fit["other_scale"] == pytest.approx(other / OTHER_BASE_US)
     assert fit["us_per_request"] == ASSUMED.us_per_request
     assert "collective_scale" not in fit  # one rank: nothing to fit, kept as assumed
@@ -111,7 +122,7 @@ def test_batch_above_1_fits_slopes_over_the_profiles_floors(tmp_path: Path) -> N
     cal = _calibrate(capture, _hardware(tmp_path, "[kernel_floor_us]\nattention = 5.0\nother = 1.0\n"))
     assert (cal.mode, cal.batch) == ("one batch above 1", 4)
     assert cal.fitted["attention_fixed_us"] == pytest.approx(50.0)
-    assert cal.fitted["attention_efficiency"] == pytest.approx(0.25)
+    assert (cal.fitted["attention_efficiency"], cal.fitted["attention_request_tokens"]) == _attention_split(0.25)
     # the 40 small kernels are other_calls (1 µs each at the flat floor), the 300 µs idle the fixed time
     assert cal.fitted["other_calls"] == 40
     assert cal.fitted["other_scale"] == pytest.approx(300.0 / OTHER_BASE_US)
@@ -143,7 +154,7 @@ def test_small_calls_of_weights_and_attention_are_priced_as_other(tmp_path: Path
     cal = _calibrate(_write(tmp_path, doc), _hardware(tmp_path, "[kernel_floor_us]\nattention = 5.0\nother = 1.0\n"))
     assert cal.fitted["weights_fixed_us"] == pytest.approx(100.0 + 80.0 - WEIGHTS_US / ASSUMED.hbm_efficiency)
     assert cal.fitted["attention_fixed_us"] == pytest.approx(50.0)  # 10 KV-reading calls at the floor, not 30
-    assert cal.fitted["attention_efficiency"] == pytest.approx(0.25)
+    assert (cal.fitted["attention_efficiency"], cal.fitted["attention_request_tokens"]) == _attention_split(0.25)
     assert cal.fitted["other_calls"] == pytest.approx(40 + 32 + 20)
     assert cal.fitted["other_scale"] == pytest.approx(300.0 / OTHER_BASE_US)
     assert cal.fitted["us_per_request"] == pytest.approx(40.0)
@@ -174,7 +185,7 @@ def test_steps_at_several_batches_fit_both_terms(tmp_path: Path) -> None:
     assert cal.mode == "steps at several batches"
     assert [(p.batch, p.steps) for p in cal.points] == [(1, 5), (4, 4)]
     assert cal.fitted["attention_fixed_us"] == pytest.approx(20.0)
-    assert cal.fitted["attention_efficiency"] == pytest.approx(0.25)
+    assert (cal.fitted["attention_efficiency"], cal.fitted["attention_request_tokens"]) == _attention_split(0.25)
     assert cal.fitted["other_scale"] == pytest.approx(200.0 / OTHER_BASE_US)
     assert cal.fitted["us_per_request"] == pytest.approx(50.0)
     assert any(n.startswith("weights:") for n in cal.notes)  # a dense model's weight bytes do not vary
@@ -186,8 +197,9 @@ def test_plan_with_calibration_marks_and_reproduces(tmp_path: Path) -> None:
     doc = run_plan(PlanRequest(model=str(CPU / "tiny-llama.config.json"), hardware=str(hw), gpus=1,
                                batches=(4, 16), context=48, calibrate=str(capture), force=True))
     assert doc.forced and doc.forced[0].startswith(f"forced: --calibrate {capture} ")  # CPU ops, GPU plan
-    attention = doc.factors["attention_efficiency"]
-    assert (attention.value, attention.origin) == (pytest.approx(0.25), "calibrated")
+    attention = doc.factors["attention_efficiency"], doc.factors["attention_request_tokens"]
+    assert tuple(a.value for a in attention) == _attention_split(0.25)
+    assert {a.origin for a in attention} == {"calibrated"}
     assert doc.factors["tflops_efficiency"].origin == "assumed"
     point = doc.layouts[0].points[0]
     assert point.step_ms == pytest.approx(measured["step"] / 1e3, rel=1e-9)  # the batch it was fitted at

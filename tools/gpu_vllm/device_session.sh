@@ -524,6 +524,10 @@ for word in "$@"; do
     repeat-moe-nostack) READY_RESERVE_S=${READY_RESERVE_S:-60} DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" REPEAT_STACK=false run_repeat a qwen3moe-30b-12l noasync-nostack "--no-async-scheduling" ;;
     repeat-moe-async) READY_RESERVE_S=${READY_RESERVE_S:-60} DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" run_repeat a qwen3moe-30b-12l async "" ;;
     repeat-dense) READY_RESERVE_S=${READY_RESERVE_S:-60} DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" run_repeat a llama8b-16l noasync "--no-async-scheduling" ;;
+    # The steady window at a long context (issue 24: does attention's work per request stay put while its bytes
+    # grow?): 3,000-token distinct prompts, the same servers and window as steady-*, stacks off; plan --calibrate
+    # from a steady-* capture (77 tokens) predicts these windows' attention.
+    long-context) DELAY=64 STEPS=12 TOKENS=90 INPUT_TOKENS=${LONG_INPUT_TOKENS:-3000} AB_BATCHES="16 1" run_ab a llama8b-16l long "--no-async-scheduling" b qwen3moe-30b-12l long "--no-async-scheduling" ;;
     bench) run_bench ;;
     example) run_example ;;
     scaled) run_load "${API_SERVERS:-4}" ;;

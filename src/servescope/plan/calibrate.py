@@ -13,8 +13,11 @@ The step model (:mod:`servescope.plan.cost`) writes each of weights, attention a
 
 - weights: ``X`` = the model's weight-read time at HBM efficiency 1 (MoE: the experts a batch touches), so
   ``slope = 1 / hbm_efficiency`` and ``fixed = weights_fixed_us`` (the GEMMs' per-call floors);
-- attention: ``X`` = the model's KV-read time at efficiency 1 (∝ batch × context), ``slope = 1 /
-  attention_efficiency``, ``fixed = attention_fixed_us``;
+- attention: ``X`` = the model's KV-read time at efficiency 1 (∝ batch × context), ``fixed =
+  attention_fixed_us``; the fitted slope is split (:func:`split_attention`) into the bytes at the weights' assumed
+  stream rate (``attention_efficiency = hbm_efficiency``) and the kernel's work per request as
+  ``attention_request_tokens``, which a plan at another context does not scale (a slope at or below the stream
+  rate's is the efficiency itself). Where this section says "slope" of attention below, it is this pair;
 - other: ``X`` = running requests, ``slope = us_per_request``, ``fixed = (us_per_step + us_per_layer ×
   layers) × other_scale``, plus, when the hardware profile has measured kernel floors, ``other_calls`` =
   the capture's "other" kernels per step (the small calls of weights and attention included), each at the
@@ -37,7 +40,7 @@ Two unknowns per part cannot come from one number, so what is fitted depends on 
    groups (weighted by their step counts). A part whose ``X`` does not change between the groups (a dense
    model's weights), or whose fitted slope or fixed time comes out negative, falls back to rule 2 for it.
 2. ``one batch of 1``: one request per step cannot tell per-step from per-request costs. The slopes stay as
-   assumed (``hbm_efficiency``, ``attention_efficiency``, ``us_per_request`` from ``data/plan.toml``) and
+   assumed (``hbm_efficiency`` for weights and attention's bytes, ``us_per_request`` from ``data/plan.toml``) and
    the fixed times are fitted: ``fixed = measured − slope × X`` (other′ for other), for weights and attention
    held at least at their calls' measured kernel floor (``kernel_floor_us.gemm``, ``.attention``) and at most at
    what leaves the bytes their datasheet time; where a bound holds, the slope is what remains (:func:`one_batch`).
@@ -122,7 +125,7 @@ from servescope.plan.layouts import Layout
 from servescope.plan.model import ModelArch
 from servescope.plan.paths import Point
 
-__all__ = ["GRAPH_REPLAYED", "MIN_GROUP_STEPS", "Calibration", "apply_calibration", "calibrate"]
+__all__ = ["GRAPH_REPLAYED", "MIN_GROUP_STEPS", "Calibration", "apply_calibration", "calibrate", "split_attention"]
 
 MIN_GROUP_STEPS = 3  # decode steps a batch size needs before the per-step fit uses it
 MODES = ("steps at several batches", "one batch of 1", "one batch above 1")
@@ -201,7 +204,8 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
     def unit_comm(routing: str) -> CommCosts:  # efficiency 1, no fixed times, the capture's routing
         return comm.with_factors(f.replaced("unit", hbm_efficiency=1.0, attention_efficiency=1.0,
                                             collective_scale=1.0, other_scale=1.0, us_per_request=0.0,
-                                            weights_fixed_us=0.0, attention_fixed_us=0.0, routing=routing))
+                                            weights_fixed_us=0.0, attention_fixed_us=0.0,
+                                            attention_request_tokens=0.0, routing=routing))
 
     memory = layout_memory(arch, layout, hw, f, context=ctx)
     routing, why = capture_routing(raw, arch, batch, measured["weights"],
@@ -244,8 +248,9 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
 
     measured_other = measured["other"]
     measured["other"] = max(0.0, measured_other - small_kernels(batch))
-    prior = {"weights": 1.0 / f.hbm_efficiency, "attention": 1.0 / f.attention_efficiency,
-             "other": f.us_per_request}
+    # Attention's bytes stream like the weights' (the KV of long contexts is read as a GEMV reads its weights):
+    # its assumed slope is the weights' rate, its work per request beyond that request tokens (split_attention).
+    prior = {"weights": 1.0 / f.hbm_efficiency, "attention": 1.0 / f.hbm_efficiency, "other": f.us_per_request}
     fits: dict[str, tuple[float, float]] = {}  # part -> (fixed µs, slope)
 
     part_floor = {"weights": calls["weights"] * floors.get("gemm", 0.0),
@@ -295,7 +300,16 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
                                    ("attention", "attention_efficiency", "attention_fixed_us")):
         fixed, slope = fits[part]
         fitted[fixed_name] = fixed
-        if slope > 0:
+        if slope > 0 and part == "attention":
+            fitted[name], fitted["attention_request_tokens"] = split_attention(slope, f.hbm_efficiency, ctx)
+            if fitted["attention_request_tokens"] > 0:
+                per_token_us = at_batch["attention"] / batch / ctx / f.hbm_efficiency
+                notes.append(f"attention: {fitted['attention_request_tokens']:.0f} tokens a request beyond its "
+                             f"context ({fitted['attention_request_tokens'] * per_token_us:.2f} µs a request at the "
+                             f"capture's {ctx} tokens: the kernel's own work per request), its KV bytes at "
+                             f"{f.hbm_efficiency:.2f} of the datasheet HBM rate (the weights' assumed rate): a plan "
+                             f"at another context scales the bytes, not that work")
+        elif slope > 0:
             fitted[name] = 1.0 / slope
         elif measured[part] > 0:
             notes.append(f"{name}: kept as assumed (the model has no {part} bytes)")
@@ -337,6 +351,21 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
                        modelled_ms={**{k: at_batch[k] / 1e3 for k in ("weights", "attention", "collectives")},
                                     "other": base_other / 1e3}, fitted=fitted, routing=routing,
                        points=points, comm_points=comm_points, notes=notes)
+
+
+def split_attention(slope: float, stream_efficiency: float, context: int) -> tuple[float, float]:
+    """(``attention_efficiency``, ``attention_request_tokens``) of a fitted attention slope (µs per µs of KV
+    read at the datasheet rate, at ``context`` tokens a request).
+
+    A slope steeper than the stream rate's is work per request, not slow bytes: a decode attention kernel at a
+    short context spends most of its time on each request's query and the combine of its splits, and reads its
+    KV at the stream rate once the context is long. Held as an efficiency, that work would grow with the
+    context; as request tokens (``context × (slope × stream_efficiency − 1)``), it does not. A slope at or
+    below the stream rate's is the efficiency itself. At the capture's context both give the same time.
+    """
+    if context <= 0 or slope * stream_efficiency <= 1.0 + 1e-9:
+        return 1.0 / slope, 0.0
+    return stream_efficiency, context * (slope * stream_efficiency - 1.0)
 
 
 def one_batch(measured: float, x: float, assumed_slope: float, floor: float, *,
@@ -390,8 +419,8 @@ def _check_physics(source: str, hw: HardwareProfile, fitted: dict[str, float], *
             raise InputError(source, f"{name} {value:.2f} fitted: the capture's {part} "
                              f"({measured_us[part]:.0f} µs a step) ran faster than the datasheet's "
                              f"{hw.hbm_gbps:.0f} GB/s allows; not this model on this device")
-    for name in ("weights_fixed_us", "attention_fixed_us", "us_per_request", "other_scale", "other_calls",
-                 "host_step_us"):
+    for name in ("weights_fixed_us", "attention_fixed_us", "attention_request_tokens", "us_per_request",
+                 "other_scale", "other_calls", "host_step_us"):
         value = fitted.get(name)
         if value is not None and value < 0:
             raise InputError(source, f"{name} {value:.2f} fitted: a negative time is not a cost")

@@ -10,8 +10,10 @@ token a request sees. Four parts, added without overlap:
   one token when ``routing`` is "alike": B copies of one sequence pick the same experts); under EP those of the
   busiest rank (:func:`servescope.plan.model.busiest_rank_experts`).
 - **attention**: ``attention_fixed_us`` (kernel floors; 0 until calibrated) + KV-cache bytes read = requests
-  per attention rank × context × KV bytes per token per layer (MLA: ``kv_lora_rank + qk_rope_head_dim``
-  elements) × layers ÷ (HBM GB/s × ``attention_efficiency``).
+  per attention rank × (context + ``attention_request_tokens``) × KV bytes per token per layer (MLA:
+  ``kv_lora_rank + qk_rope_head_dim`` elements) × layers ÷ (HBM GB/s × ``attention_efficiency``). The request
+  tokens (0 until calibrated) price the kernel's own work per request as the KV it could have read meanwhile,
+  so that it scales with the KV heads a GPU holds and not with the context.
 - **collectives**: Σ count × time of one op (curve or α-β, :mod:`servescope.plan.collectives`).
 - **other**: ``(us_per_step + us_per_layer × layers) × other_scale + other_calls × floor(requests) +
   us_per_request × requests`` (requests per attention rank; ``floor`` = the hardware profile's measured
@@ -241,8 +243,10 @@ def predict_point(arch: ModelArch, layout: Layout, hw: HardwareProfile, comm: Co
     flops_us = flops / (rate * 1e6 * f.tflops_efficiency) if rate else 0.0
     weights_us = f.weights_fixed_us + max(bytes_us, flops_us)
 
-    kv_read = attn_requests * context * kv_bytes_per_token_layer(arch, layout.tp, f.kv_bytes) * arch.layers
-    attention_us = f.attention_fixed_us + kv_read / (hw.hbm_gbps * 1e3 * f.attention_efficiency)
+    kv_token = kv_bytes_per_token_layer(arch, layout.tp, f.kv_bytes) * arch.layers  # one token, every layer
+    kv_read = attn_requests * context * kv_token
+    kv_priced = kv_read + attn_requests * f.attention_request_tokens * kv_token  # the kernel's per-request work
+    attention_us = f.attention_fixed_us + kv_priced / (hw.hbm_gbps * 1e3 * f.attention_efficiency)
 
     colls = collectives_per_step(arch, layout, batch, ep_backend(comm.env))
     coll_ms: dict[str, float] = {}
@@ -275,7 +279,8 @@ def predict_point(arch: ModelArch, layout: Layout, hw: HardwareProfile, comm: Co
 
     origins = {
         "weights": sorted({hw.quality, *marks("hbm_efficiency", "tflops_efficiency", "weights_fixed_us")}),
-        "attention": sorted({hw.quality, *marks("attention_efficiency", "kv_bytes", "attention_fixed_us")}),
+        "attention": sorted({hw.quality, *marks("attention_efficiency", "kv_bytes", "attention_fixed_us",
+                                                          "attention_request_tokens")}),
         "collectives": coll_origins,
         "other": marks("us_per_layer", "us_per_step", "other_scale", "us_per_request", "host_step_us",
                        "other_calls"),

@@ -18,7 +18,8 @@ __all__ = ["FACTOR_NAMES", "ROUTINGS", "Factors", "default_factors"]
 
 # Factors --calibrate can fit (the rest stay as assumed).
 FACTOR_NAMES = ("hbm_efficiency", "attention_efficiency", "collective_scale", "other_scale", "weights_fixed_us",
-                "attention_fixed_us", "us_per_request", "host_step_us", "other_calls", "routing")
+                "attention_fixed_us", "attention_request_tokens", "us_per_request", "host_step_us", "other_calls",
+                "routing")
 # How a step's tokens pick their experts (``routing``): "independent" (requests of distinct prompts: B tokens pick
 # experts independently, uniform routing) or "alike" (the B requests are one sequence repeated, as
 # `servescope profile` sent them until 2026-12-04: one prompt, temperature 0, so every token picks the same top_k
@@ -44,6 +45,9 @@ class Factors:
             time is in ``us_per_layer``) until calibrated.
         weights_fixed_us, attention_fixed_us: per-step time of the weights and attention parts that does not
             depend on the bytes read (kernel floors × calls), µs; 0 until calibrated.
+        attention_request_tokens: the attention kernel's own work per request (its query, the combine of its KV
+            splits), as the KV tokens whose reading takes as long: each request is priced as if it held this many
+            more tokens; 0 until calibrated. Unlike an efficiency it does not grow with the context.
         host_step_us: the host's time to launch one step of a launch-bound engine (eager PyTorch), µs: the
             step is never shorter; 0 (the device sets the step) until a launch-bound capture calibrates it.
         routing: how a step's tokens pick their MoE experts, one of ``ROUTINGS``: "independent" (the expected
@@ -70,6 +74,7 @@ class Factors:
     other_calls: float = 0.0
     weights_fixed_us: float = 0.0
     attention_fixed_us: float = 0.0
+    attention_request_tokens: float = 0.0
     host_step_us: float = 0.0
     routing: str = "independent"
     memory_utilization: float
@@ -132,4 +137,5 @@ def default_factors() -> Factors:
         kv_bytes=float(mem["kv_bytes"]), wait_us=float(wait.get("us", 0.0)))
     return Factors(**values, routing=routing, comm_alpha=alpha,
                    origins=dict.fromkeys([*values, "routing", "collective_scale", "other_scale", "weights_fixed_us",
-                                           "attention_fixed_us", "host_step_us", "other_calls"], "assumed"))
+                                           "attention_fixed_us", "attention_request_tokens", "host_step_us",
+                                           "other_calls"], "assumed"))
