@@ -53,12 +53,12 @@ def test_split_keeps_the_capture_and_prices_longer_contexts_as_the_published_swe
     """Calibrated from the 32-token row alone (no kernel floor in the h100-sxm profile: the whole time is slope,
     as ``plan --calibrate`` fits a batch above 1 without floors), the plan gives each longer row within 8%.
     The efficiency the capture showed (0.12) carried to 256 tokens gave ×3.9."""
-    unit = ASSUMED.replaced("unit", attention_efficiency=1.0)
+    unit = ASSUMED.replaced("unit", attention_efficiency=1.0, attention_request_tokens=0.0)
     slope = H100_FA2_DECODE_US[32] / _attention_per_call_us(unit, 32)
-    efficiency, tokens = split_attention(slope, ASSUMED.hbm_efficiency, 32)
-    assert efficiency == ASSUMED.hbm_efficiency and tokens > 0
+    efficiency, tokens = split_attention(slope, ASSUMED.attention_efficiency, 32)
+    assert efficiency == ASSUMED.attention_efficiency and tokens > 0
     split = ASSUMED.replaced("calibrated", attention_efficiency=efficiency, attention_request_tokens=tokens)
-    as_efficiency = ASSUMED.replaced("calibrated", attention_efficiency=1.0 / slope)
+    as_efficiency = ASSUMED.replaced("calibrated", attention_efficiency=1.0 / slope, attention_request_tokens=0.0)
     assert _attention_per_call_us(split, 32) == pytest.approx(H100_FA2_DECODE_US[32], rel=1e-9)
     for context, measured in H100_FA2_DECODE_US.items():
         assert _attention_per_call_us(split, context) == pytest.approx(measured, rel=0.08), context
@@ -68,7 +68,7 @@ def test_split_keeps_the_capture_and_prices_longer_contexts_as_the_published_swe
 def test_a_slope_at_or_below_the_stream_rate_is_the_efficiency() -> None:
     """A capture whose attention streams its bytes at least as fast as the weights do (a long context) keeps its
     own efficiency and no request tokens."""
-    rate = ASSUMED.hbm_efficiency
+    rate = ASSUMED.attention_efficiency
     for slope, context, efficiency, tokens in ((1.0 / 0.9, 4096, 0.9, 0.0), (1.0 / rate, 4096, rate, 0.0),
                                                (4.0, 0, 0.25, 0.0),  # no context: no tokens to hold the rest
                                                (4.0, 100, rate, 100 * (4.0 * rate - 1))):

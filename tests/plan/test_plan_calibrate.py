@@ -46,9 +46,9 @@ OTHER_BASE_US = 30.0 + 15.0 * 2  # data/plan.toml: 30 µs per step + 15 µs per 
 
 def _attention_split(efficiency: float) -> tuple[Any, Any]:
     """The fitted (attention_efficiency, attention_request_tokens) of attention that read its KV at
-    ``efficiency`` at the capture's context: the bytes at the weights' assumed rate, the rest of the time as the
+    ``efficiency`` at the capture's context: the bytes at the assumed stream rate, the rest of the time as the
     tokens read in it at that rate (tokens × rate⁻¹ = context × (efficiency⁻¹ − rate⁻¹))."""
-    rate = ASSUMED.hbm_efficiency
+    rate = ASSUMED.attention_efficiency
     return pytest.approx(rate), pytest.approx(CONTEXT * (rate / efficiency - 1))
 
 
@@ -91,10 +91,11 @@ def test_batch_1_fits_fixed_times_and_keeps_slopes(tmp_path: Path) -> None:
     fit = cal.fitted
     assert fit["weights_fixed_us"] == pytest.approx(weights - WEIGHTS_US / ASSUMED.hbm_efficiency)
     assert fit["hbm_efficiency"] == pytest.approx(ASSUMED.hbm_efficiency)
-    # attention's bytes at the weights' stream rate; what one request costs beyond them is not visible at batch 1
-    assert fit["attention_fixed_us"] == pytest.approx(attention - KV_US_PER_REQUEST / ASSUMED.hbm_efficiency)
-    assert fit["attention_efficiency"] == pytest.approx(ASSUMED.hbm_efficiency)
-    assert fit["attention_request_tokens"] == 0.0
+    # attention's bytes and its request tokens as assumed (batch 1 cannot tell them from its fixed time)
+    assumed_kv_us = KV_US_PER_REQUEST * (CONTEXT + ASSUMED.attention_request_tokens) / CONTEXT
+    assert fit["attention_fixed_us"] == pytest.approx(attention - assumed_kv_us / ASSUMED.attention_efficiency)
+    assert fit["attention_efficiency"] == pytest.approx(ASSUMED.attention_efficiency)
+    assert fit["attention_request_tokens"] == pytest.approx(ASSUMED.attention_request_tokens)
     assert fit["other_scale"] == pytest.approx(other / OTHER_BASE_US)
     assert fit["us_per_request"] == ASSUMED.us_per_request
     assert "collective_scale" not in fit  # one rank: nothing to fit, kept as assumed

@@ -48,10 +48,10 @@ DELAY = 20  # the window is engine steps 20..27 after /start_profile (provenance
 # (kind, mode, fit, check) -> error measured on 2026-12-04 (prediction / true step - 1), in
 # benchmarks/results/plan-calibrate-h200-2026-12-04.md with the errors before the change.
 MEASURED = {
-    ("dense", "graphs", 1, 16): +0.017, ("dense", "graphs", 1, 64): -0.085, ("dense", "graphs", 16, 1): -0.021,
-    ("dense", "graphs", 16, 64): -0.088, ("dense", "graphs", 64, 1): +0.062, ("dense", "graphs", 64, 16): +0.088,
-    ("moe", "graphs", 1, 16): -0.091, ("moe", "graphs", 1, 64): -0.073, ("moe", "graphs", 16, 1): +0.096,
-    ("moe", "graphs", 16, 64): +0.032, ("moe", "graphs", 64, 1): +0.066, ("moe", "graphs", 64, 16): -0.027,
+    ("dense", "graphs", 1, 16): +0.025, ("dense", "graphs", 1, 64): -0.055, ("dense", "graphs", 16, 1): -0.021,
+    ("dense", "graphs", 16, 64): -0.089, ("dense", "graphs", 64, 1): +0.061, ("dense", "graphs", 64, 16): +0.087,
+    ("moe", "graphs", 1, 16): -0.088, ("moe", "graphs", 1, 64): -0.060, ("moe", "graphs", 16, 1): +0.096,
+    ("moe", "graphs", 16, 64): +0.031, ("moe", "graphs", 64, 1): +0.066, ("moe", "graphs", 64, 16): -0.028,
     ("dense", "eager", 1, 16): -0.320, ("dense", "eager", 1, 64): +0.040, ("dense", "eager", 16, 1): +0.470,
     ("dense", "eager", 16, 64): +0.529, ("dense", "eager", 64, 1): -0.039, ("dense", "eager", 64, 16): -0.346,
     ("moe", "eager", 1, 16): +0.029, ("moe", "eager", 1, 64): +0.247, ("moe", "eager", 16, 1): -0.028,

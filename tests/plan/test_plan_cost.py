@@ -122,7 +122,9 @@ def test_point_parts_by_hand() -> None:
     assert point.weight_bytes == pytest.approx(read)
     assert point.parts_ms["weights"] == pytest.approx(read / (4800e9 * 0.77) * 1e3)
     kv = batch * context * (2 * 2 * 128 * 2) * 80
-    assert point.parts_ms["attention"] == pytest.approx(kv / (4800e9 * 0.5) * 1e3)
+    assert point.kv_read_bytes == pytest.approx(kv)
+    # the kernel's work per request priced as 150 more tokens a request (data/plan.toml), all at 0.77 of the HBM rate
+    assert point.parts_ms["attention"] == pytest.approx(kv * (context + 150) / context / (4800e9 * 0.77) * 1e3)
     assert point.parts_ms["other"] == pytest.approx((30 + 15 * 80) / 1e3)
     # α-β all_reduce over 4 NVLink ranks (p2p 450 GB/s: half of H200's 900 bidirectional), 161 per step
     ar = 8.0 + 2 * 3 * 1.9 + 2 * 3 / 4 * batch * 8192 * 2 / (450e3 * 0.8)

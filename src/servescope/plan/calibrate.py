@@ -14,8 +14,8 @@ The step model (:mod:`servescope.plan.cost`) writes each of weights, attention a
 - weights: ``X`` = the model's weight-read time at HBM efficiency 1 (MoE: the experts a batch touches), so
   ``slope = 1 / hbm_efficiency`` and ``fixed = weights_fixed_us`` (the GEMMs' per-call floors);
 - attention: ``X`` = the model's KV-read time at efficiency 1 (∝ batch × context), ``fixed =
-  attention_fixed_us``; the fitted slope is split (:func:`split_attention`) into the bytes at the weights' assumed
-  stream rate (``attention_efficiency = hbm_efficiency``) and the kernel's work per request as
+  attention_fixed_us``; the fitted slope is split (:func:`split_attention`) into the bytes at the assumed stream
+  rate (``attention_efficiency``, the weights' rate) and the kernel's work per request as
   ``attention_request_tokens``, which a plan at another context does not scale (a slope at or below the stream
   rate's is the efficiency itself). Where this section says "slope" of attention below, it is this pair;
 - other: ``X`` = running requests, ``slope = us_per_request``, ``fixed = (us_per_step + us_per_layer ×
@@ -40,7 +40,8 @@ Two unknowns per part cannot come from one number, so what is fitted depends on 
    groups (weighted by their step counts). A part whose ``X`` does not change between the groups (a dense
    model's weights), or whose fitted slope or fixed time comes out negative, falls back to rule 2 for it.
 2. ``one batch of 1``: one request per step cannot tell per-step from per-request costs. The slopes stay as
-   assumed (``hbm_efficiency`` for weights and attention's bytes, ``us_per_request`` from ``data/plan.toml``) and
+   assumed (``hbm_efficiency``, ``attention_efficiency`` and ``attention_request_tokens``, ``us_per_request``
+   from ``data/plan.toml``) and
    the fixed times are fitted: ``fixed = measured − slope × X`` (other′ for other), for weights and attention
    held at least at their calls' measured kernel floor (``kernel_floor_us.gemm``, ``.attention``) and at most at
    what leaves the bytes their datasheet time; where a bound holds, the slope is what remains (:func:`one_batch`).
@@ -248,9 +249,11 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
 
     measured_other = measured["other"]
     measured["other"] = max(0.0, measured_other - small_kernels(batch))
-    # Attention's bytes stream like the weights' (the KV of long contexts is read as a GEMV reads its weights):
-    # its assumed slope is the weights' rate, its work per request beyond that request tokens (split_attention).
-    prior = {"weights": 1.0 / f.hbm_efficiency, "attention": 1.0 / f.hbm_efficiency, "other": f.us_per_request}
+    # Attention's assumed slope over its bytes: the assumed stream rate, and its work per request as the assumed
+    # request tokens (split_attention turns a fitted slope back into the two).
+    prior = {"weights": 1.0 / f.hbm_efficiency,
+             "attention": (1.0 + f.attention_request_tokens / ctx if ctx > 0 else 1.0) / f.attention_efficiency,
+             "other": f.us_per_request}
     fits: dict[str, tuple[float, float]] = {}  # part -> (fixed µs, slope)
 
     part_floor = {"weights": calls["weights"] * floors.get("gemm", 0.0),
@@ -301,14 +304,14 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
         fixed, slope = fits[part]
         fitted[fixed_name] = fixed
         if slope > 0 and part == "attention":
-            fitted[name], fitted["attention_request_tokens"] = split_attention(slope, f.hbm_efficiency, ctx)
-            if fitted["attention_request_tokens"] > 0:
-                per_token_us = at_batch["attention"] / batch / ctx / f.hbm_efficiency
+            fitted[name], fitted["attention_request_tokens"] = split_attention(slope, f.attention_efficiency, ctx)
+            if fitted["attention_request_tokens"] > 0 and mode != MODES[1]:  # batch 1: as assumed (its note)
+                per_token_us = at_batch["attention"] / batch / ctx / f.attention_efficiency
                 notes.append(f"attention: {fitted['attention_request_tokens']:.0f} tokens a request beyond its "
                              f"context ({fitted['attention_request_tokens'] * per_token_us:.2f} µs a request at the "
                              f"capture's {ctx} tokens: the kernel's own work per request), its KV bytes at "
-                             f"{f.hbm_efficiency:.2f} of the datasheet HBM rate (the weights' assumed rate): a plan "
-                             f"at another context scales the bytes, not that work")
+                             f"{f.attention_efficiency:.2f} of the datasheet HBM rate (assumed): a plan at another "
+                             f"context scales the bytes, not that work")
         elif slope > 0:
             fitted[name] = 1.0 / slope
         elif measured[part] > 0:

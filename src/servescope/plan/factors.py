@@ -47,7 +47,8 @@ class Factors:
             depend on the bytes read (kernel floors × calls), µs; 0 until calibrated.
         attention_request_tokens: the attention kernel's own work per request (its query, the combine of its KV
             splits), as the KV tokens whose reading takes as long: each request is priced as if it held this many
-            more tokens; 0 until calibrated. Unlike an efficiency it does not grow with the context.
+            more tokens (``data/plan.toml`` ``[overhead]``, or calibrated). Unlike an efficiency it does not grow
+            with the context.
         host_step_us: the host's time to launch one step of a launch-bound engine (eager PyTorch), µs: the
             step is never shorter; 0 (the device sets the step) until a launch-bound capture calibrates it.
         routing: how a step's tokens pick their MoE experts, one of ``ROUTINGS``: "independent" (the expected
@@ -133,9 +134,9 @@ def default_factors() -> Factors:
         tflops_efficiency=float(eff["tflops"]), link_efficiency=float(eff["link"]),
         us_per_layer=float(over["us_per_layer"]), us_per_step=float(over["us_per_step"]),
         us_per_request=float(over.get("us_per_request", 0.0)),
+        attention_request_tokens=float(over.get("attention_request_tokens", 0.0)),
         memory_utilization=float(mem["utilization"]), reserve_gib=float(mem["reserve_gib"]),
         kv_bytes=float(mem["kv_bytes"]), wait_us=float(wait.get("us", 0.0)))
     return Factors(**values, routing=routing, comm_alpha=alpha,
                    origins=dict.fromkeys([*values, "routing", "collective_scale", "other_scale", "weights_fixed_us",
-                                           "attention_fixed_us", "attention_request_tokens", "host_step_us",
-                                           "other_calls"], "assumed"))
+                                           "attention_fixed_us", "host_step_us", "other_calls"], "assumed"))
