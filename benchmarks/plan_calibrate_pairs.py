@@ -22,9 +22,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from servescope.core.analysis import StepReference
+from servescope.core.document import read_document
+from servescope.core.settings import SettingsDoc
 from servescope.plan.planner import PlanRequest, run_plan
 from servescope.report.profile import encode_profile
 from servescope.trace.analyze import AnalyzeRequest, analyze
+from servescope.trace.deployment import from_settings_doc
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "h200-vllm"
 # The capture sets: 2026-12-04's (window from engine step 20, admission still settling) and 2026-12-05's steady
@@ -85,22 +89,39 @@ def context_tokens(prov: dict[str, Any]) -> int:
     return int(prov["input_tokens"]) + done
 
 
-def profile_doc(folder: str, out: Path) -> Path:
-    """The capture as `servescope profile --json` writes it, beside nothing (the device is checked from the trace)."""
+def unprofiled_ms(folder: str) -> float:
+    """The server's own step without the profiler, ms: ``vllm:inter_token_latency_seconds`` over the same batch
+    run just before the capture (provenance.json ``unprofiled_server``), the truth of a production prediction."""
+    return float(provenance(folder)["unprofiled_server"]["itl_ms"])
+
+
+def profile_doc(folder: str, out: Path, *, production: bool = False) -> Path:
+    """The capture as `servescope profile --json` writes it, beside nothing (the device is checked from the trace);
+    with ``production``, as `profile` writes it with the live server's settings (the folder's settings.json:
+    async scheduling) and the same batch timed without the profiler (provenance.json ``unprofiled_server``)."""
     prov = provenance(folder)
     trace = DATA / folder / "rank0.pt.trace.json.gz"
-    path = out / (folder.replace("/", "_") + ".profile.json")
-    path.write_bytes(encode_profile(analyze(AnalyzeRequest(paths=[trace])), [trace], capture={
+    request = AnalyzeRequest(paths=[trace])
+    if production:
+        settings = DATA / folder / "settings.json"
+        doc = read_document(settings)
+        assert isinstance(doc, SettingsDoc), settings
+        reference = StepReference(step_us=unprofiled_ms(folder) * 1e3, source="the server's "
+                                  "vllm:inter_token_latency_seconds mean over the same batch run without the profiler")
+        request = AnalyzeRequest(paths=[trace], settings=[from_settings_doc(doc, str(settings))], reference=reference)
+    path = out / (folder.replace("/", "_") + (".production" if production else "") + ".profile.json")
+    path.write_bytes(encode_profile(analyze(request), [trace], capture={
         "model": prov["model"], "batch": prov["batch"], "input_tokens": prov["input_tokens"],
         "output_tokens": prov["output_tokens"], "prompts": "distinct"}))
     return path
 
 
-def predict(fit: str, check: str, out: Path) -> Any:
+def predict(fit: str, check: str, out: Path, *, production: bool = False) -> Any:
     """The plan calibrated on capture ``fit`` for the batch and context of capture ``check`` (the same model)."""
     target = provenance(check)
     return run_plan(PlanRequest(model=str(config(check, out)), hardware="h200", gpus=1, batches=(target["batch"],),
-                                context=context_tokens(target), calibrate=str(profile_doc(fit, out))))
+                                context=context_tokens(target),
+                                calibrate=str(profile_doc(fit, out, production=production))))
 
 
 def pair(stem: str, out: Path) -> dict[tuple[int, int], dict[str, Any]]:
@@ -146,6 +167,37 @@ def table(rows: list[dict[str, Any]]) -> str:
                      f"{t[1]['device']:.2f} / {t[16]['device']:.2f} | {t[1]['host']:.2f} / {t[16]['host']:.2f} | "
                      f"{r['error'][(16, 1)]:+.1%} | {r['error'][(1, 16)]:+.1%} | {r['device'][(16, 1)]:+.1%} | "
                      f"{r['device'][(1, 16)]:+.1%} |")
+    return "\n".join(lines[:2] + [line.replace("-", "−") for line in lines[2:]])
+
+
+def production(pairs: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
+    """One row per (kind, flavour): each window's step without the profiler and device work, the scheduling its
+    server ran, and per direction the production step predicted (calibrated with the server's settings and its own
+    unprofiled step, as `servescope profile` writes the document) against the other window's unprofiled step."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind, flavour, stem in pairs:
+            folders = {b: f"{stem}-b{b}" for b in BATCHES}
+            truth = {b: unprofiled_ms(f) for b, f in folders.items()}
+            predicted = {(fit, check): predict(folders[fit], folders[check], Path(tmp), production=True)
+                         .layouts[0].points[0].step_ms for fit, check in ((16, 1), (1, 16))}
+            flags = provenance(folders[1]).get("server_flags", [])
+            scheduling = "serial" if "--no-async-scheduling" in flags else "async"
+            rows.append({"kind": kind, "flavour": flavour, "scheduling": scheduling, "truth": truth,
+                         "device": {b: window(f, b)["device"] for b, f in folders.items()},
+                         "predicted": predicted,
+                         "error": {d: p / truth[d[1]] - 1 for d, p in predicted.items()}})
+    return rows
+
+
+def production_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| capture pair | scheduling | unprofiled step b1 / b16 (ms) | device b1 / b16 | predicted 16→1 / 1→16 | "
+             "16→1 | 1→16 |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        t, d, p, e = r["truth"], r["device"], r["predicted"], r["error"]
+        lines.append(f"| {r['kind']} {r['flavour']} | {r['scheduling']} | {t[1]:.2f} / {t[16]:.2f} | "
+                     f"{d[1]:.2f} / {d[16]:.2f} | {p[(16, 1)]:.2f} / {p[(1, 16)]:.2f} | {e[(16, 1)]:+.1%} | "
+                     f"{e[(1, 16)]:+.1%} |")
     return "\n".join(lines[:2] + [line.replace("-", "−") for line in lines[2:]])
 
 
@@ -197,5 +249,7 @@ if __name__ == "__main__":
             sys.stdout.write(f"\n{name}\n\n{repeat_table(repeats(*REPEATS[name]))}\n")
         elif name in SETS:
             sys.stdout.write(f"\n{name}\n\n{table(measure(SETS[name]))}\n")
+        elif name.startswith("production:") and name.removeprefix("production:") in SETS:
+            sys.stdout.write(f"\n{name}\n\n{production_table(production(SETS[name.removeprefix('production:')]))}\n")
         else:
             raise SystemExit(f"unknown capture set {name!r}: one of {', '.join([*SETS, *REPEATS])}")

@@ -2,8 +2,9 @@
 
 The capture is an ``analyze --json`` (or ``profile --json``) document: :func:`read_capture` reads it,
 :func:`capture_tp` gives its TP size, :func:`capture_context` its mean context (from its ``profile`` section) and
-:func:`capture_routing` how its tokens picked their experts. :mod:`servescope.plan.calibrate` fits the step model's
-factors to what this module reads.
+:func:`capture_routing` how its tokens picked their experts, :func:`production_host` the host's time without the
+profiler (where the document carries the server's own step). :mod:`servescope.plan.calibrate` fits the step
+model's factors to what this module reads.
 
 **Its parts.** A category says what a kernel is *for*, not what its time follows: the MoE block's routing (softmax,
 top-k, sort, index, masked_fill, the weighted sum) is ``moe``, a KV-cache write (``index_copy_``, vLLM's
@@ -64,9 +65,9 @@ from servescope.plan.layouts import Layout
 from servescope.plan.model import ModelArch
 from servescope.plan.paths import Point, allreduce_path
 
-__all__ = ["CALIBRATED", "GEMM_NAME", "Streaming", "batch_groups", "calls_per_part", "capture_context",
-           "capture_routing", "capture_tp", "captured_points", "phase_parts", "read_capture", "split_parts",
-           "streaming_shares"]
+__all__ = ["CALIBRATED", "GEMM_NAME", "ProductionHost", "Streaming", "batch_groups", "calls_per_part",
+           "capture_context", "capture_routing", "capture_tp", "captured_points", "phase_parts", "production_host",
+           "read_capture", "split_parts", "streaming_shares"]
 
 # A category's part of the step is its role in the taxonomy (core.categories: gemm, moe and quantize are weights,
 # attention is attention, comm.* are collectives). A kernel of a weights category other than gemm that multiplies
@@ -350,3 +351,60 @@ def captured_points(doc: AnalysisDoc, rank: RankAnalysis, arch: ModelArch, hw: H
         notes.append(f"calibrated {op} over {tp} GPUs ({impl}): {shown}, from the capture ({how}); every layout's "
                      f"{op} over {tp} GPUs on that path is priced from it")
     return points, notes
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProductionHost:
+    """The host's time a step without the profiler, from the server's own step measured beside the capture.
+
+    Attributes:
+        unprofiled_us: the server's step without the profiler (``AnalysisDoc.unprofiled``), µs.
+        device_us: the capture's device work a step, µs.
+        overlapped: async scheduling on: the host prepares the next step while the device runs this one.
+        serial_us: the host's time added to every step (async off: the unprofiled step less the device's work).
+        floor_us: the step's floor (async on: the unprofiled step, the longer of host and device at the batch).
+        setting: where the scheduling came from (the deployment's evidence).
+        source: where the unprofiled step came from.
+    """
+
+    unprofiled_us: float
+    device_us: float
+    overlapped: bool
+    serial_us: float
+    floor_us: float
+    setting: str
+    source: str
+
+    def note(self, idle_us: float, step_us: float) -> str:
+        """What the plan carries of the host, and what the profiler had made of it."""
+        head = (f"host time: without the profiler this server's step was {self.unprofiled_us / 1e3:.2f} ms, its device "
+                f"work {self.device_us / 1e3:.2f} ms ({self.source}; scheduling: {self.setting})")
+        if self.overlapped:
+            hidden = ("the host's time" if self.unprofiled_us > 1.05 * self.device_us
+                      else "the device's; the host's time is hidden under it, at most that")
+            body = (f"async scheduling overlaps the host's preparation of a step with the device's work on the one "
+                    f"before, so a step is the longer of the two: {self.unprofiled_us / 1e3:.2f} ms is {hidden}, "
+                    f"held as every step's floor (host_step_us)")
+        else:
+            body = (f"the host's preparation runs before each replay: {self.serial_us / 1e3:.2f} ms a step, carried to "
+                    f"every batch and layout as a fixed time")
+        return (f"{head}: {body}; the capture's {idle_us / 1e3:.2f} ms of device idle in its {step_us / 1e3:.2f} ms "
+                f"step is the profiler's (left out)")
+
+
+def production_host(doc: AnalysisDoc, phase: PhaseStats, *, host_bound: bool, device: bool) -> ProductionHost | None:
+    """The host's time without the profiler, where the capture carries the server's own step beside it
+    (``servescope profile`` times the same batch without the profiler); ``None`` for a launch-bound, CPU or
+    unreferenced capture (its idle stays the host's time). The profiler stretches the host's work, not the
+    device's (the H200 captures: the same device work to 1%, steps 36–143% above the server's own)."""
+    if doc.unprofiled is None or host_bound or not device or doc.unprofiled.step_us <= 0:
+        return None
+    unprofiled, busy = doc.unprofiled.step_us, max(0.0, phase.busy_us_per_step)
+    scheduling = doc.deployment.get("async_scheduling")
+    overlapped = scheduling is not None and scheduling.value == "on"
+    setting = (f"async {scheduling.value}, {scheduling.source}" if scheduling is not None
+               else "not known, taken as serial")
+    return ProductionHost(unprofiled_us=unprofiled, device_us=busy, overlapped=overlapped,
+                          serial_us=0.0 if overlapped else max(0.0, unprofiled - busy),
+                          floor_us=unprofiled if overlapped else 0.0, setting=setting,
+                          source=doc.unprofiled.source)
