@@ -23,10 +23,12 @@ def plan(
         = ["1,8,32,128"],  # noqa: B006 (typer's default, never changed)
     context: Annotated[int, typer.Option("--context", help="Tokens in each request's KV cache.")] = 4096,
     comm: Annotated[Path | None, typer.Option("--comm", help="A `bench comm` curve file for this box.")] = None,
-    calibrate: Annotated[Path | None, typer.Option("--calibrate", help="An `analyze --json` of a real capture "
-                                                   "(TP run of this model) to fit the step model to: fixed "
-                                                   "times, per-request costs, efficiencies, and its collectives' "
-                                                   "own times a call for every layout of its group size.")]
+    calibrate: Annotated[Path | None, typer.Option("--calibrate", help="An `analyze --json` or `profile --json` "
+                                                   "of a real capture (TP run of this model) to fit the step model "
+                                                   "to: fixed times, per-request costs, efficiencies, its "
+                                                   "collectives' own times a call for every layout of its group "
+                                                   "size, and (from `profile`'s unprofiled step) the host's time "
+                                                   "without the profiler.")]
         = None,
     eager: Annotated[bool, typer.Option("--eager", help="Use eager collective curves, not CUDA-graph ones.")]
         = False,
