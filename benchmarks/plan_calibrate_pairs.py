@@ -19,6 +19,7 @@ import json
 import re
 import sys
 import tempfile
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +52,11 @@ def provenance(folder: str) -> dict[str, Any]:
     return prov
 
 
+@cache
 def window(folder: str, batch: int) -> dict[str, float]:
     """The capture's decode steps of ``batch`` requests by plain json, ms a step: the annotations' span
-    (``step``), the kernel time inside them (``device``) and the rest (``host``, the device idle in the step)."""
+    (``step``), the kernel time inside them (``device``) and the rest (``host``, the device idle in the step); read
+    once a run (callers do not change it)."""
     with gzip.open(DATA / folder / "rank0.pt.trace.json.gz", "rt", encoding="utf-8") as fh:
         events = json.load(fh)["traceEvents"]
     name = f"execute_context_0(0)_generation_{batch}({batch})"
@@ -99,6 +102,14 @@ def profile_doc(folder: str, out: Path, *, production: bool = False) -> Path:
     """The capture as `servescope profile --json` writes it, beside nothing (the device is checked from the trace);
     with ``production``, as `profile` writes it with the live server's settings (the folder's settings.json:
     async scheduling) and the same batch timed without the profiler (provenance.json ``unprofiled_server``)."""
+    path = out / (folder.replace("/", "_") + (".production" if production else "") + ".profile.json")
+    path.write_bytes(_profile_bytes(folder, production))
+    return path
+
+
+@cache
+def _profile_bytes(folder: str, production: bool) -> bytes:
+    """The profile document of :func:`profile_doc`, analyzed once a run."""
     prov = provenance(folder)
     trace = DATA / folder / "rank0.pt.trace.json.gz"
     request = AnalyzeRequest(paths=[trace])
@@ -109,11 +120,9 @@ def profile_doc(folder: str, out: Path, *, production: bool = False) -> Path:
         reference = StepReference(step_us=unprofiled_ms(folder) * 1e3, source="the server's "
                                   "vllm:inter_token_latency_seconds mean over the same batch run without the profiler")
         request = AnalyzeRequest(paths=[trace], settings=[from_settings_doc(doc, str(settings))], reference=reference)
-    path = out / (folder.replace("/", "_") + (".production" if production else "") + ".profile.json")
-    path.write_bytes(encode_profile(analyze(request), [trace], capture={
+    return encode_profile(analyze(request), [trace], capture={
         "model": prov["model"], "batch": prov["batch"], "input_tokens": prov["input_tokens"],
-        "output_tokens": prov["output_tokens"], "prompts": "distinct"}))
-    return path
+        "output_tokens": prov["output_tokens"], "prompts": "distinct"})
 
 
 def predict(fit: str, check: str, out: Path, *, production: bool = False) -> Any:

@@ -10,9 +10,12 @@ parameter that is a path in it); without the corpus they are skipped, and with `
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,3 +73,15 @@ def load_events(path: Path) -> list[dict[str, Any]]:
     with opener(path, "rt", encoding="utf-8") as handle:
         doc = json.load(handle)
     return doc["traceEvents"] if isinstance(doc, dict) else doc
+
+
+def benchmark(name: str) -> ModuleType:
+    """The script ``benchmarks/NAME.py`` as a module, loaded once for the whole test run (tests that check the
+    numbers a benchmark prints call its own functions, and share what it has computed)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]

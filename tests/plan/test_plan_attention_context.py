@@ -10,7 +10,6 @@ calibration now keeps the bytes at the weights' assumed stream rate and the rest
 
 from __future__ import annotations
 
-import importlib.util
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -25,12 +24,9 @@ from servescope.plan.hardware import load_hardware
 from servescope.plan.layouts import Layout
 from servescope.plan.model import load_model_arch
 from servescope.plan.planner import PlanRequest, run_plan
-from tracefiles import ROOT
+from tracefiles import benchmark
 
-_spec = importlib.util.spec_from_file_location("plan_calibrate_pairs", ROOT / "benchmarks" / "plan_calibrate_pairs.py")
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = benchmark("plan_calibrate_pairs")
 
 ASSUMED = default_factors()
 

@@ -24,7 +24,6 @@ times at one batch, ×1.61 (``test_one_server_alone_repeats_its_device_work_not_
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -38,14 +37,11 @@ from servescope.plan.model import arch_from_hf_config
 from servescope.plan.planner import PlanRequest, run_plan
 from servescope.report.profile import encode_profile
 from servescope.trace.analyze import AnalyzeRequest, analyze
-from tracefiles import ROOT
+from tracefiles import benchmark
 
 # The pairs are planned and their truth read (plain gzip + json) by the benchmark that prints the tables of
 # docs/measurements.md, so the test holds the numbers the docs quote.
-_spec = importlib.util.spec_from_file_location("plan_calibrate_pairs", ROOT / "benchmarks" / "plan_calibrate_pairs.py")
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = benchmark("plan_calibrate_pairs")
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h200-vllm"
 PAIRS = {("dense", "async"): "ab/dense-async", ("dense", "noasync"): "ab/dense-noasync",

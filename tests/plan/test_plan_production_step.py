@@ -14,7 +14,6 @@ calibrated at one batch and predicting the other.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -24,12 +23,9 @@ import pytest
 
 from servescope.core.analysis import decode_analysis
 from servescope.plan.captured import production_host
-from tracefiles import ROOT
+from tracefiles import ROOT, benchmark
 
-_spec = importlib.util.spec_from_file_location("plan_calibrate_pairs", ROOT / "benchmarks" / "plan_calibrate_pairs.py")
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = benchmark("plan_calibrate_pairs")
 
 STEADY = [*bench.SETS["steady/w1"], *bench.SETS["steady/w2"]]
 WITHIN = 0.10
