@@ -14,10 +14,11 @@ The step model (:mod:`servescope.plan.cost`) writes each of weights, attention a
 - weights: ``X`` = the model's weight-read time at HBM efficiency 1 (MoE: the experts a batch touches), so
   ``slope = 1 / hbm_efficiency`` and ``fixed = weights_fixed_us`` (the GEMMs' per-call floors);
 - attention: ``X`` = the model's KV-read time at efficiency 1 (∝ batch × context), ``fixed =
-  attention_fixed_us``; the fitted slope is split (:func:`split_attention`) into the bytes at the assumed stream
-  rate (``attention_efficiency``, the weights' rate) and the kernel's work per request as
-  ``attention_request_tokens``, which a plan at another context does not scale (a slope at or below the stream
-  rate's is the efficiency itself). Where this section says "slope" of attention below, it is this pair;
+  attention_fixed_us``; the fitted slope is split (:func:`split_attention`) into the rate the KV is read at
+  (``attention_efficiency``) and the kernel's work per request as ``attention_request_tokens``, which a plan at
+  another context does not scale: from a capture at a short context (up to the assumed request tokens) the
+  bytes at the assumed stream rate and the rest as request tokens, from a longer one the request tokens as
+  assumed and the rate fitted. Where this section says "slope" of attention below, it is this pair;
 - other: ``X`` = running requests, ``slope = us_per_request``, ``fixed = (us_per_step + us_per_layer ×
   layers) × other_scale``, plus, when the hardware profile has measured kernel floors, ``other_calls`` =
   the capture's "other" kernels per step (the small calls of weights and attention included), each at the
@@ -320,14 +321,18 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
         fixed, slope = fits[part]
         fitted[fixed_name] = fixed
         if slope > 0 and part == "attention":
-            fitted[name], fitted["attention_request_tokens"] = split_attention(slope, f.attention_efficiency, ctx)
-            if fitted["attention_request_tokens"] > 0 and mode != MODES[1]:  # batch 1: as assumed (its note)
-                per_token_us = at_batch["attention"] / batch / ctx / f.attention_efficiency
-                notes.append(f"attention: {fitted['attention_request_tokens']:.0f} tokens a request beyond its "
-                             f"context ({fitted['attention_request_tokens'] * per_token_us:.2f} µs a request at the "
-                             f"capture's {ctx} tokens: the kernel's own work per request), its KV bytes at "
-                             f"{f.attention_efficiency:.2f} of the datasheet HBM rate (assumed): a plan at another "
-                             f"context scales the bytes, not that work")
+            assumed_tokens = f.attention_request_tokens
+            efficiency, tokens = split_attention(slope, f.attention_efficiency, ctx, assumed_tokens)
+            fitted[name], fitted["attention_request_tokens"] = efficiency, tokens
+            if mode != MODES[1] and ctx > 0:  # batch 1: both as assumed (its note)
+                per_token_us = at_batch["attention"] / batch / ctx / efficiency
+                fitted_part = (f"its KV read at {efficiency:.2f} of the datasheet HBM rate, its work per request as "
+                               f"assumed ({tokens:.0f} tokens)" if ctx > assumed_tokens else
+                               f"{tokens:.0f} tokens a request beyond its context "
+                               f"({tokens * per_token_us:.2f} µs a request: the kernel's own work per request), its "
+                               f"KV bytes at {efficiency:.2f} of the datasheet HBM rate (assumed)")
+                notes.append(f"attention, fitted at the capture's {ctx} tokens a request: {fitted_part}; a plan at "
+                             f"another context scales the bytes, not the work per request")
         elif slope > 0:
             fitted[name] = 1.0 / slope
         elif measured[part] > 0:
@@ -376,17 +381,29 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
                        points=points, comm_points=comm_points, notes=notes)
 
 
-def split_attention(slope: float, stream_efficiency: float, context: int) -> tuple[float, float]:
+def split_attention(slope: float, stream_efficiency: float, context: int,
+                    request_tokens: float = 0.0) -> tuple[float, float]:
     """(``attention_efficiency``, ``attention_request_tokens``) of a fitted attention slope (µs per µs of KV
-    read at the datasheet rate, at ``context`` tokens a request).
+    read at the datasheet rate, at ``context`` tokens a request), given the assumed ones.
 
-    A slope steeper than the stream rate's is work per request, not slow bytes: a decode attention kernel at a
-    short context spends most of its time on each request's query and the combine of its splits, and reads its
-    KV at the stream rate once the context is long. Held as an efficiency, that work would grow with the
-    context; as request tokens (``context × (slope × stream_efficiency − 1)``), it does not. A slope at or
-    below the stream rate's is the efficiency itself. At the capture's context both give the same time.
+    One capture at one context cannot tell the kernel's work per request from the rate it reads its KV at: it fits
+    the term that dominates its time and keeps the other as assumed. At a context no longer than the assumed
+    request tokens (a short one: a decode kernel spends most of its time on each request's query and the combine
+    of its splits), the bytes are read at the assumed ``stream_efficiency`` and the rest is request tokens,
+    ``context × (slope × stream_efficiency − 1)``; a slope at or below the stream rate's is the efficiency itself.
+    At a longer context the bytes dominate: the request tokens stay as assumed and the efficiency is fitted,
+    ``(context + request_tokens) / (context × slope)`` (at most 1: beyond it, the rest is request tokens at the
+    datasheet rate). Held as an efficiency, a short capture's per-request work would grow with the context; held as
+    request tokens, a long capture's slow reading would not. At the capture's context every split gives its time.
     """
-    if context <= 0 or slope * stream_efficiency <= 1.0 + 1e-9:
+    if context <= 0:
+        return 1.0 / slope, 0.0
+    if context > request_tokens:
+        efficiency = (context + request_tokens) / (context * slope)
+        if efficiency <= 1.0:
+            return efficiency, request_tokens
+        return (1.0, context * (slope - 1.0)) if slope >= 1.0 else (1.0 / slope, 0.0)
+    if slope * stream_efficiency <= 1.0 + 1e-9:
         return 1.0 / slope, 0.0
     return stream_efficiency, context * (slope * stream_efficiency - 1.0)
 
