@@ -321,16 +321,16 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
         fixed, slope = fits[part]
         fitted[fixed_name] = fixed
         if slope > 0 and part == "attention":
-            assumed_tokens = f.attention_request_tokens
-            efficiency, tokens = split_attention(slope, f.attention_efficiency, ctx, assumed_tokens)
+            efficiency, tokens = split_attention(slope, f.attention_efficiency, ctx, f.attention_request_tokens)
             fitted[name], fitted["attention_request_tokens"] = efficiency, tokens
             if mode != MODES[1] and ctx > 0:  # batch 1: both as assumed (its note)
-                per_token_us = at_batch["attention"] / batch / ctx / efficiency
-                fitted_part = (f"its KV read at {efficiency:.2f} of the datasheet HBM rate, its work per request as "
-                               f"assumed ({tokens:.0f} tokens)" if ctx > assumed_tokens else
-                               f"{tokens:.0f} tokens a request beyond its context "
-                               f"({tokens * per_token_us:.2f} µs a request: the kernel's own work per request), its "
-                               f"KV bytes at {efficiency:.2f} of the datasheet HBM rate (assumed)")
+                rate = f"its KV read at {efficiency:.2f} of the datasheet HBM rate"
+                if tokens == f.attention_request_tokens:
+                    fitted_part = f"{rate}, its work per request as assumed ({tokens:.0f} tokens)"
+                else:
+                    us = tokens * at_batch["attention"] / batch / ctx / efficiency
+                    fitted_part = (f"{tokens:.0f} tokens a request beyond its context ({us:.2f} µs a request: the "
+                                   f"kernel's own work per request), {rate}")
                 notes.append(f"attention, fitted at the capture's {ctx} tokens a request: {fitted_part}; a plan at "
                              f"another context scales the bytes, not the work per request")
         elif slope > 0:
@@ -382,7 +382,7 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
 
 
 def split_attention(slope: float, stream_efficiency: float, context: int,
-                    request_tokens: float = 0.0) -> tuple[float, float]:
+                    request_tokens: float) -> tuple[float, float]:
     """(``attention_efficiency``, ``attention_request_tokens``) of a fitted attention slope (µs per µs of KV
     read at the datasheet rate, at ``context`` tokens a request), given the assumed ones.
 

@@ -361,8 +361,6 @@ class ProductionHost:
         unprofiled_us: the server's step without the profiler (``AnalysisDoc.unprofiled``), µs.
         device_us: the capture's device work a step, µs.
         overlapped: async scheduling on: the host prepares the next step while the device runs this one.
-        serial_us: the host's time added to every step (async off: the unprofiled step less the device's work).
-        floor_us: the step's floor (async on: the unprofiled step, the longer of host and device at the batch).
         setting: where the scheduling came from (the deployment's evidence).
         source: where the unprofiled step came from.
     """
@@ -370,10 +368,18 @@ class ProductionHost:
     unprofiled_us: float
     device_us: float
     overlapped: bool
-    serial_us: float
-    floor_us: float
     setting: str
     source: str
+
+    @property
+    def serial_us(self) -> float:
+        """The host's time added to every step: async off, the unprofiled step less the device's work."""
+        return 0.0 if self.overlapped else max(0.0, self.unprofiled_us - self.device_us)
+
+    @property
+    def floor_us(self) -> float:
+        """The step's floor: async on, the unprofiled step (the longer of host and device at the batch)."""
+        return self.unprofiled_us if self.overlapped else 0.0
 
     def note(self, idle_us: float, step_us: float) -> str:
         """What the plan carries of the host, and what the profiler had made of it."""
@@ -404,7 +410,5 @@ def production_host(doc: AnalysisDoc, phase: PhaseStats, *, host_bound: bool, de
     overlapped = scheduling is not None and scheduling.value == "on"
     setting = (f"async {scheduling.value}, {scheduling.source}" if scheduling is not None
                else "not known, taken as serial")
-    return ProductionHost(unprofiled_us=unprofiled, device_us=busy, overlapped=overlapped,
-                          serial_us=0.0 if overlapped else max(0.0, unprofiled - busy),
-                          floor_us=unprofiled if overlapped else 0.0, setting=setting,
+    return ProductionHost(unprofiled_us=unprofiled, device_us=busy, overlapped=overlapped, setting=setting,
                           source=doc.unprofiled.source)

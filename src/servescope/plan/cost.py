@@ -12,8 +12,8 @@ token a request sees. Four parts, added without overlap:
 - **attention**: ``attention_fixed_us`` (kernel floors; 0 until calibrated) + KV-cache bytes read = requests
   per attention rank × (context + ``attention_request_tokens``) × KV bytes per token per layer (MLA:
   ``kv_lora_rank + qk_rope_head_dim`` elements) × layers ÷ (HBM GB/s × ``attention_efficiency``). The request
-  tokens (0 until calibrated) price the kernel's own work per request as the KV it could have read meanwhile,
-  so that it scales with the KV heads a GPU holds and not with the context.
+  tokens (assumed in ``data/plan.toml``, or calibrated) price the kernel's own work per request as the KV it
+  could have read meanwhile, so that it scales with the KV heads a GPU holds and not with the context.
 - **collectives**: Σ count × time of one op (curve or α-β, :mod:`servescope.plan.collectives`).
 - **other**: ``(us_per_step + us_per_layer × layers) × other_scale + other_calls × floor(requests) +
   us_per_request × requests`` (requests per attention rank; ``floor`` = the hardware profile's measured
