@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from servescope.core.errors import InputError
 from servescope.plan.calibrate import split_attention
 from servescope.plan.collectives import CommCosts
 from servescope.plan.cost import layout_memory, predict_point
@@ -25,6 +26,8 @@ from servescope.plan.hardware import load_hardware
 from servescope.plan.layouts import Layout
 from servescope.plan.model import load_model_arch
 from servescope.plan.planner import PlanRequest, run_plan
+from servescope.report.profile import encode_profile
+from servescope.trace.analyze import AnalyzeRequest, analyze
 from tracefiles import benchmark
 
 bench = benchmark("plan_calibrate_pairs")
@@ -143,3 +146,22 @@ def test_one_server_calibrated_at_1_and_at_16_agrees_on_long_context_attention(
     notes = at_4096[(stem, 16)].calibration.notes
     assert any(n.startswith("attention, fitted at the capture") and "tokens a request beyond its context" in n
                for n in notes)
+
+
+def test_shared_prompts_read_less_kv_than_their_context_and_the_fit_says_why(tmp_path: Path) -> None:
+    """The admission window of 2026-12-04 (512-token prompts, one sequence for all 16 requests, prefix caching on):
+    its attention took less time than reading 16 requests' KV at the datasheet rate, because the requests share
+    the prompt's cached blocks. The fit is refused in one line that names that cause beside the device's."""
+    folder = bench.DATA / "dense-admit-b16"
+    prov = json.loads((folder / "provenance.json").read_text(encoding="utf-8"))
+    assert prov["input_tokens"] == 512  # the README of tests/data/h200-vllm: all prompts one sequence that day
+    trace = folder / "rank0.pt.trace.json.gz"
+    capture = tmp_path / "admit.profile.json"
+    capture.write_bytes(encode_profile(analyze(AnalyzeRequest(paths=[trace])), [trace], capture={
+        "model": prov["model"], "batch": prov["batch"], "input_tokens": 512, "output_tokens": prov["output_tokens"]}))
+    config = tmp_path / prov["model"] / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(prov["model_shape"]), encoding="utf-8")
+    with pytest.raises(InputError, match=r"attention_efficiency 1\.\d+ fitted: .* shared a prompt prefix"):
+        run_plan(PlanRequest(model=str(config), hardware="h200", gpus=1, batches=(16,), context=533,
+                             calibrate=str(capture)))

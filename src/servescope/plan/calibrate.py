@@ -456,9 +456,12 @@ def _check_physics(source: str, hw: HardwareProfile, fitted: dict[str, float], *
         value = fitted.get(name)
         if value is not None and value > 1.0:
             part = "weights" if name == "hbm_efficiency" else "attention"
+            why = ("not this model on this device" if part == "weights" else
+                   "not this model on this device, or its requests shared a prompt prefix whose cached KV they read "
+                   "together (vLLM's prefix caching): calibrate from a capture with distinct prompts")
             raise InputError(source, f"{name} {value:.2f} fitted: the capture's {part} "
                              f"({measured_us[part]:.0f} µs a step) ran faster than the datasheet's "
-                             f"{hw.hbm_gbps:.0f} GB/s allows; not this model on this device")
+                             f"{hw.hbm_gbps:.0f} GB/s allows; {why}")
     for name in ("weights_fixed_us", "attention_fixed_us", "attention_request_tokens", "us_per_request",
                  "other_scale", "other_calls", "host_step_us"):
         value = fitted.get(name)
