@@ -117,3 +117,23 @@ def test_the_host_time_follows_the_scheduling_the_deployment_shows() -> None:
     assert "not known, taken as serial" in serial.note(1000.0, 5000.0)
     assert production_host(msgspec.structs.replace(doc, unprofiled=None), phase, host_bound=False, device=True) is None
     assert production_host(doc, phase, host_bound=True, device=True) is None  # launch-bound: its own step holds
+
+
+def test_several_unprofiled_runs_give_the_median_and_say_how_far_apart_they_lay() -> None:
+    """`profile --unprofiled-runs N` stores each run's step beside their median: the planner holds the median (the
+    document's ``step_us``) and its note names the runs' range, the closest the host's time is known."""
+    path = ROOT / "src" / "servescope" / "data" / "examples" / "h200-vllm-moe-b16" / "profile.json"
+    doc = decode_analysis(path.read_bytes(), str(path))
+    assert doc.unprofiled is not None
+    runs = (doc.unprofiled.step_us * 0.9, doc.unprofiled.step_us, doc.unprofiled.step_us * 1.2)
+    reference = msgspec.structs.replace(doc.unprofiled, runs_us=runs)
+    assert reference.spread == pytest.approx(0.3)
+    phase = doc.ranks[0].phases["decode"]
+    host = production_host(msgspec.structs.replace(doc, unprofiled=reference), phase, host_bound=False, device=True)
+    assert host is not None and host.floor_us == pytest.approx(doc.unprofiled.step_us)
+    note = host.note(1000.0, 5000.0)
+    assert f"its 3 runs took {runs[0] / 1e3:.2f}–{runs[2] / 1e3:.2f} ms" in note
+    # a document written before runs were stored reads as one run, and says nothing of a range
+    assert doc.unprofiled.runs_us == () and doc.unprofiled.spread == 0.0
+    single = production_host(doc, phase, host_bound=False, device=True)
+    assert single is not None and "runs took" not in single.note(1000.0, 5000.0)

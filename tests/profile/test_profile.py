@@ -182,21 +182,26 @@ def _itl_sum_count(url: str) -> tuple[float, float]:
 
 
 def test_profile_measures_the_same_batch_without_the_profiler(profiling_server: ProfilingServer) -> None:
-    """The unprofiled batch and the profiled one, each timed by the server's own histogram: with no warm-up, they
-    are the only requests, of equal size, so their two means average to the mean over both, read by hand."""
-    batch, tokens = 2, 12
+    """The unprofiled runs and the profiled batch, each timed by the server's own histogram: with no warm-up, they
+    are the only requests, of equal size, so their means average to the mean over all, read by hand; the median
+    run is the production step."""
+    batch, tokens, runs = 2, 12, 3
     s0, c0 = _itl_sum_count(profiling_server.url)
     result = run_cli("profile", profiling_server.url, "--batch", str(batch), "--output-tokens", str(tokens),
-                     "--trace-dir", str(profiling_server.trace_dir), "--no-warmup", "--json")
+                     "--trace-dir", str(profiling_server.trace_dir), "--no-warmup", "--unprofiled-runs", str(runs),
+                     "--json")
     assert result.returncode == 0, result.stderr
     s1, c1 = _itl_sum_count(profiling_server.url)
     record = json.loads(result.stdout)["profile"]
-    unprofiled, profiled = record["unprofiled_server"], record["profiled_server"]
+    unprofiled, profiled, each = record["unprofiled_server"], record["profiled_server"], record["unprofiled_runs"]
+    assert len(each) == runs
     assert unprofiled["itl_metric"] == profiled["itl_metric"] == "vllm:inter_token_latency_seconds"
-    assert c1 - c0 == 2 * batch * (tokens - 1)  # each batch: B requests × (N - 1) gaps
+    assert c1 - c0 == (runs + 1) * batch * (tokens - 1)  # each batch: B requests × (N - 1) gaps
     by_hand_ms = (s1 - s0) / (c1 - c0) * 1000
-    assert (unprofiled["itl_ms"] + profiled["itl_ms"]) / 2 == pytest.approx(by_hand_ms, rel=1e-3)
-    assert unprofiled["itl_ms"] > 0 and profiled["itl_ms"] > 0
+    assert (sum(r["itl_ms"] for r in each) + profiled["itl_ms"]) / (runs + 1) == pytest.approx(by_hand_ms, rel=1e-3)
+    assert unprofiled["itl_ms"] == sorted(r["itl_ms"] for r in each)[1] and profiled["itl_ms"] > 0
+    doc = json.loads(result.stdout)
+    assert doc["unprofiled"]["runs_us"] == pytest.approx([r["itl_ms"] * 1000 for r in each], abs=0.1)
     # the analysis takes that step as its reference, and the live process's flags as its deployment
     doc = json.loads(result.stdout)
     assert doc["unprofiled"]["step_us"] == pytest.approx(unprofiled["itl_ms"] * 1000, rel=1e-3)

@@ -311,7 +311,8 @@ capture_ab() {   # capture_ab KEY FLAVOUR BATCH: the capture folder is named MOD
   rm -rf "$dest"; mkdir -p "$dest"
   local t=$(date +%s)
   timeout 150 $SS profile http://127.0.0.1:${PORT[$k]} --batch "$b" --output-tokens "$TOKENS" --input-tokens $INPUT_TOKENS \
-    --trace-dir "$prof" --trace-timeout 90 --json -o "$W/logs/profile-$name.json" > "$W/logs/profile-$name.out" 2>&1
+    --unprofiled-runs ${UNPROFILED_RUNS:-5} --trace-dir "$prof" --trace-timeout 90 --json -o "$W/logs/profile-$name.json" \
+    > "$W/logs/profile-$name.out" 2>&1
   local rc=$?
   take_window "$prof" "$dest" drop
   cp "$W/logs/settings-$k-$flav.json" "$dest/settings.json" 2>/dev/null
@@ -324,7 +325,8 @@ import json, sys
 d = json.load(open(sys.argv[1])); p = d.get("profile", {})
 u, q = p.get("unprofiled_server") or {}, p.get("profiled_server") or {}
 dec = [r["phases"].get("decode") for r in d["ranks"]]
-print(f"    unprofiled itl {u.get('itl_ms')} ms tpot {u.get('tpot_ms')}; profiled itl {q.get('itl_ms')} tpot {q.get('tpot_ms')};"
+runs = [r.get('itl_ms') for r in p.get('unprofiled_runs') or []]
+print(f"    unprofiled itl {u.get('itl_ms')} ms (runs {runs}) tpot {u.get('tpot_ms')}; profiled itl {q.get('itl_ms')} tpot {q.get('tpot_ms')};"
       f" trace decode {[round(x['step_us']['mean']) for x in dec if x]} us")
 PY
   say "capture $name rc=$rc in $(( $(date +%s) - t ))s"

@@ -36,6 +36,10 @@ def profile(
                                                  "trace files.")] = 120.0,
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="Send one unprofiled batch first "
                                          "(2 tokens each) so the profiled one meets a warm server.")] = True,
+    unprofiled_runs: Annotated[int, typer.Option("--unprofiled-runs", min=0, help="Run the same batch this many "
+                                                 "times without the profiler (the server's own /metrics): the "
+                                                 "median is the production step, the spread how much it moves; "
+                                                 "0 skips it.")] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print the analysis document plus trace_files.")] = False,
     output: JsonDocumentOut = None,
     html: HtmlReport = None,
@@ -55,7 +59,8 @@ def profile(
     with user_errors():
         request = ProfileRequest(url=url, batch=batch, output_tokens=output_tokens, input_tokens=input_tokens,
                                  trace_dir=trace_dir, api_key=resolve_api_key(api_key), model=model,
-                                 trace_timeout_s=trace_timeout, warmup=warmup)
+                                 trace_timeout_s=trace_timeout, warmup=warmup,
+                                 unprofiled_runs=unprofiled_runs)
         result = profile_server(request, say=lambda line: print(line, file=sys.stderr, flush=True))
         capture, doc = result.capture, result.analysis
         data = encode_profile(doc, capture.trace_files, capture=capture.record())

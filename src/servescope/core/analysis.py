@@ -243,11 +243,21 @@ class Verdict(msgspec.Struct, kw_only=True, frozen=True):
     unprofiled: str | None = None
 
 
-class StepReference(msgspec.Struct, kw_only=True, frozen=True):
-    """The same server's step time without the profiler (µs), and where it was measured."""
+class StepReference(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """The same server's step time without the profiler (µs), and where it was measured.
+
+    Attributes:
+        runs_us: each run's step where several were timed (``step_us`` is their median); empty for one.
+    """
 
     step_us: float
     source: str
+    runs_us: tuple[float, ...] = ()
+
+    @property
+    def spread(self) -> float:
+        """How far the runs lay apart, as a share of the median step: (slowest - fastest) / median; 0 for one."""
+        return (max(self.runs_us) - min(self.runs_us)) / self.step_us if self.runs_us and self.step_us > 0 else 0.0
 
 
 class TraceInfo(msgspec.Struct, kw_only=True):

@@ -363,6 +363,7 @@ class ProductionHost:
         overlapped: async scheduling on: the host prepares the next step while the device runs this one.
         setting: where the scheduling came from (the deployment's evidence).
         source: where the unprofiled step came from.
+        runs_us: each unprofiled run's step, where several were timed (``unprofiled_us`` is their median).
     """
 
     unprofiled_us: float
@@ -370,6 +371,7 @@ class ProductionHost:
     overlapped: bool
     setting: str
     source: str
+    runs_us: tuple[float, ...] = ()
 
     @property
     def serial_us(self) -> float:
@@ -385,6 +387,9 @@ class ProductionHost:
         """What the plan carries of the host, and what the profiler had made of it."""
         head = (f"host time: without the profiler this server's step was {self.unprofiled_us / 1e3:.2f} ms, its device "
                 f"work {self.device_us / 1e3:.2f} ms ({self.source}; scheduling: {self.setting})")
+        if len(self.runs_us) > 1:
+            head += (f"; its {len(self.runs_us)} runs took {min(self.runs_us) / 1e3:.2f}–{max(self.runs_us) / 1e3:.2f} "
+                     f"ms, so the host's time is known no closer than that")
         if self.overlapped:
             hidden = ("the host's time" if self.unprofiled_us > 1.05 * self.device_us
                       else "the device's; the host's time is hidden under it, at most that")
@@ -411,4 +416,4 @@ def production_host(doc: AnalysisDoc, phase: PhaseStats, *, host_bound: bool, de
     setting = (f"async {scheduling.value}, {scheduling.source}" if scheduling is not None
                else "not known, taken as serial")
     return ProductionHost(unprofiled_us=unprofiled, device_us=busy, overlapped=overlapped, setting=setting,
-                          source=doc.unprofiled.source)
+                          source=doc.unprofiled.source, runs_us=doc.unprofiled.runs_us)

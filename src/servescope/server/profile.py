@@ -73,9 +73,10 @@ class ProfileRequest:
     stable_s: float = 2.0
     request_timeout_s: float = 300.0
     warmup: bool = True  # one unprofiled batch first, so the profiled one runs in lockstep on a warm server
-    # The same batch once more without the profiler, the server's own /metrics around it: how much the
-    # profiler stretches the steps it records (vLLM's records python stacks by default).
-    unprofiled: bool = True
+    # The same batch this many times more without the profiler, the server's own /metrics around each: how much
+    # the profiler stretches the steps it records (vLLM's records python stacks by default). The median run is the
+    # production step; the others show how much that step moves on its own (0: none).
+    unprofiled_runs: int = 3
     # A local --trace-dir not there yet: vLLM creates its torch_profiler_dir on the first /start_profile, so
     # wait this long after it for the directory to appear.
     dir_timeout_s: float = 30.0
@@ -97,9 +98,11 @@ class ProfileCapture:
     requests_s: float = 0.0
     traces_wait_s: float = 0.0
     # The server's own token latencies (/metrics histograms) over the profiled batch and over the same batch
-    # run without the profiler (None: not run, or the server exposes no such histogram).
+    # run without the profiler (None: not run, or the server exposes no such histogram): the median run, and
+    # every run in order.
     profiled_server: ServerTiming | None = None
     unprofiled_server: ServerTiming | None = None
+    unprofiled_runs: list[ServerTiming] = field(default_factory=list)
     server_version: str | None = None  # /version's answer (vLLM), when it gave one
 
     def record(self) -> dict[str, Any]:
@@ -107,7 +110,8 @@ class ProfileCapture:
 
         ``prompts``: "distinct", one prompt per request (documents written before it was recorded sent one
         prompt to every request). ``profiled_server`` / ``unprofiled_server``: the server's inter-token
-        latency and TPOT means over the profiled batch and over the same batch without the profiler."""
+        latency and TPOT means over the profiled batch and over the same batch without the profiler (the median
+        of ``unprofiled_runs``, each run's own means in order)."""
         out: dict[str, Any] = {
             "url": self.url, "model": self.model, "batch": self.batch, "output_tokens": self.output_tokens,
             "input_tokens": self.input_tokens, "prompt_source": self.prompt_source, "prompts": "distinct",
@@ -116,6 +120,7 @@ class ProfileCapture:
         for key in ("profiled_server", "unprofiled_server"):
             timing = getattr(self, key)
             out[key] = None if timing is None else timing.record()
+        out["unprofiled_runs"] = [run.record() for run in self.unprofiled_runs]
         return out
 
 
@@ -341,17 +346,22 @@ async def _run(request: ProfileRequest, trace_dir: Path,
             model = str(data[0]["id"])
         # the warm-up's prompts differ from the profiled ones: a prefix cache must not hold those before the window
         server_version = await _server_version(client)
-        # three sets: profiled, warm-up, unprofiled (no set is served from a prefix cache another filled)
-        b = request.batch
-        prompts, source = await make_prompts(client, model, tokens=request.input_tokens, count=3 * b, seed=0)
+        # a set of prompts for the profiled batch, the warm-up and each unprofiled run (no set is served from a
+        # prefix cache another filled)
+        b, rounds = request.batch, max(0, request.unprofiled_runs)
+        prompts, source = await make_prompts(client, model, tokens=request.input_tokens, count=(2 + rounds) * b,
+                                             seed=0)
         body = {"model": model, "max_tokens": request.output_tokens, "min_tokens": request.output_tokens,
                 "ignore_eos": True, "temperature": 0.0, "stream_options": {"include_usage": True}}
         if request.warmup:
             short = {**body, "max_tokens": 2, "min_tokens": 2}
             await asyncio.gather(*(_one(client, {**short, "prompt": p}) for p in prompts[b:2 * b]))
-        unprofiled = None
-        if request.unprofiled:
-            _, unprofiled, _ = await _timed_batch(client, body, prompts[2 * b:3 * b])
+        runs = []
+        for run in range(rounds):
+            _, timing, _ = await _timed_batch(client, body, prompts[(2 + run) * b:(3 + run) * b])
+            if timing is not None:
+                runs.append(timing)
+        unprofiled = median_run(runs)
         before = _snapshot(trace_dir)
         if not trace_dir.is_dir():
             say(f"{trace_dir} is not there yet: waiting up to {request.dir_timeout_s:g} s after /start_profile "
@@ -379,7 +389,14 @@ async def _run(request: ProfileRequest, trace_dir: Path,
                           batch=request.batch, output_tokens=request.output_tokens,
                           input_tokens=request.input_tokens, prompt_source=source, usage=list(usage),
                           requests_s=requests_s, traces_wait_s=time.monotonic() - waited,
-                          profiled_server=profiled, unprofiled_server=unprofiled, server_version=server_version)
+                          profiled_server=profiled, unprofiled_server=unprofiled, unprofiled_runs=runs,
+                          server_version=server_version)
+
+
+def median_run(runs: list[ServerTiming]) -> ServerTiming | None:
+    """The run whose inter-token latency is the median (the lower middle of an even count); None without one."""
+    timed = sorted((r for r in runs if r.itl_ms is not None), key=lambda r: r.itl_ms or 0.0)
+    return timed[(len(timed) - 1) // 2] if timed else None
 
 
 def _refused_first(url: str) -> None:
@@ -457,15 +474,21 @@ def profile_server(request: ProfileRequest, *, say: Callable[[str], None] = _qui
     from servescope.trace.analyze import AnalyzeRequest, analyze
 
     capture = capture_profile(request, say=say)
-    timing = capture.unprofiled_server
-    reference = None
-    if timing is not None and timing.itl_ms is not None:
-        reference = StepReference(step_us=timing.itl_ms * 1000.0,
-                                  source=f"the server's {timing.itl_metric} mean over the same batch run without "
-                                         "the profiler")
+    reference = step_reference(capture.unprofiled_server, capture.unprofiled_runs)
     return ProfileResult(capture=capture, analysis=analyze(AnalyzeRequest(
         paths=capture.trace_files, settings=live_deployment(capture.url, capture.server_version),
         reference=reference)))
+
+
+def step_reference(timing: ServerTiming | None, runs: list[ServerTiming]) -> StepReference | None:
+    """The production step a profile measured: the median run's inter-token latency, every run's beside it."""
+    if timing is None or timing.itl_ms is None:
+        return None
+    each = tuple(round(r.itl_ms * 1000.0, 1) for r in runs if r.itl_ms is not None)
+    where = (f"the median of {len(each)} runs of the same batch without the profiler" if len(each) > 1
+             else "the same batch run without the profiler")
+    return StepReference(step_us=timing.itl_ms * 1000.0, source=f"the server's {timing.itl_metric} mean over {where}",
+                         runs_us=each if len(each) > 1 else ())
 
 
 def live_deployment(url: str, version: str | None, *, proc: Path = Path("/proc")) -> list[DeploymentInput]:
