@@ -23,11 +23,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from servescope.core.analysis import StepReference
 from servescope.core.document import read_document
 from servescope.core.settings import SettingsDoc
 from servescope.plan.planner import PlanRequest, run_plan
 from servescope.report.profile import encode_profile
+from servescope.server.profile import ServerTiming, step_reference
 from servescope.trace.analyze import AnalyzeRequest, analyze
 from servescope.trace.deployment import from_settings_doc
 
@@ -117,8 +117,9 @@ def _profile_bytes(folder: str, production: bool) -> bytes:
         settings = DATA / folder / "settings.json"
         doc = read_document(settings)
         assert isinstance(doc, SettingsDoc), settings
-        reference = StepReference(step_us=unprofiled_ms(folder) * 1e3, source="the server's "
-                                  "vllm:inter_token_latency_seconds mean over the same batch run without the profiler")
+        timing = prov["unprofiled_server"]
+        runs = [ServerTiming(**run) for run in prov.get("unprofiled_runs", [])]  # captures since 2026-12-05 (3)
+        reference = step_reference(ServerTiming(**timing), runs)
         request = AnalyzeRequest(paths=[trace], settings=[from_settings_doc(doc, str(settings))], reference=reference)
     return encode_profile(analyze(request), [trace], capture={
         "model": prov["model"], "batch": prov["batch"], "input_tokens": prov["input_tokens"],
