@@ -42,6 +42,12 @@ SETS = {
     "steady/w2": [(k, f, f"steady/w2/{k}-{f}") for k in ("dense", "moe") for f in ("async", "noasync")],
 }
 BATCHES = (1, 16)
+# The same model's steady window at a long context (plan word `long-context`: 3,000-token distinct prompts, no async
+# scheduling, stacks off), beside the steady capture that calibrates it (77 tokens a request in its window).
+LONG = {"dense": ("steady/w1/dense-noasync", "long/dense-long"), "moe": ("steady/w1/moe-noasync", "long/moe-long")}
+# The KV-reading attention kernel, the plan's attention part: FA3's forward on the H200 (its split combine and the
+# KV-cache write are small calls of "other")
+ATTENTION_KERNEL = re.compile(r"FlashAttnFwdSm90")
 # One server alone (MoE, no async scheduling, python stacks on), its steady window captured three times at each
 # batch within two minutes (plan word `repeat-moe`): how far the truth itself moves between windows.
 REPEATS = {"steady/repeat": ("steady/repeat/moe-noasync", 3)}
@@ -69,6 +75,49 @@ def window(folder: str, batch: int) -> dict[str, float]:
         busy += sum(min(end, b) - max(start, a) for start, end in kernels if start < b and end > a)
     n = len(steps) * 1e3
     return {"step": span / n, "device": busy / n, "host": (span - busy) / n}
+
+
+@cache
+def attention_ms(folder: str, batch: int) -> float:
+    """The KV-reading attention kernels' time a decode step of ``batch`` requests, ms, by plain json (by name)."""
+    with gzip.open(DATA / folder / "rank0.pt.trace.json.gz", "rt", encoding="utf-8") as fh:
+        events = json.load(fh)["traceEvents"]
+    name = f"execute_context_0(0)_generation_{batch}({batch})"
+    steps = [(float(s["ts"]), float(s["ts"]) + float(s["dur"])) for s in events
+             if s.get("cat") == "gpu_user_annotation" and s.get("name") == name]
+    total = sum(float(k["dur"]) for k in events if k.get("cat") == "kernel" and ATTENTION_KERNEL.search(k["name"])
+                and any(a <= float(k["ts"]) < b for a, b in steps))
+    return total / len(steps) / 1e3
+
+
+def long_context(out: Path) -> list[dict[str, Any]]:
+    """Per model and batch: the plan calibrated on the steady window (77 tokens a request) for the long window's
+    batch and context; its attention part and device part against the long window's own (``truth``)."""
+    rows = []
+    for kind, (short, long) in LONG.items():
+        for batch in BATCHES:
+            fit, check = f"{short}-b{batch}", f"{long}-b{batch}"
+            doc = predict(fit, check, out)
+            parts = doc.layouts[0].points[0].parts_ms
+            truth = window(check, batch)
+            device = doc.layouts[0].points[0].step_ms - window(fit, batch)["host"]
+            rows.append({"kind": kind, "batch": batch, "context": context_tokens(provenance(check)),
+                         "attention": parts["attention"], "attention_truth": attention_ms(check, batch),
+                         "attention_fit": attention_ms(fit, batch), "device": device,
+                         "device_truth": truth["device"]})
+    return rows
+
+
+def long_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| model, batch | context | attention at 77 tokens (ms) | attention predicted / measured | error | "
+             "device predicted / measured | error |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['kind']} b{r['batch']} | {r['context']} | {r['attention_fit']:.3f} | "
+                     f"{r['attention']:.3f} / {r['attention_truth']:.3f} | "
+                     f"{r['attention'] / r['attention_truth'] - 1:+.1%} | "
+                     f"{r['device']:.2f} / {r['device_truth']:.2f} | "
+                     f"{r['device'] / r['device_truth'] - 1:+.1%} |".replace("-", "−"))
+    return "\n".join(lines)
 
 
 def config(folder: str, out: Path) -> Path:
@@ -255,7 +304,10 @@ def repeat_table(study: dict[str, Any]) -> str:
 if __name__ == "__main__":
     chosen = sys.argv[1:] or [*SETS, *REPEATS]
     for name in chosen:
-        if name in REPEATS:
+        if name == "long":
+            with tempfile.TemporaryDirectory() as tmp:
+                sys.stdout.write(f"\nlong context\n\n{long_table(long_context(Path(tmp)))}\n")
+        elif name in REPEATS:
             sys.stdout.write(f"\n{name}\n\n{repeat_table(repeats(*REPEATS[name]))}\n")
         elif name in SETS:
             sys.stdout.write(f"\n{name}\n\n{table(measure(SETS[name]))}\n")
