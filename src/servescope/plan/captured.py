@@ -388,8 +388,9 @@ class ProductionHost:
         head = (f"host time: without the profiler this server's step was {self.unprofiled_us / 1e3:.2f} ms, its device "
                 f"work {self.device_us / 1e3:.2f} ms ({self.source}; scheduling: {self.setting})")
         if len(self.runs_us) > 1:
-            head += (f"; its {len(self.runs_us)} runs took {min(self.runs_us) / 1e3:.2f}–{max(self.runs_us) / 1e3:.2f} "
-                     f"ms, so the host's time is known no closer than that")
+            spread = (max(self.runs_us) - min(self.runs_us)) / self.unprofiled_us
+            head += (f"; its {len(self.runs_us)} runs lay {spread:.0%} of it apart, so the host's time is known no "
+                     f"closer than that")
         if self.overlapped:
             hidden = ("the host's time" if self.unprofiled_us > 1.05 * self.device_us
                       else "the device's; the host's time is hidden under it, at most that")

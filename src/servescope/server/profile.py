@@ -485,10 +485,13 @@ def step_reference(timing: ServerTiming | None, runs: list[ServerTiming]) -> Ste
     if timing is None or timing.itl_ms is None:
         return None
     each = tuple(round(r.itl_ms * 1000.0, 1) for r in runs if r.itl_ms is not None)
-    where = (f"the median of {len(each)} runs of the same batch without the profiler" if len(each) > 1
-             else "the same batch run without the profiler")
-    return StepReference(step_us=timing.itl_ms * 1000.0, source=f"the server's {timing.itl_metric} mean over {where}",
-                         runs_us=each if len(each) > 1 else ())
+    if len(each) < 2:
+        return StepReference(step_us=timing.itl_ms * 1000.0, source=f"the server's {timing.itl_metric} mean over the "
+                                                                   "same batch run without the profiler")
+    return StepReference(step_us=timing.itl_ms * 1000.0, runs_us=each,
+                         source=f"the median of {len(each)} runs of the same batch without the profiler "
+                                f"({min(each) / 1e3:.2f}–{max(each) / 1e3:.2f} ms), each the server's "
+                                f"{timing.itl_metric} mean")
 
 
 def live_deployment(url: str, version: str | None, *, proc: Path = Path("/proc")) -> list[DeploymentInput]:

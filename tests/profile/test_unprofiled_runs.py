@@ -1,0 +1,38 @@
+"""The production step of `profile`: the median of its unprofiled runs, each run kept beside it."""
+
+from __future__ import annotations
+
+import pytest
+
+from servescope.server.profile import ServerTiming, median_run, step_reference
+
+
+def _run(itl_ms: float | None) -> ServerTiming:
+    return ServerTiming(itl_ms=itl_ms, tpot_ms=itl_ms, itl_metric="vllm:inter_token_latency_seconds",
+                        tpot_metric="vllm:request_time_per_output_token_seconds", seconds=0.3)
+
+
+def test_the_median_run_is_the_middle_one_and_runs_without_a_latency_are_passed_over() -> None:
+    runs = [_run(2.8), _run(None), _run(2.2), _run(2.5)]
+    middle = median_run(runs)
+    assert middle is not None and middle.itl_ms == 2.5
+    lower = median_run([_run(3.0), _run(2.0)])  # an even count: the lower middle
+    assert lower is not None and lower.itl_ms == 2.0
+    assert median_run([]) is None and median_run([_run(None)]) is None
+
+
+def test_several_runs_give_their_median_with_each_run_and_their_range() -> None:
+    runs = [_run(2.8), _run(2.2), _run(2.5)]
+    reference = step_reference(median_run(runs), runs)
+    assert reference is not None
+    assert reference.step_us == pytest.approx(2500.0)
+    assert reference.runs_us == (2800.0, 2200.0, 2500.0)
+    assert reference.spread == pytest.approx(0.6 / 2.5)
+    assert "median of 3 runs" in reference.source and "(2.20–2.80 ms)" in reference.source
+
+
+def test_one_run_is_the_step_itself_and_no_run_no_reference() -> None:
+    one = step_reference(_run(2.4), [_run(2.4)])
+    assert one is not None and one.step_us == pytest.approx(2400.0) and one.runs_us == () and one.spread == 0.0
+    assert "median" not in one.source
+    assert step_reference(None, []) is None and step_reference(_run(None), [_run(None)]) is None
