@@ -86,6 +86,12 @@ def test_tp2_profile_finds_the_trace_dir_from_the_local_process(profiling_server
     assert result.returncode == 0, result.stderr
     assert "decode" in result.stdout
     assert f"trace: {profiling_server.trace_dir}" in result.stdout
+    # the header names the production step: the median of the three unprofiled runs, each listed
+    line = re.search(r"without the profiler: ([\d.]+) ms \(median of 3 runs: ([\d.]+), ([\d.]+), ([\d.]+)\); "
+                     r"under the profiler ([\d.]+) ms", result.stdout)
+    assert line is not None, result.stdout
+    median, *runs = (float(g) for g in line.groups()[:4])
+    assert median == sorted(runs)[1] > 0 and float(line[5]) > 0
 
 
 class _NoProfilingVllm(BaseHTTPRequestHandler):
