@@ -260,6 +260,21 @@ def production_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines[:2] + [line.replace("-", "−") for line in lines[2:]])
 
 
+def runs_table(pairs: list[tuple[str, str, str]]) -> str:
+    """Each capture's unprofiled runs (the server's own step, ms, in the order run) and how far apart they lay: how
+    closely one capture knows its production step."""
+    lines = ["| capture | runs (ms) | median | range / median |", "|---|---|---|---|"]
+    for _, _, stem in pairs:
+        for b in BATCHES:
+            runs = [float(r["itl_ms"]) for r in provenance(f"{stem}-b{b}").get("unprofiled_runs", [])]
+            if len(runs) < 2:
+                continue
+            median = sorted(runs)[(len(runs) - 1) // 2]
+            lines.append(f"| {stem.rsplit('/', 1)[-1]}-b{b} | {', '.join(f'{r:.2f}' for r in runs)} | {median:.2f} | "
+                         f"{(max(runs) - min(runs)) / median:.0%} |")
+    return "\n".join(lines)
+
+
 def repeats(stem: str, count: int) -> dict[str, Any]:
     """The repeated windows of one server: per batch, each window's truth (``truth``); per direction (fit, check),
     the step predicted from each fitted window (``predicted``) and its error against each checked window
@@ -304,7 +319,9 @@ def repeat_table(study: dict[str, Any]) -> str:
 if __name__ == "__main__":
     chosen = sys.argv[1:] or [*SETS, *REPEATS]
     for name in chosen:
-        if name == "long":
+        if name.startswith("runs:"):
+            sys.stdout.write(f"\n{name}\n\n{runs_table(SETS[name[5:]])}\n")
+        elif name == "long":
             with tempfile.TemporaryDirectory() as tmp:
                 sys.stdout.write(f"\nlong context\n\n{long_table(long_context(Path(tmp)))}\n")
         elif name in REPEATS:
