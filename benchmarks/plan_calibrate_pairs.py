@@ -23,11 +23,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from servescope.core.analysis import StepReference
 from servescope.core.document import read_document
 from servescope.core.settings import SettingsDoc
 from servescope.plan.planner import PlanRequest, run_plan
 from servescope.report.profile import encode_profile
-from servescope.server.profile import ServerTiming, step_reference
+from servescope.server.profile import ServerTiming, median_run, step_reference
 from servescope.trace.analyze import AnalyzeRequest, analyze
 from servescope.trace.deployment import from_settings_doc
 
@@ -147,6 +148,17 @@ def unprofiled_ms(folder: str) -> float:
     return float(provenance(folder)["unprofiled_server"]["itl_ms"])
 
 
+def pooled_doc(folders: list[str], out: Path) -> Path:
+    """The first window's capture as `servescope profile` writes it with ``--unprofiled-runs N``, N = the windows:
+    the windows' unprofiled steps taken as its runs (each window's own run, minutes apart rather than back to back),
+    their median as its production step."""
+    first = folders[0]
+    timings = [ServerTiming(**provenance(f)["unprofiled_server"]) for f in folders]
+    path = out / (first.replace("/", "_") + f".pooled{len(folders)}.profile.json")
+    path.write_bytes(_profile_bytes(first, True, step_reference(median_run(timings), timings)))
+    return path
+
+
 def profile_doc(folder: str, out: Path, *, production: bool = False) -> Path:
     """The capture as `servescope profile --json` writes it, beside nothing (the device is checked from the trace);
     with ``production``, as `profile` writes it with the live server's settings (the folder's settings.json:
@@ -157,8 +169,9 @@ def profile_doc(folder: str, out: Path, *, production: bool = False) -> Path:
 
 
 @cache
-def _profile_bytes(folder: str, production: bool) -> bytes:
-    """The profile document of :func:`profile_doc`, analyzed once a run."""
+def _profile_bytes(folder: str, production: bool, reference: StepReference | None = None) -> bytes:
+    """The profile document of :func:`profile_doc` (with ``reference``, that unprofiled step instead of the
+    folder's), analyzed once a run."""
     prov = provenance(folder)
     trace = DATA / folder / "rank0.pt.trace.json.gz"
     request = AnalyzeRequest(paths=[trace])
@@ -166,21 +179,41 @@ def _profile_bytes(folder: str, production: bool) -> bytes:
         settings = DATA / folder / "settings.json"
         doc = read_document(settings)
         assert isinstance(doc, SettingsDoc), settings
-        timing = prov["unprofiled_server"]
-        runs = [ServerTiming(**run) for run in prov.get("unprofiled_runs", [])]  # captures since 2026-12-05 (3)
-        reference = step_reference(ServerTiming(**timing), runs)
+        if reference is None:
+            timing = prov["unprofiled_server"]
+            runs = [ServerTiming(**run) for run in prov.get("unprofiled_runs", [])]  # captures since 2026-12-05 (3)
+            reference = step_reference(ServerTiming(**timing), runs)
         request = AnalyzeRequest(paths=[trace], settings=[from_settings_doc(doc, str(settings))], reference=reference)
     return encode_profile(analyze(request), [trace], capture={
         "model": prov["model"], "batch": prov["batch"], "input_tokens": prov["input_tokens"],
         "output_tokens": prov["output_tokens"], "prompts": "distinct"})
 
 
-def predict(fit: str, check: str, out: Path, *, production: bool = False) -> Any:
-    """The plan calibrated on capture ``fit`` for the batch and context of capture ``check`` (the same model)."""
+def predict(fit: str, check: str, out: Path, *, production: bool = False, document: Path | None = None) -> Any:
+    """The plan calibrated on capture ``fit`` (or on ``document``, a profile document of it) for the batch and
+    context of capture ``check`` (the same model)."""
     target = provenance(check)
+    calibrate = document or profile_doc(fit, out, production=production)
     return run_plan(PlanRequest(model=str(config(check, out)), hardware="h200", gpus=1, batches=(target["batch"],),
-                                context=context_tokens(target),
-                                calibrate=str(profile_doc(fit, out, production=production))))
+                                context=context_tokens(target), calibrate=str(calibrate)))
+
+
+def pooled(stem: str, count: int) -> dict[tuple[int, int], dict[str, Any]]:
+    """The repeated windows of one server as one capture with ``count`` unprofiled runs (:func:`pooled_doc`), per
+    direction: the production step predicted, the checked batch's runs and their median (the truth), and the error
+    against the median and against each single run."""
+    runs = {b: [unprofiled_ms(f"{stem}-r{r}-b{b}") for r in range(1, count + 1)] for b in BATCHES}
+    found = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for fit, check in ((16, 1), (1, 16)):
+            folders = [f"{stem}-r{r}-b{fit}" for r in range(1, count + 1)]
+            doc = pooled_doc(folders, Path(tmp))
+            predicted = predict(folders[0], f"{stem}-r1-b{check}", Path(tmp), document=doc).layouts[0].points[0].step_ms
+            median = sorted(runs[check])[(count - 1) // 2]
+            found[(fit, check)] = {"predicted_ms": predicted, "runs": runs[check], "median": median,
+                                   "error": predicted / median - 1,
+                                   "run_errors": [predicted / r - 1 for r in runs[check]]}
+    return found
 
 
 def pair(stem: str, out: Path) -> dict[tuple[int, int], dict[str, Any]]:
