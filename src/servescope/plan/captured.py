@@ -56,7 +56,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servescope.core.analysis import AnalysisDoc, KernelRow, PhaseStats, RankAnalysis, StepRow, decode_analysis
+from servescope.core.analysis import (
+    AnalysisDoc,
+    KernelRow,
+    PhaseStats,
+    RankAnalysis,
+    StepReference,
+    StepRow,
+    decode_analysis,
+)
 from servescope.core.categories import CategoryTable, categories_of
 from servescope.core.errors import InputError
 from servescope.plan.cost import collectives_per_step
@@ -358,20 +366,22 @@ class ProductionHost:
     """The host's time a step without the profiler, from the server's own step measured beside the capture.
 
     Attributes:
-        unprofiled_us: the server's step without the profiler (``AnalysisDoc.unprofiled``), µs.
+        reference: the server's step without the profiler (``AnalysisDoc.unprofiled``: its median run, each run,
+            where it came from).
         device_us: the capture's device work a step, µs.
         overlapped: async scheduling on: the host prepares the next step while the device runs this one.
         setting: where the scheduling came from (the deployment's evidence).
-        source: where the unprofiled step came from.
-        runs_us: each unprofiled run's step, where several were timed (``unprofiled_us`` is their median).
     """
 
-    unprofiled_us: float
+    reference: StepReference
     device_us: float
     overlapped: bool
     setting: str
-    source: str
-    runs_us: tuple[float, ...] = ()
+
+    @property
+    def unprofiled_us(self) -> float:
+        """The server's step without the profiler (the median run), µs."""
+        return self.reference.step_us
 
     @property
     def serial_us(self) -> float:
@@ -386,11 +396,10 @@ class ProductionHost:
     def note(self, idle_us: float, step_us: float) -> str:
         """What the plan carries of the host, and what the profiler had made of it."""
         head = (f"host time: without the profiler this server's step was {self.unprofiled_us / 1e3:.2f} ms, its device "
-                f"work {self.device_us / 1e3:.2f} ms ({self.source}; scheduling: {self.setting})")
-        if len(self.runs_us) > 1:
-            spread = (max(self.runs_us) - min(self.runs_us)) / self.unprofiled_us
-            head += (f"; its {len(self.runs_us)} runs lay {spread:.0%} of it apart, so the host's time is known no "
-                     f"closer than that")
+                f"work {self.device_us / 1e3:.2f} ms ({self.reference.source}; scheduling: {self.setting})")
+        if len(self.reference.runs_us) > 1:
+            head += (f"; its {len(self.reference.runs_us)} runs lay {self.reference.spread:.0%} of it apart, so the "
+                     f"host's time is known no closer than that")
         if self.overlapped:
             hidden = ("the host's time" if self.unprofiled_us > 1.05 * self.device_us
                       else "the device's; the host's time is hidden under it, at most that")
@@ -411,10 +420,9 @@ def production_host(doc: AnalysisDoc, phase: PhaseStats, *, host_bound: bool, de
     device's (the H200 captures: the same device work to 1%, steps 36–143% above the server's own)."""
     if doc.unprofiled is None or host_bound or not device or doc.unprofiled.step_us <= 0:
         return None
-    unprofiled, busy = doc.unprofiled.step_us, max(0.0, phase.busy_us_per_step)
+    busy = max(0.0, phase.busy_us_per_step)
     scheduling = doc.deployment.get("async_scheduling")
     overlapped = scheduling is not None and scheduling.value == "on"
     setting = (f"async {scheduling.value}, {scheduling.source}" if scheduling is not None
                else "not known, taken as serial")
-    return ProductionHost(unprofiled_us=unprofiled, device_us=busy, overlapped=overlapped, setting=setting,
-                          source=doc.unprofiled.source, runs_us=doc.unprofiled.runs_us)
+    return ProductionHost(reference=doc.unprofiled, device_us=busy, overlapped=overlapped, setting=setting)

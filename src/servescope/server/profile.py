@@ -348,8 +348,8 @@ async def _run(request: ProfileRequest, trace_dir: Path,
         server_version = await _server_version(client)
         # a set of prompts for the profiled batch, the warm-up and each unprofiled run (no set is served from a
         # prefix cache another filled)
-        b, rounds = request.batch, max(0, request.unprofiled_runs)
-        prompts, source = await make_prompts(client, model, tokens=request.input_tokens, count=(2 + rounds) * b,
+        b, wanted = request.batch, max(0, request.unprofiled_runs)
+        prompts, source = await make_prompts(client, model, tokens=request.input_tokens, count=(2 + wanted) * b,
                                              seed=0)
         body = {"model": model, "max_tokens": request.output_tokens, "min_tokens": request.output_tokens,
                 "ignore_eos": True, "temperature": 0.0, "stream_options": {"include_usage": True}}
@@ -357,7 +357,7 @@ async def _run(request: ProfileRequest, trace_dir: Path,
             short = {**body, "max_tokens": 2, "min_tokens": 2}
             await asyncio.gather(*(_one(client, {**short, "prompt": p}) for p in prompts[b:2 * b]))
         runs = []
-        for run in range(rounds):
+        for run in range(wanted):
             _, timing, _ = await _timed_batch(client, body, prompts[(2 + run) * b:(3 + run) * b])
             if timing is not None:
                 runs.append(timing)
