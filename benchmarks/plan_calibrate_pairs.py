@@ -94,6 +94,10 @@ def attention_ms(folder: str, batch: int) -> float:
 def long_context(out: Path) -> list[dict[str, Any]]:
     """Per model and batch: the plan calibrated on the steady window (77 tokens a request) for the long window's
     batch and context; its attention part and device part against the long window's own (``truth``)."""
+    missing = [f"{long}-b{b}" for _, long in LONG.values() for b in BATCHES if not (DATA / f"{long}-b{b}").is_dir()]
+    if missing:
+        raise SystemExit(f"no long-context capture in {DATA}: {', '.join(missing)} (the device session's plan word "
+                         "long-context makes them)")
     rows = []
     for kind, (short, long) in LONG.items():
         for batch in BATCHES:
