@@ -28,7 +28,7 @@ from servescope.core.document import read_document
 from servescope.core.settings import SettingsDoc
 from servescope.plan.planner import PlanRequest, run_plan
 from servescope.report.profile import encode_profile
-from servescope.server.profile import ServerTiming, median_run, step_reference
+from servescope.server.timing import ServerTiming, median_run, step_reference
 from servescope.trace.analyze import AnalyzeRequest, analyze
 from servescope.trace.deployment import from_settings_doc
 

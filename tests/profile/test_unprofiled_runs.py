@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from servescope.server.profile import ServerTiming, median_run, step_reference
+from servescope.server.timing import ServerTiming, median_run, step_reference
 
 
 def _run(itl_ms: float | None) -> ServerTiming:

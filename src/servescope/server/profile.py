@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from servescope.core.analysis import StepReference
 from servescope.core.errors import InputError
 from servescope.server.client import ApiKey, ServerClient
 from servescope.server.errors import EndpointNotFound, NotOpenAICompatible, ServerError
-from servescope.server.metrics import Snapshot, scrape_metrics, server_side
+from servescope.server.metrics import scrape_metrics
 from servescope.server.process import find_processes, read_process_record
 from servescope.server.prompts import make_prompts
+from servescope.server.timing import ServerTiming, median_run, server_timing, step_reference
 
 if TYPE_CHECKING:
     from servescope.core.analysis import AnalysisDoc
@@ -43,7 +43,6 @@ __all__ = [
     "ProfileCapture",
     "ProfileRequest",
     "ProfileResult",
-    "ServerTiming",
     "capture_profile",
     "discover_trace_dir",
     "is_local_url",
@@ -122,22 +121,6 @@ class ProfileCapture:
             out[key] = None if timing is None else timing.record()
         out["unprofiled_runs"] = [run.record() for run in self.unprofiled_runs]
         return out
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServerTiming:
-    """The server's own per-token latency over one batch: ``/metrics`` histogram means between two scrapes."""
-
-    itl_ms: float | None  # inter-token latency: at a steady decode batch, one engine step
-    tpot_ms: float | None  # per request (e2e - ttft) / (tokens - 1)
-    itl_metric: str | None
-    tpot_metric: str | None
-    seconds: float  # the batch's wall time, client side
-
-    def record(self) -> dict[str, Any]:
-        return {"itl_ms": None if self.itl_ms is None else round(self.itl_ms, 4),
-                "tpot_ms": None if self.tpot_ms is None else round(self.tpot_ms, 4),
-                "itl_metric": self.itl_metric, "tpot_metric": self.tpot_metric, "seconds": round(self.seconds, 3)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -306,14 +289,6 @@ def _quiet(_: str) -> None:
     return None
 
 
-def _timing(before: Snapshot | None, after: Snapshot | None, seconds: float) -> ServerTiming | None:
-    side = server_side(before, after, [])
-    if side.itl_ms_mean is None and side.tpot_ms_mean is None:
-        return None
-    return ServerTiming(itl_ms=side.itl_ms_mean, tpot_ms=side.tpot_ms_mean, itl_metric=side.itl_metric,
-                        tpot_metric=side.tpot_metric, seconds=seconds)
-
-
 async def _server_version(client: ServerClient) -> str | None:
     """vLLM's ``/version`` (``{"version": "0.26.0"}``), or None where the server answers otherwise."""
     try:
@@ -330,7 +305,7 @@ async def _timed_batch(client: ServerClient, body: dict[str, Any],
     started = time.monotonic()
     usage = await asyncio.gather(*(_one(client, {**body, "prompt": p}) for p in prompts))
     seconds = time.monotonic() - started
-    return list(usage), _timing(before, await scrape_metrics(client), seconds), seconds
+    return list(usage), server_timing(before, await scrape_metrics(client), seconds), seconds
 
 
 async def _run(request: ProfileRequest, trace_dir: Path,
@@ -391,12 +366,6 @@ async def _run(request: ProfileRequest, trace_dir: Path,
                           requests_s=requests_s, traces_wait_s=time.monotonic() - waited,
                           profiled_server=profiled, unprofiled_server=unprofiled, unprofiled_runs=runs,
                           server_version=server_version)
-
-
-def median_run(runs: list[ServerTiming]) -> ServerTiming | None:
-    """The run whose inter-token latency is the median (the lower middle of an even count); None without one."""
-    timed = sorted((r for r in runs if r.itl_ms is not None), key=lambda r: r.itl_ms or 0.0)
-    return timed[(len(timed) - 1) // 2] if timed else None
 
 
 def _refused_first(url: str) -> None:
@@ -478,20 +447,6 @@ def profile_server(request: ProfileRequest, *, say: Callable[[str], None] = _qui
     return ProfileResult(capture=capture, analysis=analyze(AnalyzeRequest(
         paths=capture.trace_files, settings=live_deployment(capture.url, capture.server_version),
         reference=reference)))
-
-
-def step_reference(timing: ServerTiming | None, runs: list[ServerTiming]) -> StepReference | None:
-    """The production step a profile measured: the median run's inter-token latency, every run's beside it."""
-    if timing is None or timing.itl_ms is None:
-        return None
-    each = tuple(round(r.itl_ms * 1000.0, 1) for r in runs if r.itl_ms is not None)
-    if len(each) < 2:
-        return StepReference(step_us=timing.itl_ms * 1000.0, source=f"the server's {timing.itl_metric} mean over the "
-                                                                   "same batch run without the profiler")
-    return StepReference(step_us=timing.itl_ms * 1000.0, runs_us=each,
-                         source=f"the median of {len(each)} runs of the same batch without the profiler "
-                                f"({min(each) / 1e3:.2f}–{max(each) / 1e3:.2f} ms), each the server's "
-                                f"{timing.itl_metric} mean")
 
 
 def live_deployment(url: str, version: str | None, *, proc: Path = Path("/proc")) -> list[DeploymentInput]:

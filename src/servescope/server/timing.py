@@ -1,0 +1,58 @@
+"""The server's own step time around a batch: ``/metrics`` histogram means between two scrapes, and the
+production step of several unprofiled runs (their median, each run kept beside it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from servescope.core.analysis import StepReference
+from servescope.server.metrics import Snapshot, server_side
+
+__all__ = ["ServerTiming", "median_run", "server_timing", "step_reference"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerTiming:
+    """The server's own per-token latency over one batch: ``/metrics`` histogram means between two scrapes."""
+
+    itl_ms: float | None  # inter-token latency: at a steady decode batch, one engine step
+    tpot_ms: float | None  # per request (e2e - ttft) / (tokens - 1)
+    itl_metric: str | None
+    tpot_metric: str | None
+    seconds: float  # the batch's wall time, client side
+
+    def record(self) -> dict[str, Any]:
+        return {"itl_ms": None if self.itl_ms is None else round(self.itl_ms, 4),
+                "tpot_ms": None if self.tpot_ms is None else round(self.tpot_ms, 4),
+                "itl_metric": self.itl_metric, "tpot_metric": self.tpot_metric, "seconds": round(self.seconds, 3)}
+
+
+def server_timing(before: Snapshot | None, after: Snapshot | None, seconds: float) -> ServerTiming | None:
+    """The server's own means between two ``/metrics`` scrapes around one batch; None where it keeps no such
+    histogram."""
+    side = server_side(before, after, [])
+    if side.itl_ms_mean is None and side.tpot_ms_mean is None:
+        return None
+    return ServerTiming(itl_ms=side.itl_ms_mean, tpot_ms=side.tpot_ms_mean, itl_metric=side.itl_metric,
+                        tpot_metric=side.tpot_metric, seconds=seconds)
+
+
+def median_run(runs: list[ServerTiming]) -> ServerTiming | None:
+    """The run whose inter-token latency is the median (the lower middle of an even count); None without one."""
+    timed = sorted((r for r in runs if r.itl_ms is not None), key=lambda r: r.itl_ms or 0.0)
+    return timed[(len(timed) - 1) // 2] if timed else None
+
+
+def step_reference(timing: ServerTiming | None, runs: list[ServerTiming]) -> StepReference | None:
+    """The production step a profile measured: the median run's inter-token latency, every run's beside it."""
+    if timing is None or timing.itl_ms is None:
+        return None
+    each = tuple(round(r.itl_ms * 1000.0, 1) for r in runs if r.itl_ms is not None)
+    if len(each) < 2:
+        return StepReference(step_us=timing.itl_ms * 1000.0, source=f"the server's {timing.itl_metric} mean over the "
+                                                                   "same batch run without the profiler")
+    return StepReference(step_us=timing.itl_ms * 1000.0, runs_us=each,
+                         source=f"the median of {len(each)} runs of the same batch without the profiler "
+                                f"({min(each) / 1e3:.2f}–{max(each) / 1e3:.2f} ms), each the server's "
+                                f"{timing.itl_metric} mean")
