@@ -41,6 +41,8 @@ SETS = {
                    ("dense", "fp8", "dense-fp8"), ("moe", "fp8", "moe-fp8")],
     "steady/w1": [(k, f, f"steady/w1/{k}-{f}") for k in ("dense", "moe") for f in ("async", "noasync", "fp8")],
     "steady/w2": [(k, f, f"steady/w2/{k}-{f}") for k in ("dense", "moe") for f in ("async", "noasync")],
+    # 2026-12-05, session 3: the same servers, python stacks off, each capture with five unprofiled runs
+    "steady/w3": [(k, f, f"steady/w3/{k}-{f}") for k in ("dense", "moe") for f in ("async", "noasync")],
 }
 BATCHES = (1, 16)
 # The same model's steady window at a long context (plan word `long-context`: 3,000-token distinct prompts, no async
