@@ -105,8 +105,9 @@ def test_the_captures_are_here() -> None:
     total = sum(f.stat().st_size for f in DATA.rglob("*") if f.is_file())
     # the A/B pairs of issue 22 (11 MB, 5 of them with python stacks) took it from 8 to 19 MB, the steady windows of
     # issue 24 (20 captures, python frames removed: 3.9 MB; 15 MB with them) and one server's repeats (6, 1.2 MB) to
-    # 23.9 MB; a device call carries the tree beside a payload part (64 MiB in all), so it stays bounded
-    assert total < 25e6, f"{total / 1e6:.1f} MB of captures: keep the test data small (it travels to the device)"
+    # 23.9 MB, the five-run steady windows (8, stacks off, 1.7 MB) to 25.6 MB; a device call carries the tree beside
+    # a payload part (64 MiB in all; `tools/gpu_vllm_run.py stage` sizes the parts to fit), so it stays bounded
+    assert total < 27e6, f"{total / 1e6:.1f} MB of captures: keep the test data small (it travels to the device)"
     for capture in CAPTURES:
         prov = _provenance(capture)
         assert str(prov["vllm_version"]).startswith("0.26"), capture
