@@ -75,6 +75,7 @@ def profile(
     render_capture(console, url=capture.url, model=capture.model, batch=capture.batch,
                    output_tokens=capture.output_tokens, input_tokens=capture.input_tokens,
                    trace_files=capture.trace_files, usage=capture.usage,
-                   unprofiled_ms=[r.itl_ms for r in capture.unprofiled_runs if r.itl_ms is not None],
+                   unprofiled_ms=capture.unprofiled_server.itl_ms if capture.unprofiled_server else None,
+                   runs_ms=[r.itl_ms for r in capture.unprofiled_runs if r.itl_ms is not None],
                    profiled_ms=capture.profiled_server.itl_ms if capture.profiled_server else None)
     render_analysis(doc, console, top=top)

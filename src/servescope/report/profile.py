@@ -27,18 +27,18 @@ def encode_profile(doc: AnalysisDoc, trace_files: Sequence[Path], *,
 
 def render_capture(console: Console, *, url: str, model: str, batch: int, output_tokens: int, input_tokens: int,
                    trace_files: Sequence[Path], usage: Sequence[Mapping[str, int]],
-                   unprofiled_ms: Sequence[float] = (), profiled_ms: float | None = None) -> None:
+                   unprofiled_ms: float | None = None, runs_ms: Sequence[float] = (),
+                   profiled_ms: float | None = None) -> None:
     """One header block: what was profiled, what the server reported (its inter-token latency over each unprofiled
-    run and over the profiled batch), which files were analyzed."""
+    run, ``unprofiled_ms`` their median, and over the profiled batch), which files were analyzed."""
     got = [u.get("completion_tokens") for u in usage]
     console.print(f"profiled {url} ({model}): {batch} concurrent × {output_tokens} output tokens, "
                   f"{input_tokens} input tokens; server usage completion_tokens: "
                   f"{', '.join('N/A' if g is None else str(g) for g in got)}", markup=False, soft_wrap=True)
-    if unprofiled_ms:
-        runs = sorted(unprofiled_ms)
-        each = f" (median of {len(runs)} runs: {', '.join(f'{r:.2f}' for r in unprofiled_ms)})" if len(runs) > 1 else ""
+    if unprofiled_ms is not None:
+        each = f" (median of {len(runs_ms)} runs: {', '.join(f'{r:.2f}' for r in runs_ms)})" if len(runs_ms) > 1 else ""
         under = f"; under the profiler {profiled_ms:.2f} ms" if profiled_ms is not None else ""
-        console.print(f"  server's inter-token latency without the profiler: {runs[(len(runs) - 1) // 2]:.2f} ms"
-                      f"{each}{under}", markup=False, soft_wrap=True)
+        console.print(f"  server's inter-token latency without the profiler: {unprofiled_ms:.2f} ms{each}{under}",
+                      markup=False, soft_wrap=True)
     for path in trace_files:
         console.print(f"  trace: {path}", markup=False, soft_wrap=True)
