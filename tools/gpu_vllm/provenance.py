@@ -33,9 +33,11 @@ def provenance(dest: str, profile_json: str, flavour: str, delay: int, steps: in
         phases = {ph: s["steps"] for ph, s in prof["ranks"][0]["phases"].items()}
     vllm = os.environ.get("VLLM_VERSION") or os.environ.get("CAP_VLLM_VERSION", "")
     files = {f: os.path.getsize(os.path.join(dest, f)) for f in sorted(os.listdir(dest)) if f != "provenance.json"}
+    gpu = os.environ.get("GPU_DESC", "")
+    card = next((name for name in ("H200", "H100") if name in gpu), "GPU")  # nvidia-smi's name: the lent card
     return {
         "what": f"real vLLM {vllm} {'admission window' if flavour == 'admit' else 'decode'} capture on the lent "
-                f"H200 (servescope profile), batch {cap.get('batch')}",
+                f"{card} (servescope profile), batch {cap.get('batch')}",
         "date": os.environ.get("CAPTURE_DATE") or datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
         "device": os.environ.get("GPU_DESC", ""),
         "torch": os.environ.get("TORCH_VERSION") or os.environ.get("CAP_TORCH_VERSION", ""),
