@@ -33,6 +33,9 @@ from servescope.trace.analyze import AnalyzeRequest, analyze
 from servescope.trace.deployment import from_settings_doc
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "h200-vllm"
+H100 = "../h100-vllm"  # the H100 captures' folders, relative to DATA
+# The planner's hardware profile for the card that provenance.json's "device" names (nvidia-smi's name)
+CARDS = {"H200": "h200", "H100": "h100-sxm"}
 # The capture sets: 2026-12-04's (window from engine step 20, admission still settling) and 2026-12-05's steady
 # windows (engine steps 64..75, every request decoding since long before), two windows each for dense and MoE.
 SETS = {
@@ -43,6 +46,9 @@ SETS = {
     "steady/w2": [(k, f, f"steady/w2/{k}-{f}") for k in ("dense", "moe") for f in ("async", "noasync")],
     # 2026-12-05, session 3: the same servers, python stacks off, each capture with five unprofiled runs
     "steady/w3": [(k, f, f"steady/w3/{k}-{f}") for k in ("dense", "moe") for f in ("async", "noasync")],
+    # 2026-12-05, session 4, on a lent H100 (tests/data/h100-vllm): bf16 and fp8, async on and off, five runs each
+    "h100/w4": [(k, f, f"{H100}/steady/w4/{k}-{f}") for k in ("dense", "moe")
+                for f in ("async", "noasync", "fp8-async", "fp8-noasync")],
 }
 BATCHES = (1, 16)
 # The same model's steady window at a long context (plan word `long-context`: 3,000-token distinct prompts, no async
@@ -54,6 +60,11 @@ ATTENTION_KERNEL = re.compile(r"FlashAttnFwdSm90")
 # One server alone (MoE, no async scheduling, python stacks on), its steady window captured three times at each
 # batch within two minutes (plan word `repeat-moe`): how far the truth itself moves between windows.
 REPEATS = {"steady/repeat": ("steady/repeat/moe-noasync", 3)}
+
+
+def hardware(prov: dict[str, Any]) -> str:
+    """The planner's hardware profile for the card the capture ran on."""
+    return next(profile for card, profile in CARDS.items() if card in prov["device"])
 
 
 def provenance(folder: str) -> dict[str, Any]:
@@ -200,8 +211,8 @@ def predict(fit: str, check: str, out: Path, *, production: bool = False, docume
     context of capture ``check`` (the same model)."""
     target = provenance(check)
     calibrate = document or profile_doc(fit, out, production=production)
-    return run_plan(PlanRequest(model=str(config(check, out)), hardware="h200", gpus=1, batches=(target["batch"],),
-                                context=context_tokens(target), calibrate=str(calibrate)))
+    return run_plan(PlanRequest(model=str(config(check, out)), hardware=hardware(target), gpus=1,
+                                batches=(target["batch"],), context=context_tokens(target), calibrate=str(calibrate)))
 
 
 def pooled(stem: str, count: int) -> dict[tuple[int, int], dict[str, Any]]:

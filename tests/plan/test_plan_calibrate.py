@@ -217,10 +217,12 @@ def test_calibrating_from_a_non_analysis_is_one_error(tmp_path: Path) -> None:
         calibrate(bad, load_model_arch("llama-3-70b"), hw, CommCosts(hw, default_factors(), []), context=1)
 
 
-def test_h200_kernel_floors_are_the_benchmarks() -> None:
-    bench = json.loads((H200 / "kernel_floor.json").read_text(encoding="utf-8"))
-    assert bench["device_name"] == "NVIDIA H200" and bench["options"]["graph"] is True
-    hw = load_hardware("h200")
+@pytest.mark.parametrize(("profile", "folder", "card"), [("h200", "h200", "NVIDIA H200"),
+                                                          ("h100-sxm", "h100", "NVIDIA H100 80GB HBM3")])
+def test_kernel_floors_are_the_benchmarks(profile: str, folder: str, card: str) -> None:
+    bench = json.loads((H200.parent / folder / "kernel_floor.json").read_text(encoding="utf-8"))
+    assert bench["device_name"] == card and bench["options"]["graph"] is True
+    hw = load_hardware(profile)
     assert hw.kernel_floor_us == {k: pytest.approx(v, abs=0.005) for k, v in bench["kernel_floor_us"].items()}
     assert hw.other_floor_by_batch_us == {int(b): pytest.approx(v, abs=0.005)
                                           for b, v in bench["other_by_batch"].items()}
