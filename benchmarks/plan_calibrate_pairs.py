@@ -53,7 +53,8 @@ SETS = {
 BATCHES = (1, 16)
 # The same model's steady window at a long context (plan word `long-context`: 3,000-token distinct prompts, no async
 # scheduling, stacks off), beside the steady capture that calibrates it (77 tokens a request in its window).
-LONG = {"dense": ("steady/w1/dense-noasync", "long/dense-long"), "moe": ("steady/w1/moe-noasync", "long/moe-long")}
+LONG = {"dense": (f"{H100}/steady/w4/dense-noasync", f"{H100}/long/dense-long"),
+        "moe": (f"{H100}/steady/w4/moe-noasync", f"{H100}/long/moe-long")}
 # The KV-reading attention kernel, the plan's attention part: FA3's forward on the H200 (its split combine and the
 # KV-cache write are small calls of "other")
 ATTENTION_KERNEL = re.compile(r"FlashAttnFwdSm90")

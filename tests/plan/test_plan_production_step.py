@@ -164,3 +164,34 @@ def test_new_captures_with_five_runs_predict_the_serial_step_within_5pct(stem: s
         assert len(runs) == 5 and prov["unprofiled_server"]["itl_ms"] == pytest.approx(runs[2])
         doc = bench.predict(f"{stem}-b{fit}", f"{stem}-b{check}", tmp_path, production=True)
         assert doc.layouts[0].points[0].step_ms == pytest.approx(runs[2], rel=0.05), (fit, check)
+
+
+@pytest.mark.parametrize("flavour", ["noasync", "fp8-noasync"])
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_h100_serial_pairs_land_within_10pct_or_inside_the_servers_own_runs(kind: str, flavour: str,
+                                                                          tmp_path: Path) -> None:
+    """A second card and fp8 (``h100-vllm/steady/w4``, 2026-12-05, a lent H100: bf16 and ``--quantization fp8``, no
+    async scheduling, five unprofiled runs each). This host is noisier than the H200's: one capture's runs lie up to
+    26% apart. Calibrated at one batch, the other batch's step lies within 10% of its median run, or inside the span
+    of its five runs (measured: within 3.8% in six of eight directions; MoE fp8 −10.0% at 1→16, and +16.4% at 16→1,
+    inside that window's runs, 2.77–3.53 ms). Truth: provenance.json's runs by plain json."""
+    stem = f"{bench.H100}/steady/w4/{kind}-{flavour}"
+    for fit, check in ((16, 1), (1, 16)):
+        prov = json.loads((bench.DATA / f"{stem}-b{check}" / "provenance.json").read_text(encoding="utf-8"))
+        runs = sorted(float(r["itl_ms"]) for r in prov["unprofiled_runs"])
+        assert len(runs) == 5 and "H100" in prov["device"]
+        predicted = bench.predict(f"{stem}-b{fit}", f"{stem}-b{check}", tmp_path, production=True
+                                  ).layouts[0].points[0].step_ms
+        assert abs(predicted / runs[2] - 1) <= WITHIN or runs[0] <= predicted <= runs[-1], (fit, check, predicted, runs)
+
+
+@pytest.mark.parametrize("flavour", ["async", "noasync", "fp8-async", "fp8-noasync"])
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_h100_device_work_within_7pct_with_the_cards_own_kernel_floors(kind: str, flavour: str,
+                                                                        tmp_path: Path) -> None:
+    """The device's part of the H100 pairs: calibrated at one batch, the other window's kernel time a step within 7%
+    (measured −6.4 .. +4.7%). Before the H100 profile carried its measured kernel floors
+    (``tests/data/h100/kernel_floor.json``), the MoE pairs were −54.5% / +19.8%. Truth: the kernels inside the
+    decode-step annotations, by plain gzip + json (``bench.window``)."""
+    for (fit, check), case in bench.pair(f"{bench.H100}/steady/w4/{kind}-{flavour}", tmp_path).items():
+        assert abs(case["device_error"]) <= 0.07, (fit, check, case["device_error"])
