@@ -405,7 +405,9 @@ class ProductionHost:
                       else "the device's; the host's time is hidden under it, at most that")
             body = (f"async scheduling overlaps the host's preparation of a step with the device's work on the one "
                     f"before, so a step is the longer of the two: {self.unprofiled_us / 1e3:.2f} ms is {hidden}, "
-                    f"held as every step's floor (host_step_us)")
+                    f"held as every step's floor (host_step_us); the host's cycle under async scheduling moves with "
+                    f"the batch and one capture shows it at its own batch only, so a step at another batch is known "
+                    f"no closer than that cycle's movement (docs/measurements.md, async scheduling across batches)")
         else:
             body = (f"the host's preparation runs before each replay: {self.serial_us / 1e3:.2f} ms a step, carried to "
                     f"every batch and layout as a fixed time")
