@@ -97,6 +97,7 @@ def test_an_engines_attention_kernel_has_its_own_floor() -> None:
     ("memory_gb = [\n", "not TOML"),
     ("memory_gb = 1\nhbm_gbps = 1\n[kernel_floor_us]\nlaunch = 2.0\n", "kernel_floor_us: unknown kind 'launch'"),
     ("memory_gb = 1\nhbm_gbps = 1\n[kernel_floor_us]\nother = -1\n", "other: expected a number"),
+    ('memory_gb = 1\nhbm_gbps = 1\n[kernel_floor_us]\norigin = "guessed"\n', "neither 'measured' nor 'assumed'"),
     ('memory_gb = 1\nhbm_gbps = 1\n[other_floor_by_batch_us]\n"0" = 1.0\n', "'0' is not a batch size"),
     ('memory_gb = 1\nhbm_gbps = 1\n[other_floor_by_batch_us]\nb16 = 1.0\n', "'b16' is not a batch size"),
     ('memory_gb = 1\nhbm_gbps = 1\n[other_floor_by_batch_us]\n"16" = "fast"\n', "16: expected a number"),

@@ -255,6 +255,8 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
     calls = calls_per_part(phase, streaming)
     base_other = f.us_per_step + f.us_per_layer * arch.layers
     floors = hw.kernel_floor_us
+    if floors and hw.kernel_floor_origin == "assumed":
+        notes.append(f"kernel floors: assumed, not measured on this card ({hw.kernel_floor_source})")
 
     def small_kernels(b: int) -> float:  # µs of the capture's small "other" kernels at the floor of batch b
         return calls["other"] * (hw.other_floor_us(b) or 0.0)

@@ -20,10 +20,11 @@ Fields read (top level unless a table is named):
 - ``base_us``, ``hop_us`` (top level or in ``[interconnect]``, optional): the α terms of plan's α-β
   collective estimate; defaults by kind in ``data/plan.toml``.
 - ``[kernel_floor_us]`` (optional table, keys among ``gemm``, ``attention``, ``other``; ``source`` names where
-  they were measured): the duration of one small kernel of that kind however little it reads, µs, without
-  the gap between two kernels (measured with ``tools/bench_kernel_floor.py``). ``--calibrate`` uses them to
-  split a capture's time into floors and per-request work; a profile without them has none (plan says so in
-  its notes).
+  they were measured; ``origin``, ``"measured"`` (default) or ``"assumed"`` for floors taken from another card):
+  the duration of one small kernel of that kind however little it reads, µs, without the gap between two
+  kernels (measured with ``tools/bench_kernel_floor.py``). ``--calibrate`` uses them to split a capture's time
+  into floors and per-request work; a profile without them has none (plan says so in its notes), and assumed
+  ones are named in its notes.
 - ``[attention_kernel_floor_us]`` (optional table, a piece of a kernel's name → µs; ``source`` names where they
   were measured): an engine's own decode attention kernel's least duration, for the kernels whose name holds
   the key; it replaces ``kernel_floor_us.attention`` (a plain PyTorch attention) for them. FlashAttention 3
@@ -86,6 +87,7 @@ class HardwareProfile:
         kernel_floor_us: per kernel kind (``gemm``, ``attention``, ``other``), the measured time of one
             small kernel, µs; a kind absent is not known.
         kernel_floor_source: where the floors were measured.
+        kernel_floor_origin: ``measured`` on this kind of card, or ``assumed`` (another card's measurement).
         attention_kernel_floor_us: a piece of an attention kernel's name → its least duration, µs (an engine's
             own kernel, whose floor is not the plain one's).
         attention_kernel_floor_source: where those were measured.
@@ -112,6 +114,7 @@ class HardwareProfile:
     hop_us: float | None = None
     kernel_floor_us: dict[str, float] = field(default_factory=dict)
     kernel_floor_source: str = ""
+    kernel_floor_origin: str = "measured"
     attention_kernel_floor_us: dict[str, float] = field(default_factory=dict)
     attention_kernel_floor_source: str = ""
     other_floor_by_batch_us: dict[int, float] = field(default_factory=dict)
@@ -232,10 +235,13 @@ def _profile_from_text(text: str, where: str, *, default_name: str) -> HardwareP
     floors = data.get("kernel_floor_us", {})
     if not isinstance(floors, dict):
         raise InputError(where, "kernel_floor_us: expected a table of kind = µs")
-    bad = sorted(set(floors) - {*FLOOR_KINDS, "source"})
+    bad = sorted(set(floors) - {*FLOOR_KINDS, "source", "origin"})
     if bad:
         raise InputError(where, f"kernel_floor_us: unknown kind {bad[0]!r}; kinds: {', '.join(FLOOR_KINDS)}")
     floor_us = {k: _number(floors, k, f"{where}: kernel_floor_us") for k in FLOOR_KINDS if k in floors}
+    floor_origin = _text(floors, "origin", where, "measured")
+    if floor_origin not in ("measured", "assumed"):
+        raise InputError(where, f"kernel_floor_us.origin: {floor_origin!r} is neither 'measured' nor 'assumed'")
     by_kernel = data.get("attention_kernel_floor_us", {})
     if not isinstance(by_kernel, dict):
         raise InputError(where, "attention_kernel_floor_us: expected a table of kernel name = µs")
@@ -251,7 +257,7 @@ def _profile_from_text(text: str, where: str, *, default_name: str) -> HardwareP
         curve[int(key)] = _number(by_batch, key, f"{where}: other_floor_by_batch_us")
     return HardwareProfile(
         kernel_floor_us=floor_us, other_floor_by_batch_us=curve, kernel_floor_source=_text(floors, "source", where, ""),
-        attention_kernel_floor_us=attention_floors,
+        kernel_floor_origin=floor_origin, attention_kernel_floor_us=attention_floors,
         attention_kernel_floor_source=_text(by_kernel, "source", where, ""),
         name=_text(data, "name", where, default_name), gpu=_text(data, "gpu", where, default_name),
         quality=_text(data, "quality", where, "datasheet"), source=_text(data, "source", where, where),
