@@ -401,8 +401,11 @@ class ProductionHost:
             head += (f"; its {len(self.reference.runs_us)} runs lay {self.reference.spread:.0%} of it apart, so the "
                      f"host's time is known no closer than that")
         if self.overlapped:
+            gap_ms = max(0.0, self.unprofiled_us - self.device_us) / 1e3
             hidden = ("the host's time" if self.unprofiled_us > 1.05 * self.device_us
-                      else "the device's; the host's time is hidden under it, at most that")
+                      else f"the device's; the host's time is hidden under it, at most that: at a batch or layout "
+                           f"whose device work is shorter, the step lies between that work plus {gap_ms:.2f} ms and "
+                           f"{self.unprofiled_us / 1e3:.2f} ms, and the plan takes the longer")
             body = (f"async scheduling overlaps the host's preparation of a step with the device's work on the one "
                     f"before, so a step is the longer of the two: {self.unprofiled_us / 1e3:.2f} ms is {hidden}, "
                     f"held as every step's floor (host_step_us); the host's cycle under async scheduling moves with "
