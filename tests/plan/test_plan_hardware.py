@@ -88,6 +88,22 @@ def test_an_engines_attention_kernel_has_its_own_floor() -> None:
     assert h100.attention_floor_us(fa3) == pytest.approx(fewest, abs=0.005) != hw.attention_floor_us(fa3)
     l40s = load_hardware("l40s")  # never measured: the plain PyTorch floor, or none
     assert l40s.attention_floor_us(fa3) == l40s.kernel_floor_us.get("attention")
+    # FA3's KV read rate: measured on the H100's long-context window only (its KV bytes over its time less the
+    # floors, by plain json), none elsewhere
+    window = H100_VLLM / "long" / "dense-long-b16"
+    prov = json.loads((window / "provenance.json").read_text(encoding="utf-8"))
+    shape, events = prov["model_shape"], _trace_events(window / "rank0.pt.trace.json.gz")
+    steps = [e for e in events if e.get("cat") == "gpu_user_annotation"
+             and e.get("name") == "execute_context_0(0)_generation_16(16)"]
+    calls = [float(e["dur"]) for e in events if e.get("cat") == "kernel" and "FlashAttnFwdSm90" in e.get("name", "")
+             and any(s["ts"] <= e["ts"] < s["ts"] + s["dur"] for s in steps)]
+    kv_bytes = (shape["num_hidden_layers"] * 2 * shape["num_key_value_heads"] * shape["hidden_size"]
+                // shape["num_attention_heads"] * 2 * 3069 * 16)  # K and V, bf16, 3,069 tokens, 16 requests
+    streamed_us = (sum(calls) - len(calls) * h100.attention_floor_us(fa3)) / len(steps)
+    rate = kv_bytes / (h100.hbm_gbps * 1e3 * streamed_us)
+    assert h100.attention_rate(fa3) == pytest.approx(rate, abs=0.005) and "dense-long-b16" in \
+        h100.attention_kernel_rate_source
+    assert hw.attention_rate(fa3) is None and h100.attention_rate("flash_fwd_splitkv_kernel") is None
 
 
 @pytest.mark.parametrize(("text", "words"), [
@@ -103,6 +119,8 @@ def test_an_engines_attention_kernel_has_its_own_floor() -> None:
     ('memory_gb = 1\nhbm_gbps = 1\n[other_floor_by_batch_us]\n"16" = "fast"\n', "16: expected a number"),
     ("memory_gb = 1\nhbm_gbps = 1\nattention_kernel_floor_us = 8\n", "attention_kernel_floor_us: expected a table"),
     ('memory_gb = 1\nhbm_gbps = 1\n[attention_kernel_floor_us]\nFlash = "slow"\n', "Flash: expected a number"),
+    ("memory_gb = 1\nhbm_gbps = 1\n[attention_kernel_rate]\nFlash = 1.5\n", "not a fraction of hbm_gbps"),
+    ("memory_gb = 1\nhbm_gbps = 1\nattention_kernel_rate = 0.9\n", "attention_kernel_rate: expected a table"),
 ])
 def test_bad_profiles_name_the_file(tmp_path: Path, text: str, words: str) -> None:
     path = tmp_path / "bad.toml"

@@ -237,6 +237,10 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
              if streaming.part_calls(name, c.calls_per_step) < c.calls_per_step]
     if small:
         notes.append(f"small calls priced as other (they stream no weight or KV bytes): {', '.join(small)}")
+    if streaming.attention_rate is not None:
+        notes.append(f"attention: its kernels read the KV cache at {streaming.attention_rate:.2f} of the datasheet "
+                     f"HBM rate, measured on the engine's own kernel at a long context ({hw.name} profile, "
+                     f"attention_kernel_rate), in place of the assumed {f.attention_efficiency:.2f}")
     own_floor, plain = streaming.attention_floor_us, hw.kernel_floor_us.get("attention")
     if own_floor is not None and own_floor != plain:
         notes.append(f"attention: its kernels' floor is {own_floor:.2f} µs a call, measured on the engine's own "
@@ -265,8 +269,9 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
     measured["other"] = max(0.0, measured_other - small_kernels(batch))
     # Attention's assumed slope over its bytes: the assumed stream rate, and its work per request as the assumed
     # request tokens (split_attention turns a fitted slope back into the two).
+    stream = streaming.attention_rate or f.attention_efficiency  # the KV's read rate: the kernel's own, or assumed
     prior = {"weights": 1.0 / f.hbm_efficiency,
-             "attention": (1.0 + f.attention_request_tokens / ctx if ctx > 0 else 1.0) / f.attention_efficiency,
+             "attention": (1.0 + f.attention_request_tokens / ctx if ctx > 0 else 1.0) / stream,
              "other": f.us_per_request}
     fits: dict[str, tuple[float, float]] = {}  # part -> (fixed µs, slope)
 
@@ -323,7 +328,7 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
         fixed, slope = fits[part]
         fitted[fixed_name] = fixed
         if slope > 0 and part == "attention":
-            efficiency, tokens = split_attention(slope, f.attention_efficiency, ctx, f.attention_request_tokens)
+            efficiency, tokens = split_attention(slope, stream, ctx, f.attention_request_tokens)
             fitted[name], fitted["attention_request_tokens"] = efficiency, tokens
             if mode != MODES[1] and ctx > 0:  # batch 1: both as assumed (its note)
                 rate = f"its KV read at {efficiency:.2f} of the datasheet HBM rate"

@@ -167,12 +167,15 @@ class Streaming:
     """Per weight or attention category, the shares of its time and of its calls that stream bytes (the rest
     is small calls, priced as *other*); a category missing here streams wholly. ``categories``: each category's
     role, the part of the step it counts in. ``attention_floor_us``: the least duration of a streaming attention
-    call, µs, the mean over the capture's attention kernels of each one's floor (``None`` when not measured)."""
+    call, µs, the mean over the capture's attention kernels of each one's floor (``None`` when not measured).
+    ``attention_rate``: the fraction of the datasheet HBM rate the streaming attention kernels read their KV at,
+    their measured rates weighted by their time (``None`` unless every one has one)."""
 
     time: dict[str, float]
     calls: dict[str, float]
     categories: CategoryTable
     attention_floor_us: float | None = None
+    attention_rate: float | None = None
 
     def role(self, name: str) -> str:
         return self.categories[name].role
@@ -197,6 +200,7 @@ def streaming_shares(doc: AnalysisDoc, rank: int, hw: HardwareProfile) -> Stream
     categories = categories_of(doc)
     totals: dict[str, list[float]] = {}  # category -> [time, calls, streaming time, streaming calls]
     floor_calls = floor_us = 0.0  # the streaming attention calls, and their floors summed
+    rated_us = unrated_us = rate_us = 0.0  # the streaming attention time with and without a measured rate
     for row in doc.kernels:
         role = categories[row.category].role
         if row.rank != rank or role not in ("weights", "attention"):
@@ -211,9 +215,16 @@ def streaming_shares(doc: AnalysisDoc, rank: int, hw: HardwareProfile) -> Stream
             if floor is not None:
                 floor_calls += row.count
                 floor_us += floor * row.count
+            rate = hw.attention_rate(row.name) if role == "attention" else None
+            if role == "attention" and rate is None:
+                unrated_us += row.total_us
+            elif rate is not None:
+                rated_us += row.total_us
+                rate_us += rate * row.total_us
     return Streaming(time={c: t[2] / t[0] for c, t in totals.items() if t[0] > 0},
                      calls={c: t[3] / t[1] for c, t in totals.items() if t[1] > 0}, categories=categories,
-                     attention_floor_us=floor_us / floor_calls if floor_calls else hw.kernel_floor_us.get("attention"))
+                     attention_floor_us=floor_us / floor_calls if floor_calls else hw.kernel_floor_us.get("attention"),
+                     attention_rate=rate_us / rated_us if rated_us > 0 and unrated_us == 0 else None)
 
 
 def split_parts(step_us: float, cats: dict[str, float], streaming: Streaming) -> dict[str, float]:

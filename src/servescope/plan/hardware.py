@@ -29,6 +29,10 @@ Fields read (top level unless a table is named):
   were measured): an engine's own decode attention kernel's least duration, for the kernels whose name holds
   the key; it replaces ``kernel_floor_us.attention`` (a plain PyTorch attention) for them. FlashAttention 3
   takes ~8 µs a call on an H200 however few tokens it reads, the PyTorch one ~5.
+- ``[attention_kernel_rate]`` (optional table, a piece of a kernel's name → the fraction of ``hbm_gbps`` it reads
+  the KV cache at, above 0 and at most 1; ``source`` names where it was measured): an engine's own decode
+  attention kernel's stream rate at a long context, which ``--calibrate`` takes for the KV bytes of those kernels
+  in place of the assumed one (a short capture cannot tell the rate from the kernel's work per request).
 - ``[other_floor_by_batch_us]`` (optional table, batch size → µs, e.g. ``"16" = 1.93``): the mean duration of
   a decoder layer's small activation-sized kernels (norms, rotary, residual adds, SiLU, KV-cache writes) at
   that many requests, from the same benchmark. Between two measured batches the floor is interpolated
@@ -91,6 +95,9 @@ class HardwareProfile:
         attention_kernel_floor_us: a piece of an attention kernel's name → its least duration, µs (an engine's
             own kernel, whose floor is not the plain one's).
         attention_kernel_floor_source: where those were measured.
+        attention_kernel_rate: a piece of an attention kernel's name → the fraction of the datasheet HBM rate it
+            reads the KV cache at (measured at a long context).
+        attention_kernel_rate_source: where those were measured.
         other_floor_by_batch_us: batch size → mean duration of a decoder layer's small kernels, µs; empty
             when not measured.
         p2p, nvlink_multicast, compute_capability, platform: GPU peer-to-peer, NVLink SHARP multicast, the CUDA
@@ -117,6 +124,8 @@ class HardwareProfile:
     kernel_floor_origin: str = "measured"
     attention_kernel_floor_us: dict[str, float] = field(default_factory=dict)
     attention_kernel_floor_source: str = ""
+    attention_kernel_rate: dict[str, float] = field(default_factory=dict)
+    attention_kernel_rate_source: str = ""
     other_floor_by_batch_us: dict[int, float] = field(default_factory=dict)
     p2p: bool = True
     nvlink_multicast: bool = False
@@ -130,6 +139,11 @@ class HardwareProfile:
             if key in kernel:
                 return us
         return self.kernel_floor_us.get("attention")
+
+    def attention_rate(self, kernel: str) -> float | None:
+        """The fraction of the datasheet HBM rate the attention kernel named ``kernel`` reads its KV cache at,
+        where ``[attention_kernel_rate]`` has a key in its name; ``None`` when not measured."""
+        return next((rate for key, rate in self.attention_kernel_rate.items() if key in kernel), None)
 
     def other_floor_us(self, batch: int) -> float | None:
         """The duration of one small "other" kernel at ``batch`` requests, µs; ``None`` when not measured.
@@ -247,6 +261,13 @@ def _profile_from_text(text: str, where: str, *, default_name: str) -> HardwareP
         raise InputError(where, "attention_kernel_floor_us: expected a table of kernel name = µs")
     attention_floors = {k: _number(by_kernel, k, f"{where}: attention_kernel_floor_us")
                         for k in by_kernel if k != "source"}
+    by_rate = data.get("attention_kernel_rate", {})
+    if not isinstance(by_rate, dict):
+        raise InputError(where, "attention_kernel_rate: expected a table of kernel name = fraction of hbm_gbps")
+    rates = {k: _number(by_rate, k, f"{where}: attention_kernel_rate") for k in by_rate if k != "source"}
+    for key, rate in rates.items():
+        if not 0 < rate <= 1:
+            raise InputError(where, f"attention_kernel_rate.{key}: {rate} is not a fraction of hbm_gbps (0 < x <= 1)")
     by_batch = data.get("other_floor_by_batch_us", {})
     if not isinstance(by_batch, dict):
         raise InputError(where, "other_floor_by_batch_us: expected a table of batch = µs")
@@ -259,6 +280,7 @@ def _profile_from_text(text: str, where: str, *, default_name: str) -> HardwareP
         kernel_floor_us=floor_us, other_floor_by_batch_us=curve, kernel_floor_source=_text(floors, "source", where, ""),
         kernel_floor_origin=floor_origin, attention_kernel_floor_us=attention_floors,
         attention_kernel_floor_source=_text(by_kernel, "source", where, ""),
+        attention_kernel_rate=rates, attention_kernel_rate_source=_text(by_rate, "source", where, ""),
         name=_text(data, "name", where, default_name), gpu=_text(data, "gpu", where, default_name),
         quality=_text(data, "quality", where, "datasheet"), source=_text(data, "source", where, where),
         match=tuple(match), memory_gb=memory, hbm_gbps=hbm, nvlink_gbps=nvlink, pcie_gbps=pcie,
