@@ -65,7 +65,10 @@ REPEATS = {"steady/repeat": ("steady/repeat/moe-noasync", 3)}
 
 def hardware(prov: dict[str, Any]) -> str:
     """The planner's hardware profile for the card the capture ran on."""
-    return next(profile for card, profile in CARDS.items() if card in prov["device"])
+    found = next((profile for card, profile in CARDS.items() if card in prov["device"]), None)
+    if found is None:
+        raise SystemExit(f"no hardware profile for the capture's card {prov['device']!r}: one of {', '.join(CARDS)}")
+    return found
 
 
 def provenance(folder: str) -> dict[str, Any]:
