@@ -30,6 +30,10 @@ AB = (sorted(p for p in (DATA / "ab").iterdir() if (p / "profiler_out_0.txt").is
 # the steady windows (issue 24, plan --calibrate pairs): engine steps 64..75, python frames removed on collection
 STEADY = sorted(p for p in DATA.glob("steady/*/*") if (p / "profiler_out_0.txt").is_file())
 # windows from the first engine step with python stacks on (plan word `admit`): prefill, mixed and decode steps
+# the same payload on a lent H100 (2026-12-05): bf16 and fp8 pairs, an async batch sweep, long context; stacks off
+H100 = sorted(p for p in (DATA.parent / "h100-vllm").glob("*/**/rank0.pt.trace.json.gz")
+              if (p.parent / "profiler_out_0.txt").is_file())
+H100 = [p.parent for p in H100]
 ADMISSION = [p for p in CAPTURES if "-admit-" in p.name]
 DECODE = [p for p in CAPTURES if p not in ADMISSION]
 NAME_WIDTH = 55  # torch's key_averages table: longer names are cut to 52 characters + "..."
@@ -94,7 +98,7 @@ def _provenance(capture: Path) -> dict[str, object]:
 
 
 def _ids(p: Path) -> str:
-    return p.relative_to(DATA).as_posix()
+    return p.relative_to(DATA.parent).as_posix()
 
 
 def test_the_captures_are_here() -> None:
@@ -108,6 +112,8 @@ def test_the_captures_are_here() -> None:
     # 23.9 MB, the five-run steady windows (8, stacks off, 1.7 MB) to 25.6 MB; a device call carries the tree beside
     # a payload part (64 MiB in all; `tools/gpu_vllm_run.py stage` sizes the parts to fit), so it stays bounded
     assert total < 27e6, f"{total / 1e6:.1f} MB of captures: keep the test data small (it travels to the device)"
+    h100 = sum(f.stat().st_size for f in (DATA.parent / "h100-vllm").rglob("*") if f.is_file())
+    assert len(H100) == 32 and h100 < 7.5e6, f"{h100 / 1e6:.1f} MB of H100 captures (32 windows, 6.8 MB)"
     for capture in CAPTURES:
         prov = _provenance(capture)
         assert str(prov["vllm_version"]).startswith("0.26"), capture
@@ -115,7 +121,7 @@ def test_the_captures_are_here() -> None:
         assert (capture / "rank0.pt.trace.json.gz").is_file()
 
 
-@pytest.mark.parametrize("capture", CAPTURES + AB + STEADY, ids=_ids)
+@pytest.mark.parametrize("capture", CAPTURES + AB + STEADY + H100, ids=_ids)
 def test_every_kernel_in_vllms_profiler_table(capture: Path) -> None:
     """Calls exact and self CUDA time within 0.5% for every device row of vLLM's own table."""
     table, doc = _table(capture), _doc(capture)
@@ -148,7 +154,7 @@ def test_every_kernel_in_vllms_profiler_table(capture: Path) -> None:
     assert matched >= 20
 
 
-@pytest.mark.parametrize("capture", CAPTURES + AB, ids=_ids)
+@pytest.mark.parametrize("capture", CAPTURES + AB + H100, ids=_ids)
 def test_each_step_equals_vllms_step_annotation(capture: Path) -> None:
     """Every execute_context_* step: servescope's device span equals the annotation's GPU-side duration."""
     doc = _doc(capture)
