@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The A/B pairs of tests/data/h200-vllm/ab (issue 22): each advice's predicted saving beside the change the
-server's own /metrics measured without the profiler, and the profiled step beside the unprofiled one.
+"""The A/B pairs of tests/data/h200-vllm/ab (issue 22) and tests/data/h100-vllm/steady/w4: each advice's predicted
+saving beside the change the server's own /metrics measured without the profiler, and the profiled step beside the
+unprofiled one.
 
   .venv/bin/python benchmarks/advice_ab.py            # markdown tables on stdout (docs/measurements.md)
 
@@ -29,6 +30,9 @@ PAIRS = [
     ("ab/dense-eager-b64", "ab/dense-bf16-b64", "cuda_graphs"),
     ("ab/dense-cap32-b64", "ab/dense-bf16-b64", "max_cudagraph_capture_size"),
     ("dense-fp8-b16", "ab/dense-bf16-b16", "quantization"),
+    # the same payload on a lent H100 (2026-12-05, tests/data/h100-vllm/steady/w4): async in bf16 and fp8
+    *[(f"../h100-vllm/steady/w4/{m}-noasync-b{b}", f"../h100-vllm/steady/w4/{m}-async-b{b}", "async_scheduling")
+      for m in ("dense", "dense-fp8", "moe", "moe-fp8") for b in (16, 1)],
 ]
 
 
@@ -41,6 +45,11 @@ def doc(folder: str) -> AnalysisDoc:
     settings = [from_settings_doc(read_document(path / "settings.json"), "settings.json")]
     ref = StepReference(step_us=unprofiled_us(folder), source="the server's ITL without the profiler")
     return analyze(AnalyzeRequest(paths=[path / "rank0.pt.trace.json.gz"], settings=settings, reference=ref))
+
+
+def label(folder: str) -> str:
+    """A capture's name in the tables, with its card where it is not the H200."""
+    return ("H100 " if folder.startswith("../h100-vllm/") else "") + folder.split("/")[-1]
 
 
 def main() -> None:
@@ -56,10 +65,10 @@ def main() -> None:
             pred = f"{x.gain.low_us:.0f}–{x.gain.high_us:.0f}" if x.gain else "none"
             held = ("yes" if x.gain and x.gain.low_us <= measured <= x.gain.high_us else "**no**")
             words = x.text.split(" (")[0].split(":")[0][:48]
-            print(f"| {a.split('/')[-1]} → {b.split('/')[-1]} | {setting} | {f.id}: {words} | {pred} | "
+            print(f"| {label(a)} → {label(b)} | {setting} | {f.id}: {words} | {pred} | "
                   f"{measured:.0f} | {held} | {'none' if not again else 'AGAIN'} |")
         else:
-            print(f"| {a.split('/')[-1]} → {b.split('/')[-1]} | {setting} | none | – | {measured:.0f} | – | "
+            print(f"| {label(a)} → {label(b)} | {setting} | none | – | {measured:.0f} | – | "
                   f"{'none' if not again else 'AGAIN'} |")
     print()
     print("| capture | traced step + gap (µs) | unprofiled ITL (µs) | stretch | device busy (µs) | idle traced → "
@@ -77,7 +86,7 @@ def main() -> None:
         ref = unprofiled_us(folder)
         busy = stats.busy_us_per_step
         verdict = next(v for v in d.verdicts if v.phase == "decode")
-        print(f"| {folder.split('/')[-1]} | {cycle:.0f} | {ref:.0f} | {cycle / ref - 1:+.0%} | {busy:.0f} | "
+        print(f"| {label(folder)} | {cycle:.0f} | {ref:.0f} | {cycle / ref - 1:+.0%} | {busy:.0f} | "
               f"{stats.idle_us_per_step / stats.step_us.mean:.0%} → {max(ref - busy, 0) / ref:.0%} | "
               f"{verdict.kind}: {verdict.what} |")
 

@@ -1,4 +1,5 @@
-"""Advice on real vLLM 0.26 A/B pairs from the H200 (tests/data/h200-vllm/ab, issue 22): both sides of each rule.
+"""Advice on real vLLM 0.26 A/B pairs from the H200 (tests/data/h200-vllm/ab, issue 22) and an H100
+(tests/data/h100-vllm/steady/w4, async scheduling in bf16 and fp8): both sides of each rule.
 
 Each pair is two servers of one model that differ in one setting. The expected side of every check comes from
 outside the analysis: which flag the server ran with (its settings document, read with plain json), what its
@@ -37,7 +38,14 @@ PAIRS = [
     ("ab/dense-eager-b16", "ab/dense-bf16-b16", "cuda_graphs", "CUDA graphs"),
     ("ab/dense-eager-b64", "ab/dense-bf16-b64", "cuda_graphs", "CUDA graphs"),
     ("ab/dense-cap32-b64", "ab/dense-bf16-b64", "max_cudagraph_capture_size", "--max-cudagraph-capture-size"),
+    # the same payload on a lent H100 (2026-12-05, stacks off): bf16 and fp8, 1 and 16 requests
+    *[(f"../h100-vllm/steady/w4/{m}-noasync-b{b}", f"../h100-vllm/steady/w4/{m}-async-b{b}", "async_scheduling",
+       "async scheduling") for m in ("dense", "dense-fp8", "moe", "moe-fp8") for b in (16, 1)],
 ]
+
+
+def _pair_id(part: object) -> str:
+    return str(part).replace("../h100-vllm/steady/w4/", "h100/").replace("ab/", "")
 
 
 def _flags(folder: str) -> list[str]:
@@ -73,7 +81,7 @@ def test_the_pairs_differ_in_their_one_setting() -> None:
     assert "Asynchronous scheduling is enabled" in (DATA / "ab/dense-async-b16" / "server-log-lines.txt").read_text()
 
 
-@pytest.mark.parametrize(("a", "b", "setting", "words"), PAIRS, ids=lambda x: str(x).replace("ab/", ""))
+@pytest.mark.parametrize(("a", "b", "setting", "words"), PAIRS, ids=_pair_id)
 def test_advice_fires_where_the_setting_is_absent_and_not_where_it_is_there(a: str, b: str, setting: str,
                                                                             words: str) -> None:
     doc_a, doc_b = _doc(a, reference=False), _doc(b, reference=False)
@@ -108,7 +116,7 @@ def test_without_any_source_the_advice_says_so() -> None:
     assert not _advice(with_settings, "async scheduling")
 
 
-@pytest.mark.parametrize(("a", "b", "setting", "words"), PAIRS, ids=lambda x: str(x).replace("ab/", ""))
+@pytest.mark.parametrize(("a", "b", "setting", "words"), PAIRS, ids=_pair_id)
 def test_the_predicted_gain_holds_the_measured_change(a: str, b: str, setting: str, words: str) -> None:
     doc_a, doc_b = _doc(a), _doc(b)
     measured = _unprofiled_us(a) - _unprofiled_us(b)  # the server's own step, without the profiler, A - B
