@@ -194,7 +194,7 @@ def test_h100_serial_pairs_land_within_10pct_or_within_the_servers_own_runs(kind
 def test_h100_device_work_within_7pct_with_the_cards_own_kernel_floors(kind: str, flavour: str,
                                                                         tmp_path: Path) -> None:
     """The device's part of the H100 pairs: calibrated at one batch, the other window's kernel time a step within 7%
-    (measured −6.4 .. +4.7%). Before the H100 profile carried its measured kernel floors
+    (measured −6.4 .. +4.0%). Before the H100 profile carried its measured kernel floors
     (``tests/data/h100/kernel_floor.json``), the MoE pairs were −54.5% / +19.8%. Truth: the kernels inside the
     decode-step annotations, by plain gzip + json (``bench.window``)."""
     for (fit, check), case in bench.pair(f"{bench.H100}/steady/w4/{kind}-{flavour}", tmp_path).items():
