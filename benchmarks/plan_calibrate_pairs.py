@@ -61,6 +61,8 @@ ATTENTION_KERNEL = re.compile(r"FlashAttnFwdSm90")
 # One server alone (MoE, no async scheduling, python stacks on), its steady window captured three times at each
 # batch within two minutes (plan word `repeat-moe`): how far the truth itself moves between windows.
 REPEATS = {"steady/repeat": ("steady/repeat/moe-noasync", 3)}
+# One server per model, async scheduling on, its steady window at each batch (plan word `sweep-async`, the H100)
+SWEEPS = {"h100/sweep": ((f"{H100}/sweep/dense-async", f"{H100}/sweep/moe-async"), (1, 2, 4, 8, 16, 32))}
 
 
 def hardware(prov: dict[str, Any]) -> str:
@@ -329,6 +331,28 @@ def runs_table(pairs: list[tuple[str, str, str]]) -> str:
     return "\n".join(lines)
 
 
+def sweep_table(stems: tuple[str, ...], batches: tuple[int, ...]) -> str:
+    """Per server: its median run at each batch, then the production step calibrated at each batch and predicted at
+    every other, as the error against that batch's median run (rows: the calibrating batch)."""
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for stem in stems:
+            truth = {b: unprofiled_ms(f"{stem}-b{b}") for b in batches}
+            device = [window(f"{stem}-b{b}", b)["device"] for b in batches]
+            head = f"| {stem.rsplit('/', 1)[-1]} (device {min(device):.2f}–{max(device):.2f} ms) | "
+            lines = [head + " | ".join(str(b) for b in batches) + " |", "|---" * (len(batches) + 1) + "|",
+                     "| step (median run, ms) | " + " | ".join(f"{truth[b]:.2f}" for b in batches) + " |"]
+            for fit in batches:
+                cells = []
+                for check in batches:
+                    doc = None if check == fit else predict(f"{stem}-b{fit}", f"{stem}-b{check}", Path(tmp),
+                                                            production=True)
+                    cells.append("" if doc is None else f"{doc.layouts[0].points[0].step_ms / truth[check] - 1:+.0%}")
+                lines.append(f"| from {fit} | " + " | ".join(cells) + " |")
+            out.append("\n".join(line.replace("-", "−") if line.startswith("| from") else line for line in lines))
+    return "\n\n".join(out)
+
+
 def repeats(stem: str, count: int) -> dict[str, Any]:
     """The repeated windows of one server: per batch, each window's truth (``truth``); per direction (fit, check),
     the step predicted from each fitted window (``predicted``) and its error against each checked window
@@ -378,6 +402,8 @@ if __name__ == "__main__":
         elif name == "long":
             with tempfile.TemporaryDirectory() as tmp:
                 sys.stdout.write(f"\nlong context\n\n{long_table(long_context(Path(tmp)))}\n")
+        elif name in SWEEPS:
+            sys.stdout.write(f"\n{name}\n\n{sweep_table(*SWEEPS[name])}\n")
         elif name in REPEATS:
             sys.stdout.write(f"\n{name}\n\n{repeat_table(repeats(*REPEATS[name]))}\n")
         elif name in SETS:
@@ -385,4 +411,4 @@ if __name__ == "__main__":
         elif name.startswith("production:") and name.removeprefix("production:") in SETS:
             sys.stdout.write(f"\n{name}\n\n{production_table(production(SETS[name.removeprefix('production:')]))}\n")
         else:
-            raise SystemExit(f"unknown capture set {name!r}: one of {', '.join([*SETS, *REPEATS])}")
+            raise SystemExit(f"unknown capture set {name!r}: one of {', '.join([*SETS, *REPEATS, *SWEEPS])}")
