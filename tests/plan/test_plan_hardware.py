@@ -114,6 +114,8 @@ def test_an_engines_attention_kernel_has_its_own_floor() -> None:
     ("memory_gb = 1\nhbm_gbps = 1\n[kernel_floor_us]\nlaunch = 2.0\n", "kernel_floor_us: unknown kind 'launch'"),
     ("memory_gb = 1\nhbm_gbps = 1\n[kernel_floor_us]\nother = -1\n", "other: expected a number"),
     ('memory_gb = 1\nhbm_gbps = 1\n[kernel_floor_us]\norigin = "guessed"\n', "neither 'measured' nor 'assumed'"),
+    ('memory_gb = 1\nhbm_gbps = 1\n[kernel_floor_us]\nfrom = "h300"\n', "from: 'h300' is not a bundled profile"),
+    ('memory_gb = 1\nhbm_gbps = 1\n[kernel_floor_us]\nfrom = "l40s"\n', "l40s has no measured kernel floors"),
     ('memory_gb = 1\nhbm_gbps = 1\n[other_floor_by_batch_us]\n"0" = 1.0\n', "'0' is not a batch size"),
     ('memory_gb = 1\nhbm_gbps = 1\n[other_floor_by_batch_us]\nb16 = 1.0\n', "'b16' is not a batch size"),
     ('memory_gb = 1\nhbm_gbps = 1\n[other_floor_by_batch_us]\n"16" = "fast"\n', "16: expected a number"),
@@ -189,3 +191,15 @@ def test_bundled_curves_match_their_hardware() -> None:
         for source in bundled_curves(hw):
             assert any(m.lower() in source.doc.device.lower() for m in hw.match) or name in source.path
             assert source.origin in ("measured curve", "published curve")
+
+
+@pytest.mark.parametrize("card", ["l40s", "rtx-pro-6000", "rtx4090"])
+def test_cards_never_measured_take_the_h100s_floors_as_assumed(card: str) -> None:
+    """``[kernel_floor_us] from = "h100-sxm"``: the H100's benchmark (tests/data/h100/kernel_floor.json, read with
+    plain json), marked assumed and naming where it came from."""
+    bench = json.loads((DATA / "h100" / "kernel_floor.json").read_text(encoding="utf-8"))
+    hw = load_hardware(card)
+    assert hw.kernel_floor_origin == "assumed" and hw.kernel_floor_source.startswith("h100-sxm's measured floors")
+    assert hw.kernel_floor_us == {k: pytest.approx(v, abs=0.005) for k, v in bench["kernel_floor_us"].items()}
+    assert hw.other_floor_by_batch_us == {int(b): pytest.approx(v, abs=0.005)
+                                          for b, v in bench["other_by_batch"].items()}

@@ -20,7 +20,8 @@ Fields read (top level unless a table is named):
 - ``base_us``, ``hop_us`` (top level or in ``[interconnect]``, optional): the α terms of plan's α-β
   collective estimate; defaults by kind in ``data/plan.toml``.
 - ``[kernel_floor_us]`` (optional table, keys among ``gemm``, ``attention``, ``other``; ``source`` names where
-  they were measured; ``origin``, ``"measured"`` (default) or ``"assumed"`` for floors taken from another card):
+  they were measured; ``origin``, ``"measured"`` (default) or ``"assumed"`` for floors taken from another card;
+  ``from``, a bundled profile whose measured floors and ``[other_floor_by_batch_us]`` this card takes as assumed):
   the duration of one small kernel of that kind however little it reads, µs, without the gap between two
   kernels (measured with ``tools/bench_kernel_floor.py``). ``--calibrate`` uses them to split a capture's time
   into floors and per-request work; a profile without them has none (plan says so in its notes), and assumed
@@ -249,13 +250,20 @@ def _profile_from_text(text: str, where: str, *, default_name: str) -> HardwareP
     floors = data.get("kernel_floor_us", {})
     if not isinstance(floors, dict):
         raise InputError(where, "kernel_floor_us: expected a table of kind = µs")
-    bad = sorted(set(floors) - {*FLOOR_KINDS, "source", "origin"})
+    bad = sorted(set(floors) - {*FLOOR_KINDS, "source", "origin", "from"})
     if bad:
         raise InputError(where, f"kernel_floor_us: unknown kind {bad[0]!r}; kinds: {', '.join(FLOOR_KINDS)}")
     floor_us = {k: _number(floors, k, f"{where}: kernel_floor_us") for k in FLOOR_KINDS if k in floors}
     floor_origin = _text(floors, "origin", where, "measured")
     if floor_origin not in ("measured", "assumed"):
         raise InputError(where, f"kernel_floor_us.origin: {floor_origin!r} is neither 'measured' nor 'assumed'")
+    floor_source = _text(floors, "source", where, "")
+    donor = _floor_donor(floors, where)
+    if donor is not None:  # another card's measured floors, this card's own kinds over them
+        floor_us = {**donor.kernel_floor_us, **floor_us}
+        floor_origin = "assumed"
+        floor_source = f"{donor.name}'s measured floors ({donor.kernel_floor_source}), taken for this card" + \
+            (f": {floor_source}" if floor_source else "")
     by_kernel = data.get("attention_kernel_floor_us", {})
     if not isinstance(by_kernel, dict):
         raise InputError(where, "attention_kernel_floor_us: expected a table of kernel name = µs")
@@ -276,8 +284,10 @@ def _profile_from_text(text: str, where: str, *, default_name: str) -> HardwareP
         if not (isinstance(key, str) and key.isdigit() and int(key) >= 1):
             raise InputError(where, f"other_floor_by_batch_us: {key!r} is not a batch size (an integer >= 1)")
         curve[int(key)] = _number(by_batch, key, f"{where}: other_floor_by_batch_us")
+    if donor is not None and not curve:
+        curve = dict(donor.other_floor_by_batch_us)
     return HardwareProfile(
-        kernel_floor_us=floor_us, other_floor_by_batch_us=curve, kernel_floor_source=_text(floors, "source", where, ""),
+        kernel_floor_us=floor_us, other_floor_by_batch_us=curve, kernel_floor_source=floor_source,
         kernel_floor_origin=floor_origin, attention_kernel_floor_us=attention_floors,
         attention_kernel_floor_source=_text(by_kernel, "source", where, ""),
         attention_kernel_rate=rates, attention_kernel_rate_source=_text(by_rate, "source", where, ""),
@@ -291,6 +301,20 @@ def _profile_from_text(text: str, where: str, *, default_name: str) -> HardwareP
         compute_capability=_text(data, "compute_capability", where, ""),
         platform=_text(data, "platform", where, "cuda"),
     )
+
+
+def _floor_donor(floors: dict[str, Any], where: str) -> HardwareProfile | None:
+    """The bundled profile whose measured floors ``[kernel_floor_us] from`` names; ``None`` without the key."""
+    if "from" not in floors:
+        return None
+    name = _text(floors, "from", where, "")
+    if name not in hardware_profile_names():
+        raise InputError(where, f"kernel_floor_us.from: {name!r} is not a bundled profile; profiles: "
+                                f"{', '.join(hardware_profile_names())}")
+    donor = load_hardware(name)
+    if donor.kernel_floor_origin != "measured" or not donor.kernel_floor_us:
+        raise InputError(where, f"kernel_floor_us.from: {name} has no measured kernel floors to take")
+    return donor
 
 
 def _flag(data: dict[str, Any], key: str, where: str, default: bool) -> bool:
