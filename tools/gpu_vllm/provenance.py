@@ -39,7 +39,7 @@ def provenance(dest: str, profile_json: str, flavour: str, delay: int, steps: in
         "what": f"real vLLM {vllm} {'admission window' if flavour == 'admit' else 'decode'} capture on the lent "
                 f"{card} (servescope profile), batch {cap.get('batch')}",
         "date": os.environ.get("CAPTURE_DATE") or datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
-        "device": os.environ.get("GPU_DESC", ""),
+        "device": gpu,
         "torch": os.environ.get("TORCH_VERSION") or os.environ.get("CAP_TORCH_VERSION", ""),
         "vllm_version": vllm,
         "model": cap.get("model"),

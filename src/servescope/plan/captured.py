@@ -200,7 +200,7 @@ def streaming_shares(doc: AnalysisDoc, rank: int, hw: HardwareProfile) -> Stream
     categories = categories_of(doc)
     totals: dict[str, list[float]] = {}  # category -> [time, calls, streaming time, streaming calls]
     floor_calls = floor_us = 0.0  # the streaming attention calls, and their floors summed
-    rated_us = unrated_us = rate_us = 0.0  # the streaming attention time with and without a measured rate
+    rates: list[tuple[float | None, float]] = []  # each streaming attention kernel's measured rate and its time
     for row in doc.kernels:
         role = categories[row.category].role
         if row.rank != rank or role not in ("weights", "attention"):
@@ -215,16 +215,20 @@ def streaming_shares(doc: AnalysisDoc, rank: int, hw: HardwareProfile) -> Stream
             if floor is not None:
                 floor_calls += row.count
                 floor_us += floor * row.count
-            rate = hw.attention_rate(row.name) if role == "attention" else None
-            if role == "attention" and rate is None:
-                unrated_us += row.total_us
-            elif rate is not None:
-                rated_us += row.total_us
-                rate_us += rate * row.total_us
+            if role == "attention":
+                rates.append((hw.attention_rate(row.name), row.total_us))
     return Streaming(time={c: t[2] / t[0] for c, t in totals.items() if t[0] > 0},
                      calls={c: t[3] / t[1] for c, t in totals.items() if t[1] > 0}, categories=categories,
                      attention_floor_us=floor_us / floor_calls if floor_calls else hw.kernel_floor_us.get("attention"),
-                     attention_rate=rate_us / rated_us if rated_us > 0 and unrated_us == 0 else None)
+                     attention_rate=_time_weighted(rates))
+
+
+def _time_weighted(rates: list[tuple[float | None, float]]) -> float | None:
+    """The kernels' rates weighted by their time; ``None`` unless every one has a rate and they took time."""
+    total = sum(us for _, us in rates)
+    if total <= 0 or any(rate is None for rate, _ in rates):
+        return None
+    return sum((rate or 0.0) * us for rate, us in rates) / total
 
 
 def split_parts(step_us: float, cats: dict[str, float], streaming: Streaming) -> dict[str, float]:
