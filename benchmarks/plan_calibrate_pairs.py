@@ -25,7 +25,9 @@ from typing import Any
 
 from servescope.core.analysis import StepReference
 from servescope.core.document import read_document
+from servescope.core.files import hardware_profile_names
 from servescope.core.settings import SettingsDoc
+from servescope.plan.hardware import load_hardware
 from servescope.plan.planner import PlanRequest, run_plan
 from servescope.report.profile import encode_profile
 from servescope.server.timing import ServerTiming, median_run, step_reference
@@ -34,8 +36,6 @@ from servescope.trace.deployment import from_settings_doc
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "h200-vllm"
 H100 = "../h100-vllm"  # the H100 captures' folders, relative to DATA
-# The planner's hardware profile for the card that provenance.json's "device" names (nvidia-smi's name)
-CARDS = {"H200": "h200", "H100": "h100-sxm"}
 # The capture sets: 2026-12-04's (window from engine step 20, admission still settling) and 2026-12-05's steady
 # windows (engine steps 64..75, every request decoding since long before), two windows each for dense and MoE.
 SETS = {
@@ -66,11 +66,18 @@ SWEEPS = {"h100/sweep": ((f"{H100}/sweep/dense-async", f"{H100}/sweep/moe-async"
 
 
 def hardware(prov: dict[str, Any]) -> str:
-    """The planner's hardware profile for the card the capture ran on."""
-    found = next((profile for card, profile in CARDS.items() if card in prov["device"]), None)
-    if found is None:
-        raise SystemExit(f"no hardware profile for the capture's card {prov['device']!r}: one of {', '.join(CARDS)}")
-    return found
+    """The bundled hardware profile whose ``match`` names the card the capture ran on (provenance.json's
+    ``device``, nvidia-smi's name)."""
+    return _profile_for(str(prov["device"]))
+
+
+@cache
+def _profile_for(device: str) -> str:
+    found = [name for name in hardware_profile_names()
+             if any(m and m.lower() in device.lower() for m in load_hardware(name).match)]
+    if len(found) != 1:
+        raise SystemExit(f"the capture's card {device!r} matches {len(found)} hardware profiles, not one")
+    return found[0]
 
 
 def provenance(folder: str) -> dict[str, Any]:
