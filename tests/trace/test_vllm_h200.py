@@ -31,9 +31,8 @@ AB = (sorted(p for p in (DATA / "ab").iterdir() if (p / "profiler_out_0.txt").is
 STEADY = sorted(p for p in DATA.glob("steady/*/*") if (p / "profiler_out_0.txt").is_file())
 # windows from the first engine step with python stacks on (plan word `admit`): prefill, mixed and decode steps
 # the same payload on a lent H100 (2026-12-05): bf16 and fp8 pairs, an async batch sweep, long context; stacks off
-H100 = sorted(p for p in (DATA.parent / "h100-vllm").glob("*/**/rank0.pt.trace.json.gz")
+H100 = sorted(p.parent for p in (DATA.parent / "h100-vllm").glob("*/**/rank0.pt.trace.json.gz")
               if (p.parent / "profiler_out_0.txt").is_file())
-H100 = [p.parent for p in H100]
 ADMISSION = [p for p in CAPTURES if "-admit-" in p.name]
 DECODE = [p for p in CAPTURES if p not in ADMISSION]
 NAME_WIDTH = 55  # torch's key_averages table: longer names are cut to 52 characters + "..."
