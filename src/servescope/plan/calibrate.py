@@ -237,7 +237,7 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
              if streaming.part_calls(name, c.calls_per_step) < c.calls_per_step]
     if small:
         notes.append(f"small calls priced as other (they stream no weight or KV bytes): {', '.join(small)}")
-    if streaming.attention_rate is not None:
+    if streaming.attention_rate is not None and 0 < ctx <= f.attention_request_tokens:  # longer: the fit reads its own
         notes.append(f"attention: its kernels read the KV cache at {streaming.attention_rate:.2f} of the datasheet "
                      f"HBM rate, measured on the engine's own kernel at a long context ({hw.name} profile, "
                      f"attention_kernel_rate), in place of the assumed {f.attention_efficiency:.2f}")
