@@ -189,6 +189,20 @@ def pooled_doc(folders: list[str], out: Path) -> Path:
     return path
 
 
+def ladder_doc(stem: str, fit: int, timed: tuple[int, ...], out: Path) -> Path:
+    """The capture ``{stem}-b{fit}`` as `servescope profile --unprofiled-batches` writes it with the batches
+    ``timed``: each one's unprofiled runs taken from the same server's capture at that batch (minutes apart rather
+    than back to back)."""
+    def runs(batch: int) -> list[ServerTiming]:
+        return [ServerTiming(**run) for run in provenance(f"{stem}-b{batch}").get("unprofiled_runs", [])]
+
+    own = runs(fit)
+    reference = step_reference(median_run(own), own, {b: runs(b) for b in timed if b != fit})
+    path = out / (f"{stem}-b{fit}".replace("/", "_") + "-timed-" + "_".join(map(str, timed)) + ".profile.json")
+    path.write_bytes(_profile_bytes(f"{stem}-b{fit}", True, reference))
+    return path
+
+
 def profile_doc(folder: str, out: Path, *, production: bool = False) -> Path:
     """The capture as `servescope profile --json` writes it, beside nothing (the device is checked from the trace);
     with ``production``, as `profile` writes it with the live server's settings (the folder's settings.json:
@@ -360,6 +374,31 @@ def sweep_table(stems: tuple[str, ...], batches: tuple[int, ...]) -> str:
     return "\n\n".join(out)
 
 
+def ladder_table(stems: tuple[str, ...], batches: tuple[int, ...]) -> str:
+    """Per server: calibrated at each batch with the server's own steps at every other batch but the checked one
+    (`profile --unprofiled-batches`, the checked batch left out), the step predicted at the checked batch against its
+    median run: how well the timed batches stand for a batch between or beside them."""
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for stem in stems:
+            truth = {b: unprofiled_ms(f"{stem}-b{b}") for b in batches}
+            lines = [f"| {stem.rsplit('/', 1)[-1]}, timed at the others | " + " | ".join(str(b) for b in batches)
+                     + " |", "|---" * (len(batches) + 1) + "|",
+                     "| step (median run, ms) | " + " | ".join(f"{truth[b]:.2f}" for b in batches) + " |"]
+            for fit in batches:
+                cells = []
+                for check in batches:
+                    if check == fit:
+                        cells.append("")
+                        continue
+                    doc = ladder_doc(stem, fit, tuple(b for b in batches if b != check), Path(tmp))
+                    step = predict(f"{stem}-b{fit}", f"{stem}-b{check}", Path(tmp), document=doc)
+                    cells.append(f"{step.layouts[0].points[0].step_ms / truth[check] - 1:+.0%}")
+                lines.append(f"| from {fit} | " + " | ".join(cells) + " |")
+            out.append("\n".join(line.replace("-", "−") if line.startswith("| from") else line for line in lines))
+    return "\n\n".join(out)
+
+
 def repeats(stem: str, count: int) -> dict[str, Any]:
     """The repeated windows of one server: per batch, each window's truth (``truth``); per direction (fit, check),
     the step predicted from each fitted window (``predicted``) and its error against each checked window
@@ -409,6 +448,8 @@ if __name__ == "__main__":
         elif name == "long":
             with tempfile.TemporaryDirectory() as tmp:
                 sys.stdout.write(f"\nlong context\n\n{long_table(long_context(Path(tmp)))}\n")
+        elif name.startswith("timed:") and name[6:] in SWEEPS:
+            sys.stdout.write(f"\n{name}\n\n{ladder_table(*SWEEPS[name[6:]])}\n")
         elif name in SWEEPS:
             sys.stdout.write(f"\n{name}\n\n{sweep_table(*SWEEPS[name])}\n")
         elif name in REPEATS:

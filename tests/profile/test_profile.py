@@ -215,3 +215,32 @@ def test_profile_measures_the_same_batch_without_the_profiler(profiling_server: 
     assert tp["source"] == "server" and tp["value"] == str(profiling_server.tp)
     assert "--tensor-parallel-size" in tp["detail"] and "/proc/" in tp["detail"]
     assert doc["deployment"]["async_scheduling"]["source"] in ("server", "default")
+
+
+def test_profile_times_other_batches_without_the_profiler(profiling_server: ProfilingServer) -> None:
+    """`--unprofiled-batches`: the same runs at each other batch, every one of them counted by the server's own
+    histogram (read by hand); each batch's median run becomes its step in the analysis' reference."""
+    batch, tokens, runs, others = 2, 10, 3, (1, 3)
+    s0, c0 = _itl_sum_count(profiling_server.url)
+    result = run_cli("profile", profiling_server.url, "--batch", str(batch), "--output-tokens", str(tokens),
+                     "--trace-dir", str(profiling_server.trace_dir), "--no-warmup", "--unprofiled-runs", str(runs),
+                     "--unprofiled-batches", "3,1,2", "--json")
+    assert result.returncode == 0, result.stderr
+    s1, c1 = _itl_sum_count(profiling_server.url)
+    doc = json.loads(result.stdout)
+    timed = doc["profile"]["unprofiled_batches"]
+    assert [t["batch"] for t in timed] == list(others)  # its own batch (2) is not timed twice
+    # every request of every run and of the profiled batch: B × (N - 1) gaps each
+    assert c1 - c0 == (runs * (batch + sum(others)) + batch) * (tokens - 1)
+    sums = [r["itl_ms"] * b * (tokens - 1) for b, rs in [(batch, doc["profile"]["unprofiled_runs"]),
+                                                          *((t["batch"], t["runs"]) for t in timed)] for r in rs]
+    profiled = doc["profile"]["profiled_server"]["itl_ms"] * batch * (tokens - 1)
+    assert (sum(sums) + profiled) / 1000 == pytest.approx(s1 - s0, rel=1e-3)
+    reference = doc["unprofiled"]["other_batches"]
+    assert [r["batch"] for r in reference] == list(others)
+    for ref, t in zip(reference, timed, strict=True):
+        assert len(t["runs"]) == runs and ref["step_us"] == pytest.approx(
+            sorted(r["itl_ms"] for r in t["runs"])[1] * 1000, rel=1e-3)
+    bad = run_cli("profile", profiling_server.url, "--trace-dir", str(profiling_server.trace_dir),
+                  "--unprofiled-batches", "1,x")
+    assert bad.returncode == 2 and "--unprofiled-batches" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

@@ -311,7 +311,8 @@ capture_ab() {   # capture_ab KEY FLAVOUR BATCH: the capture folder is named MOD
   rm -rf "$dest"; mkdir -p "$dest"
   local t=$(date +%s)
   timeout 150 $SS profile http://127.0.0.1:${PORT[$k]} --batch "$b" --output-tokens "$TOKENS" --input-tokens $INPUT_TOKENS \
-    --unprofiled-runs ${UNPROFILED_RUNS:-5} --trace-dir "$prof" --trace-timeout 90 --json -o "$W/logs/profile-$name.json" \
+    --unprofiled-runs ${UNPROFILED_RUNS:-5} ${UNPROFILED_BATCHES:+--unprofiled-batches $UNPROFILED_BATCHES} \
+    --trace-dir "$prof" --trace-timeout 90 --json -o "$W/logs/profile-$name.json" \
     > "$W/logs/profile-$name.out" 2>&1
   local rc=$?
   take_window "$prof" "$dest" drop
@@ -326,8 +327,9 @@ d = json.load(open(sys.argv[1])); p = d.get("profile", {})
 u, q = p.get("unprofiled_server") or {}, p.get("profiled_server") or {}
 dec = [r["phases"].get("decode") for r in d["ranks"]]
 runs = [r.get('itl_ms') for r in p.get('unprofiled_runs') or []]
+timed = {t["batch"]: t.get("itl_ms") for t in p.get("unprofiled_batches") or []}
 print(f"    unprofiled itl {u.get('itl_ms')} ms (runs {runs}) tpot {u.get('tpot_ms')}; profiled itl {q.get('itl_ms')} tpot {q.get('tpot_ms')};"
-      f" trace decode {[round(x['step_us']['mean']) for x in dec if x]} us")
+      f" trace decode {[round(x['step_us']['mean']) for x in dec if x]} us; other batches {timed}")
 PY
   say "capture $name rc=$rc in $(( $(date +%s) - t ))s"
   [ $rc -eq 0 ] || tail -5 "$W/logs/profile-$name.out" | sed 's/^/    /' | tee -a "$LOG"

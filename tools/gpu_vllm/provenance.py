@@ -62,6 +62,7 @@ def provenance(dest: str, profile_json: str, flavour: str, delay: int, steps: in
         "profiled_server": cap.get("profiled_server"),
         "unprofiled_server": cap.get("unprofiled_server"),
         "unprofiled_runs": cap.get("unprofiled_runs", []),
+        **({"unprofiled_batches": cap["unprofiled_batches"]} if cap.get("unprofiled_batches") else {}),
         "truth": "profiler_out_0.txt: vLLM's worker printed it from the live torch profiler at the window's end "
                  "(key_averages().table(sort_by='self_cuda_time_total'): 100 rows, names cut at 55 characters)",
     }

@@ -40,6 +40,10 @@ def profile(
                                                  "times without the profiler (the server's own /metrics): the "
                                                  "median is the production step, the spread how much it moves; "
                                                  "0 skips it.")] = 3,
+    unprofiled_batches: Annotated[str | None, typer.Option(
+        "--unprofiled-batches", help="Other batches to time the same way, comma-separated (e.g. 1,4,16,64): the "
+        "server's own step across batches, which `plan --calibrate` uses for the host's cycle under async "
+        "scheduling and checks its predictions against.", show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the analysis document plus trace_files.")] = False,
     output: JsonDocumentOut = None,
     html: HtmlReport = None,
@@ -50,6 +54,7 @@ def profile(
     POST /start_profile, the requests, POST /stop_profile, waits for the new trace files (one per rank
     plus the front end) to be complete, then analyzes exactly those files.
     """
+    from servescope.plan.planner import parse_batches
     from servescope.report.html import render_analysis_html
     from servescope.report.profile import encode_profile, render_capture
     from servescope.report.tables import render_analysis
@@ -60,7 +65,9 @@ def profile(
         request = ProfileRequest(url=url, batch=batch, output_tokens=output_tokens, input_tokens=input_tokens,
                                  trace_dir=trace_dir, api_key=resolve_api_key(api_key), model=model,
                                  trace_timeout_s=trace_timeout, warmup=warmup,
-                                 unprofiled_runs=unprofiled_runs)
+                                 unprofiled_runs=unprofiled_runs,
+                                 unprofiled_batches=parse_batches(unprofiled_batches, "--unprofiled-batches")
+                                 if unprofiled_batches else ())
         result = profile_server(request, say=lambda line: print(line, file=sys.stderr, flush=True))
         capture, doc = result.capture, result.analysis
         data = encode_profile(doc, capture.trace_files, capture=capture.record())
@@ -77,5 +84,7 @@ def profile(
                    trace_files=capture.trace_files, usage=capture.usage,
                    unprofiled_ms=capture.unprofiled_server.itl_ms if capture.unprofiled_server else None,
                    runs_ms=[r.itl_ms for r in capture.unprofiled_runs if r.itl_ms is not None],
-                   profiled_ms=capture.profiled_server.itl_ms if capture.profiled_server else None)
+                   profiled_ms=capture.profiled_server.itl_ms if capture.profiled_server else None,
+                   other_batches_ms={s.batch: s.step_us / 1e3 for s in (doc.unprofiled.other_batches
+                                                                         if doc.unprofiled else ())})
     render_analysis(doc, console, top=top)

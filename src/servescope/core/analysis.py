@@ -20,6 +20,7 @@ __all__ = [
     "DeviceTotal",
     "BASES",
     "Advice",
+    "BatchStep",
     "Finding",
     "Gain",
     "SettingEvidence",
@@ -243,16 +244,27 @@ class Verdict(msgspec.Struct, kw_only=True, frozen=True):
     unprofiled: str | None = None
 
 
+class BatchStep(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """The same server's step without the profiler at one batch (µs): its runs' median, and each run."""
+
+    batch: int
+    step_us: float
+    runs_us: tuple[float, ...] = ()
+
+
 class StepReference(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     """The same server's step time without the profiler (µs), and where it was measured.
 
     Attributes:
         runs_us: each run's step where several were timed (``step_us`` is their median); empty for one.
+        other_batches: the same server's step at other batches, timed beside the capture (``servescope profile
+            --unprofiled-batches``), by batch: the host's cycle where one batch cannot tell it.
     """
 
     step_us: float
     source: str
     runs_us: tuple[float, ...] = ()
+    other_batches: tuple[BatchStep, ...] = ()
 
     @property
     def spread(self) -> float:

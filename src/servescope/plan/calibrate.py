@@ -110,6 +110,7 @@ No number from a capture at another batch enters the fit; the hardware profile's
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,6 +134,7 @@ from servescope.plan.collectives import CommCosts
 from servescope.plan.cost import PointCost, layout_memory, predict_point
 from servescope.plan.factors import Factors
 from servescope.plan.hardware import HardwareProfile
+from servescope.plan.host_cycle import host_steps, steps_note
 from servescope.plan.layouts import Layout
 from servescope.plan.model import ModelArch
 from servescope.plan.paths import Point
@@ -162,6 +164,7 @@ class Calibration:
         points: per batch group the fit used, its steps and their mean parts.
         comm_points: the capture's collectives as per-call points (origin ``calibrated``).
         notes: what was kept as assumed, and why.
+        host_steps: the async step's floor at the batches the server was timed at (``Factors.host_steps``).
     """
 
     path: str
@@ -177,6 +180,7 @@ class Calibration:
     points: list[CalibrationPoint] = field(default_factory=list)
     comm_points: list[Point] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    host_steps: tuple[tuple[int, float], ...] = ()
 
 
 def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: CommCosts, *,
@@ -360,10 +364,13 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
     else:
         notes.append(f"collective_scale: kept as assumed (the {'capture' if m <= 0 else 'model'} has no "
                      f"collectives)")
+    steps = host_steps(host, batch)
     if host is not None:
-        notes.append(host.note(idle, phase.step_us.mean))
+        notes.append(host.note(idle, phase.step_us.mean, timed_batches=bool(steps)))
         if host.floor_us:
             fitted["host_step_us"] = host.floor_us
+        if steps:
+            notes.append(steps_note(steps))
     elif not host_bound and rank.work_kind == "device" and idle >= 0.1 * phase.step_us.mean:
         unprofiled = ""
         if doc.unprofiled is not None:  # the gauge of what the window's host time was worth
@@ -385,7 +392,7 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
                        measured_ms={k: v / 1e3 for k, v in measured.items()},
                        modelled_ms={**{k: at_batch[k] / 1e3 for k in ("weights", "attention", "collectives")},
                                     "other": base_other / 1e3}, fitted=fitted, routing=routing,
-                       points=points, comm_points=comm_points, notes=notes)
+                       points=points, comm_points=comm_points, notes=notes, host_steps=steps)
 
 
 def split_attention(slope: float, stream_efficiency: float, context: int,
@@ -479,7 +486,11 @@ def _check_physics(source: str, hw: HardwareProfile, fitted: dict[str, float], *
 
 
 def apply_calibration(factors: Factors, calibration: Calibration) -> Factors:
-    """``factors`` with the fitted values (and a MoE capture's routing) in place, marked ``calibrated``."""
-    if calibration.routing != factors.routing:
-        return factors.replaced("calibrated", **calibration.fitted, routing=calibration.routing)
-    return factors.replaced("calibrated", **calibration.fitted)
+    """``factors`` with the fitted values (a MoE capture's routing, the timed batches' floors) in place, marked
+    ``calibrated``."""
+    routing = {"routing": calibration.routing} if calibration.routing != factors.routing else {}
+    fitted = factors.replaced("calibrated", **calibration.fitted, **routing)
+    if not calibration.host_steps:
+        return fitted
+    return dataclasses.replace(fitted, host_steps=calibration.host_steps,
+                               origins={**fitted.origins, "host_steps": "calibrated"})

@@ -408,8 +408,9 @@ class ProductionHost:
         """The step's floor: async on, the unprofiled step (the longer of host and device at the batch)."""
         return self.unprofiled_us if self.overlapped else 0.0
 
-    def note(self, idle_us: float, step_us: float) -> str:
-        """What the plan carries of the host, and what the profiler had made of it."""
+    def note(self, idle_us: float, step_us: float, *, timed_batches: bool = False) -> str:
+        """What the plan carries of the host, and what the profiler had made of it (``timed_batches``: the server's
+        step at other batches follows in a note of its own)."""
         head = (f"host time: without the profiler this server's step was {self.unprofiled_us / 1e3:.2f} ms, its device "
                 f"work {self.device_us / 1e3:.2f} ms ({self.reference.source}; scheduling: {self.setting})")
         if len(self.reference.runs_us) > 1:
@@ -424,8 +425,10 @@ class ProductionHost:
             body = (f"async scheduling overlaps the host's preparation of a step with the device's work on the one "
                     f"before, so a step is the longer of the two: {self.unprofiled_us / 1e3:.2f} ms is {hidden}, "
                     f"held as every step's floor (host_step_us); the host's cycle under async scheduling moves with "
-                    f"the batch and one capture shows it at its own batch only, so a step at another batch is known "
-                    f"no closer than that cycle's movement (docs/measurements.md, async scheduling across batches)")
+                    + ("the batch, and the steps timed at other batches below give it there" if timed_batches else
+                       "the batch and one capture shows it at its own batch only, so a step at another batch is known "
+                       "no closer than that cycle's movement (docs/measurements.md, async scheduling across batches; "
+                       "`servescope profile --unprofiled-batches` times it)"))
         else:
             body = (f"the host's preparation runs before each replay: {self.serial_us / 1e3:.2f} ms a step, carried to "
                     f"every batch and layout as a fixed time")

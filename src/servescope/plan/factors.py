@@ -8,6 +8,7 @@ datasheet rate; a scale multiplies a modelled time.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import tomllib
 from dataclasses import dataclass, field
 from functools import cache
@@ -51,6 +52,9 @@ class Factors:
             with the context.
         host_step_us: the host's time to launch one step of a launch-bound engine (eager PyTorch), µs: the
             step is never shorter; 0 (the device sets the step) until a launch-bound capture calibrates it.
+        host_steps: ``(batch, µs)`` of the server's own step without the profiler at several batches, ascending:
+            under async scheduling the step's floor at each (:meth:`host_floor_us`), in place of ``host_step_us``;
+            empty until a capture timed at other batches calibrates it.
         routing: how a step's tokens pick their MoE experts, one of ``ROUTINGS``: "independent" (the expected
             distinct experts of B independent tokens, :func:`servescope.plan.model.active_experts`) or "alike"
             (B copies of one sequence: ``top_k`` experts at every batch).
@@ -77,6 +81,7 @@ class Factors:
     attention_fixed_us: float = 0.0
     attention_request_tokens: float = 0.0
     host_step_us: float = 0.0
+    host_steps: tuple[tuple[int, float], ...] = ()
     routing: str = "independent"
     memory_utilization: float
     reserve_gib: float
@@ -95,13 +100,29 @@ class Factors:
         origins.update(dict.fromkeys(values, origin))
         return dataclasses.replace(self, origins=origins, **values)  # type: ignore[arg-type]
 
+    def host_floor_us(self, batch: int) -> float:
+        """The step's floor at ``batch``, µs: with ``host_steps``, linear between the timed batches and the nearest
+        one's beyond them (the cycle is not extrapolated); else ``host_step_us``."""
+        steps = self.host_steps
+        if not steps:
+            return self.host_step_us
+        if batch <= steps[0][0]:
+            return steps[0][1]
+        for (b0, us0), (b1, us1) in itertools.pairwise(steps):
+            if batch <= b1:
+                return us0 + (us1 - us0) * (batch - b0) / (b1 - b0)
+        return steps[-1][1]
+
     def table(self) -> dict[str, dict[str, Any]]:
-        """``{name: {value, origin}}`` of every scalar factor, for the result document."""
+        """``{name: {value, origin}}`` of every scalar factor, for the result document (``host_steps`` as
+        ``host_step_us_b<batch>``, one per timed batch)."""
         out: dict[str, dict[str, Any]] = {}
         for f in dataclasses.fields(self):
-            if f.name in ("comm_alpha", "origins"):
+            if f.name in ("comm_alpha", "origins", "host_steps"):
                 continue
             out[f.name] = {"value": getattr(self, f.name), "origin": self.origins.get(f.name, "assumed")}
+        for batch, us in self.host_steps:
+            out[f"host_step_us_b{batch}"] = {"value": us, "origin": self.origins.get("host_steps", "assumed")}
         for kind, (base, hop) in sorted(self.comm_alpha.items()):
             out[f"comm_{kind}_base_us"] = {"value": base, "origin": "assumed"}
             out[f"comm_{kind}_hop_us"] = {"value": hop, "origin": "assumed"}
@@ -129,7 +150,7 @@ def default_factors() -> Factors:
     routing = str(data.get("workload", {}).get("routing", "independent"))
     alpha = {kind: (float(v["base_us"]), float(v["hop_us"])) for kind, v in data["comm"].items() if kind != "wait"}
     wait = data["comm"].get("wait", {})
-    values = dict(
+    values: dict[str, Any] = dict(
         hbm_efficiency=float(eff["hbm"]), attention_efficiency=float(eff["attention"]),
         tflops_efficiency=float(eff["tflops"]), link_efficiency=float(eff["link"]),
         us_per_layer=float(over["us_per_layer"]), us_per_step=float(over["us_per_step"]),

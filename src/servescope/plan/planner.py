@@ -26,6 +26,7 @@ from pathlib import Path
 import msgspec
 
 from servescope import __version__
+from servescope.core.analysis import StepReference
 from servescope.core.errors import InputError
 from servescope.core.plan import (
     CollectivePath,
@@ -45,16 +46,17 @@ from servescope.core.plan import (
     PlanPoint,
     Recommendation,
 )
-from servescope.plan.calibrate import apply_calibration, calibrate
+from servescope.plan.calibrate import Calibration, apply_calibration, calibrate
 from servescope.plan.captured import capture_tp, read_capture
 from servescope.plan.collectives import ALL_OPS, PCIE_A2A_SOURCE, CommCosts, CurveSource, bundled_curves, user_curves
 from servescope.plan.cost import LayoutMemory, PointCost, layout_memory, predict_point
 from servescope.plan.ep_backend import ep_backend
 from servescope.plan.ep_vs_tp import LAST, ep_vs_tp
-from servescope.plan.factors import default_factors, wait_caveat
-from servescope.plan.hardware import load_hardware
+from servescope.plan.factors import Factors, default_factors, wait_caveat
+from servescope.plan.hardware import HardwareProfile, load_hardware
+from servescope.plan.host_cycle import check_notes
 from servescope.plan.layouts import Layout, candidate_layouts
-from servescope.plan.model import load_model_arch
+from servescope.plan.model import ModelArch, load_model_arch
 from servescope.plan.provenance import calibration_differences, curve_differences
 
 __all__ = ["PlanRequest", "find_crossovers", "parse_batches", "recommend", "run_plan"]
@@ -120,19 +122,29 @@ def _extrapolation_notes(captured: int, batches: Sequence[int]) -> list[str]:
             f"batches you plan for"]
 
 
-def parse_batches(text: str) -> tuple[int, ...]:
+def parse_batches(text: str, option: str = "--batch") -> tuple[int, ...]:
     """Batch sizes from ``"1,8,32"``: sorted, distinct, each 1 … 2²⁰.
 
     Raises:
-        InputError: ``--batch`` is not a comma-separated list of positive integers.
+        InputError: ``option`` is not a comma-separated list of positive integers.
     """
     try:
         values = sorted({int(part) for part in text.split(",") if part.strip()})
     except ValueError:
-        raise InputError("--batch", f"not a comma-separated list of integers: {text!r}") from None
+        raise InputError(option, f"not a comma-separated list of integers: {text!r}") from None
     if not values or values[0] < 1 or values[-1] > MAX_BATCH:
-        raise InputError("--batch", f"expected integers from 1 to {MAX_BATCH}, got {text!r}")
+        raise InputError(option, f"expected integers from 1 to {MAX_BATCH}, got {text!r}")
     return tuple(values)
+
+
+def _timed_batch_check(arch: ModelArch, hw: HardwareProfile, comm: CommCosts, factors: Factors,
+                       calibration: Calibration, reference: StepReference) -> list[str]:
+    """The calibrated plan for the captured layout at each batch the server was timed at, beside its own step."""
+    layout = Layout(kind="tp", tp=calibration.tp)
+    memory = layout_memory(arch, layout, hw, factors, context=calibration.context)
+    predicted = {s.batch: predict_point(arch, layout, hw, comm, batch=s.batch, context=calibration.context,
+                                        memory=memory).step_ms for s in reference.other_batches}
+    return check_notes(reference, predicted, layout=layout.name, context=calibration.context)
 
 
 def _file_info(path: str | None) -> InputFile | None:
@@ -311,6 +323,8 @@ def run_plan(request: PlanRequest) -> PlanDoc:
         comm = comm.with_factors(factors).with_calibrated(calibration.comm_points)
         notes += calibration.notes
         notes += _extrapolation_notes(calibration.batch, request.batches)
+        if capture.unprofiled is not None and capture.unprofiled.other_batches:
+            notes += _timed_batch_check(arch, hw, comm, factors, calibration, capture.unprofiled)
     evaluated = []
     for layout in layouts:
         memory = layout_memory(arch, layout, hw, factors, context=request.context)

@@ -76,6 +76,9 @@ class ProfileRequest:
     # the profiler stretches the steps it records (vLLM's records python stacks by default). The median run is the
     # production step; the others show how much that step moves on its own (0: none).
     unprofiled_runs: int = 3
+    # Other batches timed the same way (``unprofiled_runs`` runs each, after the capture's own batch): the server's
+    # step across batches, which one capture cannot tell under async scheduling (the host's cycle moves with it).
+    unprofiled_batches: tuple[int, ...] = ()
     # A local --trace-dir not there yet: vLLM creates its torch_profiler_dir on the first /start_profile, so
     # wait this long after it for the directory to appear.
     dir_timeout_s: float = 30.0
@@ -102,6 +105,7 @@ class ProfileCapture:
     profiled_server: ServerTiming | None = None
     unprofiled_server: ServerTiming | None = None
     unprofiled_runs: list[ServerTiming] = field(default_factory=list)
+    unprofiled_by_batch: dict[int, list[ServerTiming]] = field(default_factory=dict)  # other batches: their runs
     server_version: str | None = None  # /version's answer (vLLM), when it gave one
 
     def record(self) -> dict[str, Any]:
@@ -110,7 +114,8 @@ class ProfileCapture:
         ``prompts``: "distinct", one prompt per request (documents written before it was recorded sent one
         prompt to every request). ``profiled_server`` / ``unprofiled_server``: the server's inter-token
         latency and TPOT means over the profiled batch and over the same batch without the profiler (the median
-        of ``unprofiled_runs``, each run's own means in order)."""
+        of ``unprofiled_runs``, each run's own means in order). ``unprofiled_batches``: the same at each other
+        batch timed (``--unprofiled-batches``), present only where some were."""
         out: dict[str, Any] = {
             "url": self.url, "model": self.model, "batch": self.batch, "output_tokens": self.output_tokens,
             "input_tokens": self.input_tokens, "prompt_source": self.prompt_source, "prompts": "distinct",
@@ -120,6 +125,10 @@ class ProfileCapture:
             timing = getattr(self, key)
             out[key] = None if timing is None else timing.record()
         out["unprofiled_runs"] = [run.record() for run in self.unprofiled_runs]
+        if self.unprofiled_by_batch:
+            out["unprofiled_batches"] = [
+                {"batch": b, "itl_ms": None if (m := median_run(runs)) is None else m.record()["itl_ms"],
+                 "runs": [run.record() for run in runs]} for b, runs in sorted(self.unprofiled_by_batch.items())]
         return out
 
 
@@ -311,7 +320,7 @@ async def _timed_batch(client: ServerClient, body: dict[str, Any],
 async def _run(request: ProfileRequest, trace_dir: Path,
                say: Callable[[str], None] = _quiet) -> ProfileCapture:
     async with ServerClient(request.url, api_key=request.api_key, read_timeout_s=request.request_timeout_s,
-                            max_connections=max(request.batch, 8)) as client:
+                            max_connections=max(request.batch, *request.unprofiled_batches, 8)) as client:
         model = request.model
         if model is None:
             listed = await client.get_json("/v1/models")
@@ -324,8 +333,9 @@ async def _run(request: ProfileRequest, trace_dir: Path,
         # a set of prompts for the profiled batch, the warm-up and each unprofiled run (no set is served from a
         # prefix cache another filled)
         b, wanted = request.batch, max(0, request.unprofiled_runs)
-        prompts, source = await make_prompts(client, model, tokens=request.input_tokens, count=(2 + wanted) * b,
-                                             seed=0)
+        others = sorted(set(request.unprofiled_batches) - {b}) if wanted else []
+        prompts, source = await make_prompts(client, model, tokens=request.input_tokens,
+                                             count=(2 + wanted) * b + wanted * sum(others), seed=0)
         body = {"model": model, "max_tokens": request.output_tokens, "min_tokens": request.output_tokens,
                 "ignore_eos": True, "temperature": 0.0, "stream_options": {"include_usage": True}}
         if request.warmup:
@@ -337,6 +347,15 @@ async def _run(request: ProfileRequest, trace_dir: Path,
             if timing is not None:
                 runs.append(timing)
         unprofiled = median_run(runs)
+        by_batch: dict[int, list[ServerTiming]] = {}
+        start = (2 + wanted) * b
+        for other in others:
+            say(f"timing {wanted} run(s) of {other} request(s) without the profiler")
+            for _ in range(wanted):
+                _, timing, _ = await _timed_batch(client, body, prompts[start:start + other])
+                start += other
+                if timing is not None:
+                    by_batch.setdefault(other, []).append(timing)
         before = _snapshot(trace_dir)
         if not trace_dir.is_dir():
             say(f"{trace_dir} is not there yet: waiting up to {request.dir_timeout_s:g} s after /start_profile "
@@ -365,6 +384,7 @@ async def _run(request: ProfileRequest, trace_dir: Path,
                           input_tokens=request.input_tokens, prompt_source=source, usage=list(usage),
                           requests_s=requests_s, traces_wait_s=time.monotonic() - waited,
                           profiled_server=profiled, unprofiled_server=unprofiled, unprofiled_runs=runs,
+                          unprofiled_by_batch=by_batch,
                           server_version=server_version)
 
 
@@ -394,6 +414,8 @@ def _check(request: ProfileRequest) -> Path:
         raise InputError("--output-tokens", "must be at least 1")
     if request.input_tokens < 1:
         raise InputError("--input-tokens", "must be at least 1")
+    if any(other < 1 for other in request.unprofiled_batches):
+        raise InputError("--unprofiled-batches", "every batch must be at least 1")
     _refused_first(request.url)
     local = is_local_url(request.url)
     trace_dir = request.trace_dir
@@ -443,7 +465,7 @@ def profile_server(request: ProfileRequest, *, say: Callable[[str], None] = _qui
     from servescope.trace.analyze import AnalyzeRequest, analyze
 
     capture = capture_profile(request, say=say)
-    reference = step_reference(capture.unprofiled_server, capture.unprofiled_runs)
+    reference = step_reference(capture.unprofiled_server, capture.unprofiled_runs, capture.unprofiled_by_batch)
     return ProfileResult(capture=capture, analysis=analyze(AnalyzeRequest(
         paths=capture.trace_files, settings=live_deployment(capture.url, capture.server_version),
         reference=reference)))

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from servescope.core.analysis import StepReference
+from servescope.core.analysis import BatchStep, StepReference
 from servescope.server.metrics import Snapshot, server_side
 
-__all__ = ["ServerTiming", "median_run", "server_timing", "step_reference"]
+__all__ = ["ServerTiming", "batch_step", "median_run", "server_timing", "step_reference"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,15 +44,32 @@ def median_run(runs: list[ServerTiming]) -> ServerTiming | None:
     return timed[(len(timed) - 1) // 2] if timed else None
 
 
-def step_reference(timing: ServerTiming | None, runs: list[ServerTiming]) -> StepReference | None:
-    """The production step a profile measured: the median run's inter-token latency, every run's beside it."""
+def step_reference(timing: ServerTiming | None, runs: list[ServerTiming],
+                   by_batch: dict[int, list[ServerTiming]] | None = None) -> StepReference | None:
+    """The production step a profile measured: the median run's inter-token latency, every run's beside it, and
+    the same server's median step at each other batch it timed (``by_batch``: batch -> its runs)."""
     if timing is None or timing.itl_ms is None:
         return None
-    each = tuple(round(r.itl_ms * 1000.0, 1) for r in runs if r.itl_ms is not None)
+    each = _runs_us(runs)
+    others = tuple(step for step in (batch_step(b, r) for b, r in sorted((by_batch or {}).items())) if step)
     if len(each) < 2:
-        return StepReference(step_us=timing.itl_ms * 1000.0, source=f"the server's {timing.itl_metric} mean over the "
-                                                                   "same batch run without the profiler")
-    return StepReference(step_us=timing.itl_ms * 1000.0, runs_us=each,
+        return StepReference(step_us=timing.itl_ms * 1000.0, other_batches=others,
+                             source=f"the server's {timing.itl_metric} mean over the same batch run without the "
+                                    "profiler")
+    return StepReference(step_us=timing.itl_ms * 1000.0, runs_us=each, other_batches=others,
                          source=f"the median of {len(each)} runs of the same batch without the profiler "
                                 f"({min(each) / 1e3:.2f}–{max(each) / 1e3:.2f} ms), each the server's "
                                 f"{timing.itl_metric} mean")
+
+
+def batch_step(batch: int, runs: list[ServerTiming]) -> BatchStep | None:
+    """The server's step at ``batch`` without the profiler: the median of ``runs``; None where none was timed."""
+    median = median_run(runs)
+    if median is None or median.itl_ms is None:
+        return None
+    each = _runs_us(runs)
+    return BatchStep(batch=batch, step_us=median.itl_ms * 1000.0, runs_us=each if len(each) > 1 else ())
+
+
+def _runs_us(runs: list[ServerTiming]) -> tuple[float, ...]:
+    return tuple(round(r.itl_ms * 1000.0, 1) for r in runs if r.itl_ms is not None)

@@ -1,0 +1,60 @@
+"""The host's cycle across batches, from the server's own steps at the batches ``servescope profile
+--unprofiled-batches`` timed beside a capture.
+
+Under async scheduling a step is the longer of the host's cycle (schedule, prepare, launch, take the outputs) and
+the device's work, and the cycle moves with the batch in ways one capture cannot show: on the lent H100 the dense
+server's cycle grew by 0.75 ms from 1 to 32 requests while its device work moved by 0.16 ms, and one H200 MoE server
+stepped 15% slower at 1 request than at 16 (docs/measurements.md). The steps timed at other batches are that
+cycle where it is the longer part, and an upper bound on it where the device is: :func:`host_steps` makes them the
+step's floor at each batch (``Factors.host_steps``), and :func:`check_notes` sets a calibrated plan's steps at
+those batches beside the server's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from servescope.core.analysis import StepReference
+from servescope.plan.captured import ProductionHost
+
+__all__ = ["check_notes", "host_steps", "steps_note"]
+
+
+def host_steps(host: ProductionHost | None, batch: int) -> tuple[tuple[int, float], ...]:
+    """``(batch, µs)``, ascending, of the server's step without the profiler at the capture's ``batch`` and at
+    each other batch timed; empty unless async scheduling overlaps the host and another batch was timed."""
+    if host is None or not host.overlapped or not host.reference.other_batches:
+        return ()
+    steps = {s.batch: s.step_us for s in host.reference.other_batches if s.step_us > 0}
+    steps[batch] = host.unprofiled_us
+    return tuple(sorted(steps.items()))
+
+
+def steps_note(steps: tuple[tuple[int, float], ...]) -> str:
+    """What the plan takes from the steps timed at several batches."""
+    shown = ", ".join(f"{b} → {us / 1e3:.2f} ms" for b, us in steps)
+    return (f"host's cycle across batches: this server's own step without the profiler at {shown} is the async step's "
+            f"floor at each batch (host_step_us_b<batch>), linear between them and the nearest one's beyond "
+            f"{steps[0][0]}..{steps[-1][0]} requests (the cycle is not extrapolated); where the device's work is "
+            f"the longer, the step is that work")
+
+
+def check_notes(reference: StepReference, predicted_ms: Mapping[int, float], *, layout: str,
+                context: int) -> list[str]:
+    """The calibrated plan's step for the captured layout at each other batch the server was timed at, against the
+    server's own step there (its runs' median, and their spread where several were timed)."""
+    cells = []
+    for other in reference.other_batches:
+        plan = predicted_ms.get(other.batch)
+        if plan is None or other.step_us <= 0:
+            continue
+        measured = other.step_us / 1e3
+        spread = ""
+        if len(other.runs_us) > 1:
+            spread = f", runs {min(other.runs_us) / 1e3:.2f}–{max(other.runs_us) / 1e3:.2f}"
+        cells.append(f"{other.batch} → plan {plan:.2f} ms, server {measured:.2f} ms{spread} "
+                     f"({plan / measured - 1:+.1%})")
+    if not cells:
+        return []
+    return [f"checked against this server's own steps without the profiler ({layout}, {context} tokens a request): "
+            + "; ".join(cells)]
