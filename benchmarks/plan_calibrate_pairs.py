@@ -49,6 +49,10 @@ SETS = {
     # 2026-12-05, session 4, on a lent H100 (tests/data/h100-vllm): bf16 and fp8, async on and off, five runs each
     "h100/w4": [(k, f, f"{H100}/steady/w4/{k}-{f}") for k in ("dense", "moe")
                 for f in ("async", "noasync", "fp8-async", "fp8-noasync")],
+    # 2026-12-05, session 5, a lent H100: the same, each capture also timing batches 1..32 without the profiler
+    # (`profile --unprofiled-batches 1,2,4,8,16,32`)
+    "h100/w5": [(k, f, f"{H100}/steady/w5/{k}-{f}") for k in ("dense", "moe")
+                for f in ("async", "noasync", "fp8-async", "fp8-noasync")],
 }
 BATCHES = (1, 16)
 # The same model's steady window at a long context (plan word `long-context`: 3,000-token distinct prompts, no async
@@ -201,6 +205,72 @@ def ladder_doc(stem: str, fit: int, timed: tuple[int, ...], out: Path) -> Path:
     path = out / (f"{stem}-b{fit}".replace("/", "_") + "-timed-" + "_".join(map(str, timed)) + ".profile.json")
     path.write_bytes(_profile_bytes(f"{stem}-b{fit}", True, reference))
     return path
+
+
+def timed_steps(folder: str) -> dict[int, float]:
+    """The capture's own step without the profiler at each batch it timed (``--unprofiled-batches``; its own batch
+    too), ms: provenance.json's medians."""
+    prov = provenance(folder)
+    steps = {int(t["batch"]): float(t["itl_ms"]) for t in prov.get("unprofiled_batches", [])}
+    return {**steps, int(prov["batch"]): float(prov["unprofiled_server"]["itl_ms"])}
+
+
+def own_timed_doc(folder: str, timed: tuple[int, ...], out: Path) -> Path:
+    """The capture as `profile --unprofiled-batches` wrote it, keeping only the batches ``timed`` (none: as a capture
+    of its own batch alone)."""
+    prov = provenance(folder)
+    own = [ServerTiming(**run) for run in prov["unprofiled_runs"]]
+    by_batch = {int(t["batch"]): [ServerTiming(**run) for run in t["runs"]]
+                for t in prov.get("unprofiled_batches", []) if int(t["batch"]) in timed}
+    path = out / (folder.replace("/", "_") + "-own-" + "_".join(map(str, timed)) + ".profile.json")
+    path.write_bytes(_profile_bytes(folder, True, step_reference(median_run(own), own, by_batch)))
+    return path
+
+
+def same_state(pairs: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
+    """Per capture and per other batch it timed: the step predicted there from the capture alone, and from the
+    capture with its other timed batches but that one (left out), each against the capture's own timed step at
+    that batch (the same server in the same state: every run of a capture precedes its profiled window)."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind, flavour, stem in pairs:
+            for b in BATCHES:
+                folder = f"{stem}-b{b}"
+                steps = timed_steps(folder)
+                flags = provenance(folder).get("server_flags", [])
+                for check, truth in sorted(steps.items()):
+                    if check == b:
+                        continue
+                    alone = own_timed_doc(folder, (), Path(tmp))
+                    left = own_timed_doc(folder, tuple(x for x in steps if x not in (b, check)), Path(tmp))
+                    got = {name: predict_at(folder, doc, check, Path(tmp)) for name, doc in
+                           (("alone", alone), ("timed", left))}
+                    rows.append({"kind": kind, "flavour": flavour, "capture": folder, "batch": b, "check": check,
+                                 "serial": "--no-async-scheduling" in flags, "truth": truth,
+                                 **{f"{k}_error": v / truth - 1 for k, v in got.items()}})
+    return rows
+
+
+def predict_at(folder: str, document: Path, batch: int, out: Path) -> float:
+    """The plan calibrated on ``document`` (a profile document of capture ``folder``) at ``batch`` requests and the
+    capture's own context, ms a step."""
+    prov = provenance(folder)
+    doc = run_plan(PlanRequest(model=str(config(folder, out)), hardware=hardware(prov), gpus=1, batches=(batch,),
+                               context=context_tokens(prov), calibrate=str(document)))
+    return float(doc.layouts[0].points[0].step_ms)
+
+
+def same_state_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| capture | scheduling | " + " | ".join(f"→{b}" for b in (1, 2, 4, 8, 16, 32)) + " |",
+             "|---|---|" + "---|" * 6]
+    for capture in dict.fromkeys(r["capture"] for r in rows):
+        mine = {r["check"]: r for r in rows if r["capture"] == capture}
+        cells = [f"{mine[b]['alone_error']:+.0%} / {mine[b]['timed_error']:+.0%}" if b in mine else ""
+                 for b in (1, 2, 4, 8, 16, 32)]
+        serial = next(iter(mine.values()))["serial"]
+        lines.append(f"| {capture.rsplit('/', 1)[-1]} | {'serial' if serial else 'async'} | " + " | ".join(cells)
+                     + " |")
+    return "\n".join(lines[:2] + [line.replace("-", "−") for line in lines[2:]])
 
 
 def profile_doc(folder: str, out: Path, *, production: bool = False) -> Path:
@@ -448,6 +518,8 @@ if __name__ == "__main__":
         elif name == "long":
             with tempfile.TemporaryDirectory() as tmp:
                 sys.stdout.write(f"\nlong context\n\n{long_table(long_context(Path(tmp)))}\n")
+        elif name.startswith("state:") and name[6:] in SETS:
+            sys.stdout.write(f"\n{name}\n\n{same_state_table(same_state(SETS[name[6:]]))}\n")
         elif name.startswith("timed:") and name[6:] in SWEEPS:
             sys.stdout.write(f"\n{name}\n\n{ladder_table(*SWEEPS[name[6:]])}\n")
         elif name in SWEEPS:

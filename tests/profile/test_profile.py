@@ -92,6 +92,11 @@ def test_tp2_profile_finds_the_trace_dir_from_the_local_process(profiling_server
     assert line is not None, result.stdout
     median, *runs = (float(g) for g in line.groups()[:4])
     assert median == sorted(runs)[1] > 0 and float(line[5]) > 0
+    # and what the three runs after the window showed, against that median
+    after = re.search(r"after the profiled window the server's step was ([\d.]+) ms, ([+-]\d+)% against ([\d.]+) "
+                      r"ms before it", result.stdout)
+    assert after is not None, result.stdout
+    assert float(after[3]) == median and abs(int(after[2]) - (float(after[1]) / median - 1) * 100) <= 1
 
 
 class _NoProfilingVllm(BaseHTTPRequestHandler):
@@ -191,20 +196,22 @@ def test_profile_measures_the_same_batch_without_the_profiler(profiling_server: 
     """The unprofiled runs and the profiled batch, each timed by the server's own histogram: with no warm-up, they
     are the only requests, of equal size, so their means average to the mean over all, read by hand; the median
     run is the production step."""
-    batch, tokens, runs = 2, 12, 3
+    batch, tokens, runs, after = 2, 12, 3, 2
     s0, c0 = _itl_sum_count(profiling_server.url)
     result = run_cli("profile", profiling_server.url, "--batch", str(batch), "--output-tokens", str(tokens),
                      "--trace-dir", str(profiling_server.trace_dir), "--no-warmup", "--unprofiled-runs", str(runs),
-                     "--json")
+                     "--after-runs", str(after), "--json")
     assert result.returncode == 0, result.stderr
     s1, c1 = _itl_sum_count(profiling_server.url)
     record = json.loads(result.stdout)["profile"]
     unprofiled, profiled, each = record["unprofiled_server"], record["profiled_server"], record["unprofiled_runs"]
-    assert len(each) == runs
+    assert len(each) == runs and len(record["after_profile_runs"]) == after
     assert unprofiled["itl_metric"] == profiled["itl_metric"] == "vllm:inter_token_latency_seconds"
-    assert c1 - c0 == (runs + 1) * batch * (tokens - 1)  # each batch: B requests × (N - 1) gaps
+    assert c1 - c0 == (runs + 1 + after) * batch * (tokens - 1)  # each batch: B requests × (N - 1) gaps
     by_hand_ms = (s1 - s0) / (c1 - c0) * 1000
-    assert (sum(r["itl_ms"] for r in each) + profiled["itl_ms"]) / (runs + 1) == pytest.approx(by_hand_ms, rel=1e-3)
+    every = [*each, record["profiled_server"], *record["after_profile_runs"]]
+    assert sum(r["itl_ms"] for r in every) / len(every) == pytest.approx(by_hand_ms, rel=1e-3)
+    assert record["after_profile_server"]["itl_ms"] == sorted(r["itl_ms"] for r in record["after_profile_runs"])[0]
     assert unprofiled["itl_ms"] == sorted(r["itl_ms"] for r in each)[1] and profiled["itl_ms"] > 0
     doc = json.loads(result.stdout)
     assert doc["unprofiled"]["runs_us"] == pytest.approx([r["itl_ms"] * 1000 for r in each], abs=0.1)
@@ -224,7 +231,7 @@ def test_profile_times_other_batches_without_the_profiler(profiling_server: Prof
     s0, c0 = _itl_sum_count(profiling_server.url)
     result = run_cli("profile", profiling_server.url, "--batch", str(batch), "--output-tokens", str(tokens),
                      "--trace-dir", str(profiling_server.trace_dir), "--no-warmup", "--unprofiled-runs", str(runs),
-                     "--unprofiled-batches", "3,1,2", "--json")
+                     "--unprofiled-batches", "3,1,2", "--after-runs", "0", "--json")
     assert result.returncode == 0, result.stderr
     s1, c1 = _itl_sum_count(profiling_server.url)
     doc = json.loads(result.stdout)

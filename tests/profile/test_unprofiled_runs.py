@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from servescope.server.timing import ServerTiming, median_run, step_reference
+from servescope.server.timing import ServerTiming, after_profile_note, median_run, step_reference
 
 
 def _run(itl_ms: float | None) -> ServerTiming:
@@ -36,3 +36,15 @@ def test_one_run_is_the_step_itself_and_no_run_no_reference() -> None:
     assert one is not None and one.step_us == pytest.approx(2400.0) and one.runs_us == () and one.spread == 0.0
     assert "median" not in one.source
     assert step_reference(None, []) is None and step_reference(_run(None), [_run(None)]) is None
+
+
+def test_runs_after_the_window_name_a_lasting_slowdown_only_when_every_one_is_slower() -> None:
+    """The MoE server of the lent H100 (async scheduling, 1 request): 1.16 ms a step before its first profile, 1.52
+    after (h100-vllm/steady/w5); runs that merely scatter around the median before are no slowdown."""
+    before = [_run(1.15), _run(1.16), _run(1.18)]
+    slower = after_profile_note(before, [_run(1.47), _run(1.52), _run(1.55)])
+    assert slower is not None and "1.52 ms, +31% against 1.16 ms" in slower and "restart it" in slower
+    assert "pytorch/pytorch#144455" in slower
+    scattered = after_profile_note(before, [_run(1.10), _run(1.17), _run(1.30)])
+    assert scattered is not None and "no lasting slowdown" in scattered
+    assert after_profile_note(before, []) is None and after_profile_note([], before) is None

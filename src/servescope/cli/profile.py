@@ -40,6 +40,9 @@ def profile(
                                                  "times without the profiler (the server's own /metrics): the "
                                                  "median is the production step, the spread how much it moves; "
                                                  "0 skips it.")] = 3,
+    after_runs: Annotated[int, typer.Option("--after-runs", min=0, help="Run the same batch this many times "
+                                            "once the traces are written: whether the profile left the server "
+                                            "slower; 0 skips it.")] = 3,
     unprofiled_batches: Annotated[str | None, typer.Option(
         "--unprofiled-batches", help="Other batches to time the same way, comma-separated (e.g. 1,4,16,64): the "
         "server's own step across batches, which `plan --calibrate` uses for the host's cycle under async "
@@ -60,12 +63,13 @@ def profile(
     from servescope.report.tables import render_analysis
     from servescope.server.client import resolve_api_key
     from servescope.server.profile import ProfileRequest, profile_server
+    from servescope.server.timing import after_profile_note
 
     with user_errors():
         request = ProfileRequest(url=url, batch=batch, output_tokens=output_tokens, input_tokens=input_tokens,
                                  trace_dir=trace_dir, api_key=resolve_api_key(api_key), model=model,
                                  trace_timeout_s=trace_timeout, warmup=warmup,
-                                 unprofiled_runs=unprofiled_runs,
+                                 unprofiled_runs=unprofiled_runs, after_runs=after_runs,
                                  unprofiled_batches=parse_batches(unprofiled_batches, "--unprofiled-batches")
                                  if unprofiled_batches else ())
         result = profile_server(request, say=lambda line: print(line, file=sys.stderr, flush=True))
@@ -85,6 +89,7 @@ def profile(
                    unprofiled_ms=capture.unprofiled_server.itl_ms if capture.unprofiled_server else None,
                    runs_ms=[r.itl_ms for r in capture.unprofiled_runs if r.itl_ms is not None],
                    profiled_ms=capture.profiled_server.itl_ms if capture.profiled_server else None,
+                   after_note=after_profile_note(capture.unprofiled_runs, capture.after_runs),
                    other_batches_ms={s.batch: s.step_us / 1e3 for s in (doc.unprofiled.other_batches
                                                                          if doc.unprofiled else ())})
     render_analysis(doc, console, top=top)

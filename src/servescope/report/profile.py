@@ -28,10 +28,11 @@ def encode_profile(doc: AnalysisDoc, trace_files: Sequence[Path], *,
 def render_capture(console: Console, *, url: str, model: str, batch: int, output_tokens: int, input_tokens: int,
                    trace_files: Sequence[Path], usage: Sequence[Mapping[str, int]],
                    unprofiled_ms: float | None = None, runs_ms: Sequence[float] = (),
-                   profiled_ms: float | None = None, other_batches_ms: Mapping[int, float] | None = None) -> None:
+                   profiled_ms: float | None = None, other_batches_ms: Mapping[int, float] | None = None,
+                   after_note: str | None = None) -> None:
     """One header block: what was profiled, what the server reported (its inter-token latency over each unprofiled
-    run, ``unprofiled_ms`` their median, over the profiled batch, and the median at each other batch timed),
-    which files were analyzed."""
+    run, ``unprofiled_ms`` their median, over the profiled batch, and the median at each other batch timed; what
+    the runs after the window showed), which files were analyzed."""
     got = [u.get("completion_tokens") for u in usage]
     console.print(f"profiled {url} ({model}): {batch} concurrent × {output_tokens} output tokens, "
                   f"{input_tokens} input tokens; server usage completion_tokens: "
@@ -44,5 +45,7 @@ def render_capture(console: Console, *, url: str, model: str, batch: int, output
     if other_batches_ms:
         console.print("  the same without the profiler at other batches: " + ", ".join(
             f"{b} → {ms:.2f} ms" for b, ms in sorted(other_batches_ms.items())), markup=False, soft_wrap=True)
+    if after_note:
+        console.print(f"  {after_note}", markup=False, soft_wrap=True)
     for path in trace_files:
         console.print(f"  trace: {path}", markup=False, soft_wrap=True)

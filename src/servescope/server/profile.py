@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from servescope.core.errors import InputError
+from servescope.server.batches import PromptSupply, send, timed_batch, timed_runs
 from servescope.server.client import ApiKey, ServerClient
 from servescope.server.errors import EndpointNotFound, NotOpenAICompatible, ServerError
-from servescope.server.metrics import scrape_metrics
 from servescope.server.process import find_processes, read_process_record
 from servescope.server.prompts import make_prompts
-from servescope.server.timing import ServerTiming, median_run, server_timing, step_reference
+from servescope.server.timing import ServerTiming, median_run, step_reference
 
 if TYPE_CHECKING:
     from servescope.core.analysis import AnalysisDoc
@@ -79,6 +79,9 @@ class ProfileRequest:
     # Other batches timed the same way (``unprofiled_runs`` runs each, after the capture's own batch): the server's
     # step across batches, which one capture cannot tell under async scheduling (the host's cycle moves with it).
     unprofiled_batches: tuple[int, ...] = ()
+    # The same batch this many times once the window's traces are written: a server stays slower after its first
+    # profile (on the lent H100, 0.16-0.36 ms a step), and these runs measure by how much.
+    after_runs: int = 3
     # A local --trace-dir not there yet: vLLM creates its torch_profiler_dir on the first /start_profile, so
     # wait this long after it for the directory to appear.
     dir_timeout_s: float = 30.0
@@ -106,6 +109,7 @@ class ProfileCapture:
     unprofiled_server: ServerTiming | None = None
     unprofiled_runs: list[ServerTiming] = field(default_factory=list)
     unprofiled_by_batch: dict[int, list[ServerTiming]] = field(default_factory=dict)  # other batches: their runs
+    after_runs: list[ServerTiming] = field(default_factory=list)  # the same batch after the window, in order
     server_version: str | None = None  # /version's answer (vLLM), when it gave one
 
     def record(self) -> dict[str, Any]:
@@ -115,7 +119,8 @@ class ProfileCapture:
         prompt to every request). ``profiled_server`` / ``unprofiled_server``: the server's inter-token
         latency and TPOT means over the profiled batch and over the same batch without the profiler (the median
         of ``unprofiled_runs``, each run's own means in order). ``unprofiled_batches``: the same at each other
-        batch timed (``--unprofiled-batches``), present only where some were."""
+        batch timed (``--unprofiled-batches``), present only where some were. ``after_profile_server`` /
+        ``after_profile_runs``: the same batch once the window's traces were written (``--after-runs``)."""
         out: dict[str, Any] = {
             "url": self.url, "model": self.model, "batch": self.batch, "output_tokens": self.output_tokens,
             "input_tokens": self.input_tokens, "prompt_source": self.prompt_source, "prompts": "distinct",
@@ -125,6 +130,10 @@ class ProfileCapture:
             timing = getattr(self, key)
             out[key] = None if timing is None else timing.record()
         out["unprofiled_runs"] = [run.record() for run in self.unprofiled_runs]
+        if self.after_runs:
+            median = median_run(self.after_runs)
+            out["after_profile_server"] = None if median is None else median.record()
+            out["after_profile_runs"] = [run.record() for run in self.after_runs]
         if self.unprofiled_by_batch:
             out["unprofiled_batches"] = [
                 {"batch": b, "itl_ms": None if (m := median_run(runs)) is None else m.record()["itl_ms"],
@@ -271,14 +280,6 @@ async def _post_empty(client: ServerClient, path: str) -> None:
         pass
 
 
-async def _one(client: ServerClient, body: dict[str, Any]) -> dict[str, int]:
-    usage: dict[str, int] = {}
-    async for chunk in client.stream_completion(body):
-        if isinstance(chunk, dict) and isinstance(chunk.get("usage"), dict):
-            usage = {k: int(v) for k, v in chunk["usage"].items() if isinstance(v, int)}
-    return usage
-
-
 async def _wait_for_dir(trace_dir: Path, timeout_s: float) -> None:
     """Wait up to ``timeout_s`` for the server to create ``trace_dir`` (after /start_profile).
 
@@ -307,16 +308,6 @@ async def _server_version(client: ServerClient) -> str | None:
     return str(answer["version"]) if isinstance(answer, dict) and isinstance(answer.get("version"), str) else None
 
 
-async def _timed_batch(client: ServerClient, body: dict[str, Any],
-                       prompts: list[str]) -> tuple[list[dict[str, int]], ServerTiming | None, float]:
-    """Run one batch (one request per prompt, all at once) with ``/metrics`` scraped before and after."""
-    before = await scrape_metrics(client)
-    started = time.monotonic()
-    usage = await asyncio.gather(*(_one(client, {**body, "prompt": p}) for p in prompts))
-    seconds = time.monotonic() - started
-    return list(usage), server_timing(before, await scrape_metrics(client), seconds), seconds
-
-
 async def _run(request: ProfileRequest, trace_dir: Path,
                say: Callable[[str], None] = _quiet) -> ProfileCapture:
     async with ServerClient(request.url, api_key=request.api_key, read_timeout_s=request.request_timeout_s,
@@ -332,30 +323,24 @@ async def _run(request: ProfileRequest, trace_dir: Path,
         server_version = await _server_version(client)
         # a set of prompts for the profiled batch, the warm-up and each unprofiled run (no set is served from a
         # prefix cache another filled)
-        b, wanted = request.batch, max(0, request.unprofiled_runs)
+        b, wanted, after = request.batch, max(0, request.unprofiled_runs), max(0, request.after_runs)
         others = sorted(set(request.unprofiled_batches) - {b}) if wanted else []
-        prompts, source = await make_prompts(client, model, tokens=request.input_tokens,
-                                             count=(2 + wanted) * b + wanted * sum(others), seed=0)
+        made, source = await make_prompts(client, model, tokens=request.input_tokens,
+                                          count=(2 + wanted + after) * b + wanted * sum(others), seed=0)
+        supply = PromptSupply(made)
+        profiled_prompts, warmup_prompts = supply.take(b), supply.take(b)
         body = {"model": model, "max_tokens": request.output_tokens, "min_tokens": request.output_tokens,
                 "ignore_eos": True, "temperature": 0.0, "stream_options": {"include_usage": True}}
         if request.warmup:
             short = {**body, "max_tokens": 2, "min_tokens": 2}
-            await asyncio.gather(*(_one(client, {**short, "prompt": p}) for p in prompts[b:2 * b]))
-        runs = []
-        for run in range(wanted):
-            _, timing, _ = await _timed_batch(client, body, prompts[(2 + run) * b:(3 + run) * b])
-            if timing is not None:
-                runs.append(timing)
+            await asyncio.gather(*(send(client, {**short, "prompt": p}) for p in warmup_prompts))
+        runs = await timed_runs(client, body, supply, batch=b, runs=wanted)
         unprofiled = median_run(runs)
         by_batch: dict[int, list[ServerTiming]] = {}
-        start = (2 + wanted) * b
         for other in others:
             say(f"timing {wanted} run(s) of {other} request(s) without the profiler")
-            for _ in range(wanted):
-                _, timing, _ = await _timed_batch(client, body, prompts[start:start + other])
-                start += other
-                if timing is not None:
-                    by_batch.setdefault(other, []).append(timing)
+            if timed := await timed_runs(client, body, supply, batch=other, runs=wanted):
+                by_batch[other] = timed
         before = _snapshot(trace_dir)
         if not trace_dir.is_dir():
             say(f"{trace_dir} is not there yet: waiting up to {request.dir_timeout_s:g} s after /start_profile "
@@ -372,17 +357,20 @@ async def _run(request: ProfileRequest, trace_dir: Path,
             raise
         started = time.monotonic()
         try:
-            usage, profiled, _ = await _timed_batch(client, body, prompts[:b])
+            usage, profiled, _ = await timed_batch(client, body, profiled_prompts)
         finally:
             requests_s = time.monotonic() - started
             await _post_empty(client, "/stop_profile")
-    waited = time.monotonic()
-    files = await asyncio.to_thread(wait_for_traces, trace_dir, before, timeout_s=request.trace_timeout_s,
-                                    stable_s=request.stable_s)
+        waited = time.monotonic()
+        files = await asyncio.to_thread(wait_for_traces, trace_dir, before, timeout_s=request.trace_timeout_s,
+                                        stable_s=request.stable_s)
+        traces_wait_s = time.monotonic() - waited
+        # the same batch once the traces are written: what the profile left behind in the server
+        after_runs = await timed_runs(client, body, supply, batch=b, runs=after)
     return ProfileCapture(url=client.base_url, model=model, trace_dir=trace_dir, trace_files=files,
                           batch=request.batch, output_tokens=request.output_tokens,
                           input_tokens=request.input_tokens, prompt_source=source, usage=list(usage),
-                          requests_s=requests_s, traces_wait_s=time.monotonic() - waited,
+                          requests_s=requests_s, traces_wait_s=traces_wait_s, after_runs=after_runs,
                           profiled_server=profiled, unprofiled_server=unprofiled, unprofiled_runs=runs,
                           unprofiled_by_batch=by_batch,
                           server_version=server_version)

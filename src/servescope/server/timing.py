@@ -9,7 +9,7 @@ from typing import Any
 from servescope.core.analysis import BatchStep, StepReference
 from servescope.server.metrics import Snapshot, server_side
 
-__all__ = ["ServerTiming", "batch_step", "median_run", "server_timing", "step_reference"]
+__all__ = ["ServerTiming", "after_profile_note", "batch_step", "median_run", "server_timing", "step_reference"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,3 +73,26 @@ def batch_step(batch: int, runs: list[ServerTiming]) -> BatchStep | None:
 
 def _runs_us(runs: list[ServerTiming]) -> tuple[float, ...]:
     return tuple(round(r.itl_ms * 1000.0, 1) for r in runs if r.itl_ms is not None)
+
+
+# After-runs slower than this share above the median before (and each slower than every run before) are the
+# profile's lasting effect, not the runs' own movement.
+LASTING = 0.05
+
+
+def after_profile_note(before: list[ServerTiming], after: list[ServerTiming]) -> str | None:
+    """What the runs after the profiled window say about the server it left behind; None without both."""
+    was, now = median_run(before), median_run(after)
+    if was is None or now is None or was.itl_ms is None or now.itl_ms is None or was.itl_ms <= 0:
+        return None
+    before_ms = [r.itl_ms for r in before if r.itl_ms is not None]
+    after_ms = [r.itl_ms for r in after if r.itl_ms is not None]
+    change = now.itl_ms / was.itl_ms - 1
+    head = (f"after the profiled window the server's step was {now.itl_ms:.2f} ms, {change:+.0%} against "
+            f"{was.itl_ms:.2f} ms before it")
+    if change > LASTING and min(after_ms) > max(before_ms):
+        return (f"{head}, every run slower: a vLLM server stays slower after a profile (PyTorch leaves its CUDA "
+                f"profiling hooks attached, pytorch/pytorch#144455); restart it to get its speed back, and profile "
+                f"a freshly started server to measure its production step")
+    return (f"{head}: no lasting slowdown measured (a server profiled before this run would carry one in both: "
+            f"profile a freshly started server for its production step)")
