@@ -520,11 +520,11 @@ for word in "$@"; do
     steady-moe) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" STACK_A=true STACK_B=true run_ab a qwen3moe-30b-12l async "" b qwen3moe-30b-12l noasync "--no-async-scheduling" ;;
     steady-fp8) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" STACK_A=true STACK_B=true run_ab a llama8b-16l fp8 "--quantization fp8" b qwen3moe-30b-12l fp8 "--quantization fp8" ;;
     # The same steady windows with the profiler's python stacks off (does the host's time repeat without them?)
-    steady-dense-nostack) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" run_ab a llama8b-16l async "" b llama8b-16l noasync "--no-async-scheduling" ;;
-    steady-moe-nostack) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" run_ab a qwen3moe-30b-12l async "" b qwen3moe-30b-12l noasync "--no-async-scheduling" ;;
+    steady-dense-nostack) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="${STEADY_BATCHES:-16 1}" run_ab a llama8b-16l async "" b llama8b-16l noasync "--no-async-scheduling" ;;
+    steady-moe-nostack) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="${STEADY_BATCHES:-16 1}" run_ab a qwen3moe-30b-12l async "" b qwen3moe-30b-12l noasync "--no-async-scheduling" ;;
     # fp8 with five unprofiled runs, async scheduling on and off (issue 24: the pairs in fp8), stacks off
-    steady-fp8-dense-nostack) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" run_ab a llama8b-16l fp8-async "--quantization fp8" b llama8b-16l fp8-noasync "--quantization fp8 --no-async-scheduling" ;;
-    steady-fp8-moe-nostack) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="16 1" run_ab a qwen3moe-30b-12l fp8-async "--quantization fp8" b qwen3moe-30b-12l fp8-noasync "--quantization fp8 --no-async-scheduling" ;;
+    steady-fp8-dense-nostack) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="${STEADY_BATCHES:-16 1}" run_ab a llama8b-16l fp8-async "--quantization fp8" b llama8b-16l fp8-noasync "--quantization fp8 --no-async-scheduling" ;;
+    steady-fp8-moe-nostack) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="${STEADY_BATCHES:-16 1}" run_ab a qwen3moe-30b-12l fp8-async "--quantization fp8" b qwen3moe-30b-12l fp8-noasync "--quantization fp8 --no-async-scheduling" ;;
     # Async scheduling's step across batches (issue 24: how does the async step's host share move with the batch?):
     # both models, async on (vLLM 0.26's default), stacks off, SWEEP_BATCHES steady windows each
     sweep-async) DELAY=64 STEPS=12 TOKENS=90 AB_BATCHES="${SWEEP_BATCHES:-1 2 4 8 16 32}" run_ab a llama8b-16l async "" b qwen3moe-30b-12l async "" ;;
