@@ -329,7 +329,8 @@ dec = [r["phases"].get("decode") for r in d["ranks"]]
 runs = [r.get('itl_ms') for r in p.get('unprofiled_runs') or []]
 timed = {t["batch"]: t.get("itl_ms") for t in p.get("unprofiled_batches") or []}
 print(f"    unprofiled itl {u.get('itl_ms')} ms (runs {runs}) tpot {u.get('tpot_ms')}; profiled itl {q.get('itl_ms')} tpot {q.get('tpot_ms')};"
-      f" trace decode {[round(x['step_us']['mean']) for x in dec if x]} us; other batches {timed}")
+      f" trace decode {[round(x['step_us']['mean']) for x in dec if x]} us; other batches {timed};"
+      f" after the window {(p.get('after_profile_server') or {}).get('itl_ms')}")
 PY
   say "capture $name rc=$rc in $(( $(date +%s) - t ))s"
   [ $rc -eq 0 ] || tail -5 "$W/logs/profile-$name.out" | sed 's/^/    /' | tee -a "$LOG"

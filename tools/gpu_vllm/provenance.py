@@ -63,6 +63,8 @@ def provenance(dest: str, profile_json: str, flavour: str, delay: int, steps: in
         "unprofiled_server": cap.get("unprofiled_server"),
         "unprofiled_runs": cap.get("unprofiled_runs", []),
         **({"unprofiled_batches": cap["unprofiled_batches"]} if cap.get("unprofiled_batches") else {}),
+        **({key: cap[key] for key in ("after_profile_server", "after_profile_runs")} if cap.get("after_profile_runs")
+           else {}),
         "truth": "profiler_out_0.txt: vLLM's worker printed it from the live torch profiler at the window's end "
                  "(key_averages().table(sort_by='self_cuda_time_total'): 100 rows, names cut at 55 characters)",
     }
