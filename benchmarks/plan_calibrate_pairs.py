@@ -54,6 +54,11 @@ SETS = {
     "h100/w5": [(k, f, f"{H100}/steady/w5/{k}-{f}") for k in ("dense", "moe")
                 for f in ("async", "noasync", "fp8-async", "fp8-noasync")],
 }
+# 2026-12-05, session 5 (a lent H100): w5 profiled each server at 16 requests first, w6 (new servers, the same flags)
+# at 1 first. A vLLM server stays slower after its first profile, so the clean step of a batch is the first capture's
+# on its server: 16 -> 1 calibrates on w5's batch-16 capture and checks w6's batch-1 runs, 1 -> 16 the other way.
+CLEAN = {"16→1": ("w5", 16, "w6", 1), "1→16": ("w6", 1, "w5", 16)}
+CLEAN_KINDS = [(k, f) for k in ("dense", "moe") for f in ("async", "noasync", "fp8-async", "fp8-noasync")]
 BATCHES = (1, 16)
 # The same model's steady window at a long context (plan word `long-context`: 3,000-token distinct prompts, no async
 # scheduling, stacks off), beside the steady capture that calibrates it (77 tokens a request in its window).
@@ -258,6 +263,36 @@ def predict_at(folder: str, document: Path, batch: int, out: Path) -> float:
     doc = run_plan(PlanRequest(model=str(config(folder, out)), hardware=hardware(prov), gpus=1, batches=(batch,),
                                context=context_tokens(prov), calibrate=str(document)))
     return float(doc.layouts[0].points[0].step_ms)
+
+
+def clean_pairs() -> list[dict[str, Any]]:
+    """Per configuration and direction (``CLEAN``): the step predicted at the other batch from the first capture of
+    one server, alone and with the batches it timed, against the other server's first capture's own runs."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind, flavour in CLEAN_KINDS:
+            for direction, (fit_set, fit, check_set, check) in CLEAN.items():
+                folder = f"{H100}/steady/{fit_set}/{kind}-{flavour}-b{fit}"
+                truth = unprofiled_ms(f"{H100}/steady/{check_set}/{kind}-{flavour}-b{check}")
+                timed = tuple(b for b in timed_steps(folder) if b != fit)
+                got = {name: predict_at(folder, own_timed_doc(folder, batches, Path(tmp)), check, Path(tmp))
+                       for name, batches in (("alone", ()), ("timed", timed))}
+                rows.append({"kind": kind, "flavour": flavour, "direction": direction, "truth": truth,
+                             "own": timed_steps(folder)[check], "predicted": got,
+                             "serial": "noasync" in flavour,
+                             **{f"{k}_error": v / truth - 1 for k, v in got.items()}})
+    return rows
+
+
+def clean_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| configuration | scheduling | direction | other server's step (ms) | alone (ms) | error | with the "
+             "timed batches (ms) | error |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        p = r["predicted"]
+        lines.append(f"| {r['kind']} {r['flavour']} | {'serial' if r['serial'] else 'async'} | {r['direction']} | "
+                     f"{r['truth']:.2f} | {p['alone']:.2f} | {r['alone_error']:+.1%} | {p['timed']:.2f} | "
+                     f"{r['timed_error']:+.1%} |")
+    return "\n".join(lines[:2] + [line.replace("-", "−").replace("fp8−", "fp8 ") for line in lines[2:]])
 
 
 def same_state_table(rows: list[dict[str, Any]]) -> str:
@@ -518,6 +553,8 @@ if __name__ == "__main__":
         elif name == "long":
             with tempfile.TemporaryDirectory() as tmp:
                 sys.stdout.write(f"\nlong context\n\n{long_table(long_context(Path(tmp)))}\n")
+        elif name == "clean":
+            sys.stdout.write(f"\nclean\n\n{clean_table(clean_pairs())}\n")
         elif name.startswith("state:") and name[6:] in SETS:
             sys.stdout.write(f"\n{name}\n\n{same_state_table(same_state(SETS[name[6:]]))}\n")
         elif name.startswith("timed:") and name[6:] in SWEEPS:

@@ -100,6 +100,8 @@ def documents_of_trace(path: Path, tmp: Path) -> Iterator[tuple[str, str]]:
     created = str(json.loads(doc).get("created_at", "")) if doc is not None else ""
 
     def stable(content: str) -> str:
+        # the machine that ran it (its kernel and python) is the run's too
+        content = re.sub(r'("(?:system|python)"\s*:\s*)"[^"]*"', r'\1"<machine>"', content)
         return normalise(content.replace(created, "<created>") if created else content)
 
     yield "exit", str(code)

@@ -30,7 +30,8 @@ AB = (sorted(p for p in (DATA / "ab").iterdir() if (p / "profiler_out_0.txt").is
 # the steady windows (issue 24, plan --calibrate pairs): engine steps 64..75, python frames removed on collection
 STEADY = sorted(p for p in DATA.glob("steady/*/*") if (p / "profiler_out_0.txt").is_file())
 # windows from the first engine step with python stacks on (plan word `admit`): prefill, mixed and decode steps
-# the same payload on a lent H100 (2026-12-05): bf16 and fp8 pairs, an async batch sweep, long context; stacks off
+# the same payload on a lent H100 (2026-12-05): bf16 and fp8 pairs (w4; w5 and w6 with timed batches), an async batch
+# sweep, long context; stacks off
 H100 = sorted(p.parent for p in (DATA.parent / "h100-vllm").glob("*/**/rank0.pt.trace.json.gz")
               if (p.parent / "profiler_out_0.txt").is_file())
 ADMISSION = [p for p in CAPTURES if "-admit-" in p.name]
@@ -112,7 +113,7 @@ def test_the_captures_are_here() -> None:
     # a payload part (64 MiB in all; `tools/gpu_vllm_run.py stage` sizes the parts to fit), so it stays bounded
     assert total < 27e6, f"{total / 1e6:.1f} MB of captures: keep the test data small (it travels to the device)"
     h100 = sum(f.stat().st_size for f in (DATA.parent / "h100-vllm").rglob("*") if f.is_file())
-    assert len(H100) == 32 and h100 < 7.5e6, f"{h100 / 1e6:.1f} MB of H100 captures (32 windows, 6.8 MB)"
+    assert len(H100) == 64 and h100 < 14.5e6, f"{h100 / 1e6:.1f} MB of H100 captures (64 windows, 13.8 MB)"
     for capture in CAPTURES:
         prov = _provenance(capture)
         assert str(prov["vllm_version"]).startswith("0.26"), capture

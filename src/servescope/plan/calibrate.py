@@ -134,7 +134,7 @@ from servescope.plan.collectives import CommCosts
 from servescope.plan.cost import PointCost, layout_memory, predict_point
 from servescope.plan.factors import Factors
 from servescope.plan.hardware import HardwareProfile
-from servescope.plan.host_cycle import host_steps, steps_note
+from servescope.plan.host_cycle import host_steps, steps_note, timed_steps
 from servescope.plan.layouts import Layout
 from servescope.plan.model import ModelArch
 from servescope.plan.paths import Point
@@ -165,6 +165,8 @@ class Calibration:
         comm_points: the capture's collectives as per-call points (origin ``calibrated``).
         notes: what was kept as assumed, and why.
         host_steps: the async step's floor at the batches the server was timed at (``Factors.host_steps``).
+        serial_timed: without async scheduling, the server's steps at the batches timed (the planner makes them
+            ``Factors.step_corrections``).
     """
 
     path: str
@@ -181,6 +183,7 @@ class Calibration:
     comm_points: list[Point] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     host_steps: tuple[tuple[int, float], ...] = ()
+    serial_timed: tuple[tuple[int, float], ...] = ()
 
 
 def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: CommCosts, *,
@@ -392,7 +395,8 @@ def calibrate(path: str | Path, arch: ModelArch, hw: HardwareProfile, comm: Comm
                        measured_ms={k: v / 1e3 for k, v in measured.items()},
                        modelled_ms={**{k: at_batch[k] / 1e3 for k in ("weights", "attention", "collectives")},
                                     "other": base_other / 1e3}, fitted=fitted, routing=routing,
-                       points=points, comm_points=comm_points, notes=notes, host_steps=steps)
+                       points=points, comm_points=comm_points, notes=notes, host_steps=steps,
+                       serial_timed=() if steps else timed_steps(host, batch))
 
 
 def split_attention(slope: float, stream_efficiency: float, context: int,

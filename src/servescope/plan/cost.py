@@ -270,6 +270,8 @@ def predict_point(arch: ModelArch, layout: Layout, hw: HardwareProfile, comm: Co
         other_us += f.other_calls * (hw.other_floor_us(attn_requests) or 0.0)
 
     device_us = weights_us + attention_us + sum(coll_ms.values()) * 1e3 + other_us
+    # the server's own steps at the timed batches, where the host's time adds to the device's
+    other_us = max(0.0, other_us + f.step_correction_us(attn_requests))
     # a launch-bound or async step: the device idles until the host is done
     other_us += max(0.0, f.host_floor_us(attn_requests) - device_us)
     parts = {"weights": weights_us / 1e3, "attention": attention_us / 1e3,
@@ -284,7 +286,8 @@ def predict_point(arch: ModelArch, layout: Layout, hw: HardwareProfile, comm: Co
                                                           "attention_request_tokens")}),
         "collectives": coll_origins,
         "other": marks("us_per_layer", "us_per_step", "other_scale", "us_per_request", "host_step_us",
-                       "other_calls", *(("host_steps",) if f.host_steps else ())),
+                       "other_calls", *(("host_steps",) if f.host_steps else ()),
+                       *(("step_corrections",) if f.step_corrections else ())),
     }
     per_gpu_requests = math.ceil(batch / layout.dp) if layout.kind == "dp_ep" else batch
     return PointCost(

@@ -55,6 +55,8 @@ class Factors:
         host_steps: ``(batch, µs)`` of the server's own step without the profiler at several batches, ascending:
             under async scheduling the step's floor at each (:meth:`host_floor_us`), in place of ``host_step_us``;
             empty until a capture timed at other batches calibrates it.
+        step_corrections: ``(batch, µs)``, ascending: without async scheduling, what the server's own step at each
+            timed batch adds to the model's (:meth:`step_correction_us`); empty until such a capture calibrates it.
         routing: how a step's tokens pick their MoE experts, one of ``ROUTINGS``: "independent" (the expected
             distinct experts of B independent tokens, :func:`servescope.plan.model.active_experts`) or "alike"
             (B copies of one sequence: ``top_k`` experts at every batch).
@@ -82,6 +84,7 @@ class Factors:
     attention_request_tokens: float = 0.0
     host_step_us: float = 0.0
     host_steps: tuple[tuple[int, float], ...] = ()
+    step_corrections: tuple[tuple[int, float], ...] = ()
     routing: str = "independent"
     memory_utilization: float
     reserve_gib: float
@@ -103,30 +106,41 @@ class Factors:
     def host_floor_us(self, batch: int) -> float:
         """The step's floor at ``batch``, µs: with ``host_steps``, linear between the timed batches and the nearest
         one's beyond them (the cycle is not extrapolated); else ``host_step_us``."""
-        steps = self.host_steps
-        if not steps:
-            return self.host_step_us
-        if batch <= steps[0][0]:
-            return steps[0][1]
-        for (b0, us0), (b1, us1) in itertools.pairwise(steps):
-            if batch <= b1:
-                return us0 + (us1 - us0) * (batch - b0) / (b1 - b0)
-        return steps[-1][1]
+        return interpolate(self.host_steps, batch) if self.host_steps else self.host_step_us
+
+    def step_correction_us(self, batch: int) -> float:
+        """What the server's own steps add to the model's at ``batch``, µs (``step_corrections``: linear between the
+        timed batches, the nearest one's beyond them); 0 without them."""
+        return interpolate(self.step_corrections, batch) if self.step_corrections else 0.0
 
     def table(self) -> dict[str, dict[str, Any]]:
         """``{name: {value, origin}}`` of every scalar factor, for the result document (``host_steps`` as
-        ``host_step_us_b<batch>``, one per timed batch)."""
+        ``host_step_us_b<batch>`` and ``step_corrections`` as ``step_correction_us_b<batch>``, one per timed batch)."""
         out: dict[str, dict[str, Any]] = {}
         for f in dataclasses.fields(self):
-            if f.name in ("comm_alpha", "origins", "host_steps"):
+            if f.name in ("comm_alpha", "origins", "host_steps", "step_corrections"):
                 continue
             out[f.name] = {"value": getattr(self, f.name), "origin": self.origins.get(f.name, "assumed")}
         for batch, us in self.host_steps:
             out[f"host_step_us_b{batch}"] = {"value": us, "origin": self.origins.get("host_steps", "assumed")}
+        for batch, us in self.step_corrections:
+            out[f"step_correction_us_b{batch}"] = {"value": us,
+                                                   "origin": self.origins.get("step_corrections", "assumed")}
         for kind, (base, hop) in sorted(self.comm_alpha.items()):
             out[f"comm_{kind}_base_us"] = {"value": base, "origin": "assumed"}
             out[f"comm_{kind}_hop_us"] = {"value": hop, "origin": "assumed"}
         return out
+
+
+def interpolate(points: tuple[tuple[int, float], ...], batch: int) -> float:
+    """The value at ``batch`` of ``(batch, value)`` points in ascending batch: linear between two, the nearest one's
+    beyond them."""
+    if batch <= points[0][0]:
+        return points[0][1]
+    for (b0, v0), (b1, v1) in itertools.pairwise(points):
+        if batch <= b1:
+            return v0 + (v1 - v0) * (batch - b0) / (b1 - b0)
+    return points[-1][1]
 
 
 @cache

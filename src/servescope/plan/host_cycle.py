@@ -6,8 +6,9 @@ the device's work, and the cycle moves with the batch in ways one capture cannot
 server's cycle grew by 0.75 ms from 1 to 32 requests while its device work moved by 0.16 ms, and one H200 MoE server
 stepped 15% slower at 1 request than at 16 (docs/measurements.md). The steps timed at other batches are that
 cycle where it is the longer part, and an upper bound on it where the device is: :func:`host_steps` makes them the
-step's floor at each batch (``Factors.host_steps``), and :func:`check_notes` sets a calibrated plan's steps at
-those batches beside the server's own.
+step's floor at each batch (``Factors.host_steps``); without async scheduling the host's time adds to the
+device's, and :func:`corrections` make the plan's step at each timed batch the server's own
+(``Factors.step_corrections``). :func:`check_notes` sets the model's steps at those batches beside the server's.
 """
 
 from __future__ import annotations
@@ -17,17 +18,29 @@ from collections.abc import Mapping
 from servescope.core.analysis import StepReference
 from servescope.plan.captured import ProductionHost
 
-__all__ = ["check_notes", "host_steps", "steps_note"]
+__all__ = ["check_notes", "corrections", "host_steps", "steps_note", "timed_steps"]
 
 
-def host_steps(host: ProductionHost | None, batch: int) -> tuple[tuple[int, float], ...]:
+def timed_steps(host: ProductionHost | None, batch: int) -> tuple[tuple[int, float], ...]:
     """``(batch, µs)``, ascending, of the server's step without the profiler at the capture's ``batch`` and at
-    each other batch timed; empty unless async scheduling overlaps the host and another batch was timed."""
-    if host is None or not host.overlapped or not host.reference.other_batches:
+    each other batch timed; empty unless another batch was timed."""
+    if host is None or not host.reference.other_batches:
         return ()
     steps = {s.batch: s.step_us for s in host.reference.other_batches if s.step_us > 0}
     steps[batch] = host.unprofiled_us
     return tuple(sorted(steps.items()))
+
+
+def host_steps(host: ProductionHost | None, batch: int) -> tuple[tuple[int, float], ...]:
+    """:func:`timed_steps` where async scheduling overlaps the host (they are the step's floor); else empty."""
+    return timed_steps(host, batch) if host is not None and host.overlapped else ()
+
+
+def corrections(timed: tuple[tuple[int, float], ...],
+                predicted_ms: Mapping[int, float]) -> tuple[tuple[int, float], ...]:
+    """Without async scheduling, what each timed step adds to the model's at its batch (µs; negative where the model
+    is the longer): the plan's step there becomes the server's own (``Factors.step_corrections``)."""
+    return tuple((b, us - predicted_ms[b] * 1e3) for b, us in timed if b in predicted_ms)
 
 
 def steps_note(steps: tuple[tuple[int, float], ...]) -> str:
@@ -39,10 +52,11 @@ def steps_note(steps: tuple[tuple[int, float], ...]) -> str:
             f"the longer, the step is that work")
 
 
-def check_notes(reference: StepReference, predicted_ms: Mapping[int, float], *, layout: str,
-                context: int) -> list[str]:
-    """The calibrated plan's step for the captured layout at each other batch the server was timed at, against the
-    server's own step there (its runs' median, and their spread where several were timed)."""
+def check_notes(reference: StepReference, predicted_ms: Mapping[int, float], *, layout: str, context: int,
+                corrected: bool = False) -> list[str]:
+    """The calibrated model's step for the captured layout at each other batch the server was timed at, against the
+    server's own step there (its runs' median, and their spread where several were timed); ``corrected``: the plan
+    then takes the server's own steps (serial host)."""
     cells = []
     for other in reference.other_batches:
         plan = predicted_ms.get(other.batch)
@@ -56,5 +70,7 @@ def check_notes(reference: StepReference, predicted_ms: Mapping[int, float], *, 
                      f"({plan / measured - 1:+.1%})")
     if not cells:
         return []
+    tail = ("; the plan takes the server's own step at each (step_correction_us_b<batch>), linear between them and "
+            "the nearest one's beyond" if corrected else "")
     return [f"checked against this server's own steps without the profiler ({layout}, {context} tokens a request): "
-            + "; ".join(cells)]
+            + "; ".join(cells) + tail]

@@ -16,6 +16,7 @@ ops of that kind (nccl-tests sizes) and ``bytes_each`` lists each distinct messa
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 import sys
 from collections.abc import Callable, Sequence
@@ -54,7 +55,7 @@ from servescope.plan.ep_backend import ep_backend
 from servescope.plan.ep_vs_tp import LAST, ep_vs_tp
 from servescope.plan.factors import Factors, default_factors, wait_caveat
 from servescope.plan.hardware import HardwareProfile, load_hardware
-from servescope.plan.host_cycle import check_notes
+from servescope.plan.host_cycle import check_notes, corrections
 from servescope.plan.layouts import Layout, candidate_layouts
 from servescope.plan.model import ModelArch, load_model_arch
 from servescope.plan.provenance import calibration_differences, curve_differences
@@ -137,14 +138,22 @@ def parse_batches(text: str, option: str = "--batch") -> tuple[int, ...]:
     return tuple(values)
 
 
-def _timed_batch_check(arch: ModelArch, hw: HardwareProfile, comm: CommCosts, factors: Factors,
-                       calibration: Calibration, reference: StepReference) -> list[str]:
-    """The calibrated plan for the captured layout at each batch the server was timed at, beside its own step."""
+def _timed_batches(arch: ModelArch, hw: HardwareProfile, comm: CommCosts, factors: Factors,
+                   calibration: Calibration, reference: StepReference) -> tuple[list[str], Factors | None]:
+    """The calibrated model for the captured layout at each batch the server was timed at, beside its own step; without
+    async scheduling, the factors that make the plan's step there the server's own (else ``None``)."""
     layout = Layout(kind="tp", tp=calibration.tp)
     memory = layout_memory(arch, layout, hw, factors, context=calibration.context)
-    predicted = {s.batch: predict_point(arch, layout, hw, comm, batch=s.batch, context=calibration.context,
-                                        memory=memory).step_ms for s in reference.other_batches}
-    return check_notes(reference, predicted, layout=layout.name, context=calibration.context)
+    batches = sorted({s.batch for s in reference.other_batches} | {b for b, _ in calibration.serial_timed})
+    predicted = {b: predict_point(arch, layout, hw, comm, batch=b, context=calibration.context,
+                                  memory=memory).step_ms for b in batches}
+    serial = corrections(calibration.serial_timed, predicted)
+    notes = check_notes(reference, predicted, layout=layout.name, context=calibration.context,
+                        corrected=bool(serial))
+    if not serial:
+        return notes, None
+    return notes, dataclasses.replace(factors, step_corrections=serial,
+                                      origins={**factors.origins, "step_corrections": "calibrated"})
 
 
 def _file_info(path: str | None) -> InputFile | None:
@@ -324,7 +333,11 @@ def run_plan(request: PlanRequest) -> PlanDoc:
         notes += calibration.notes
         notes += _extrapolation_notes(calibration.batch, request.batches)
         if capture.unprofiled is not None and capture.unprofiled.other_batches:
-            notes += _timed_batch_check(arch, hw, comm, factors, calibration, capture.unprofiled)
+            checked, corrected = _timed_batches(arch, hw, comm, factors, calibration, capture.unprofiled)
+            notes += checked
+            if corrected is not None:
+                factors = corrected
+                comm = comm.with_factors(factors).with_calibrated(calibration.comm_points)
     evaluated = []
     for layout in layouts:
         memory = layout_memory(arch, layout, hw, factors, context=request.context)
