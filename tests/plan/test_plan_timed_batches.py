@@ -104,3 +104,73 @@ def test_serial_scheduling_keeps_its_fixed_host_time_and_only_checks_the_timed_b
                              host_bound=False, device=True)
     assert serial is not None and not serial.overlapped and host_steps(serial, 16) == ()
     assert host_steps(production_host(doc, phase, host_bound=False, device=True), 16) == ()  # none timed
+
+
+def _prov(folder: str) -> dict:
+    return json.loads((bench.DATA / folder / "provenance.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize(("kind", "flavour"), bench.CLEAN_KINDS, ids=lambda x: str(x))
+def test_clean_pairs_within_10pct_with_the_timed_batches(kind: str, flavour: str) -> None:
+    """Issue 24's pairs on new captures (a lent H100: dense and MoE, bf16 and fp8, async scheduling on and off,
+    distinct prompts), each calibrated on its server's first capture (the only one a profile has not slowed) and
+    checked against the first capture of another server of the same flags: with the batches it timed, within 10%
+    both ways (measured −4.5 .. +3.5%). From the capture alone, a MoE server with async scheduling at 16 requests
+    runs its device longer than its host, so the host's cycle at 1 request is hidden (+120% / +208%); the plan then
+    takes the longer, as its notes say. Truth: the other capture's five runs' median, from provenance.json."""
+    rows = [r for r in _clean_rows() if (r["kind"], r["flavour"]) == (kind, flavour)]
+    assert {r["direction"] for r in rows} == {"16→1", "1→16"}
+    for r in rows:
+        fit_set, fit, check_set, check = bench.CLEAN[r["direction"]]
+        runs = [float(x["itl_ms"]) for x in _prov(f"{bench.H100}/steady/{check_set}/{kind}-{flavour}-b{check}")
+                ["unprofiled_runs"]]
+        assert len(runs) == 5 and r["truth"] == pytest.approx(statistics.median(runs))
+        assert abs(r["timed_error"]) <= 0.10, (r["direction"], f"{r['timed_error']:+.1%}")
+        if flavour.endswith("async") and not flavour.endswith("noasync") and kind == "moe" and check == 1:
+            assert r["alone_error"] > 1.0  # the device-bound capture hides the host's cycle
+        else:
+            assert abs(r["alone_error"]) <= 0.11, (r["direction"], f"{r['alone_error']:+.1%}")
+
+
+_CLEAN: list[dict] = []
+
+
+def _clean_rows() -> list[dict]:
+    if not _CLEAN:
+        _CLEAN.extend(bench.clean_pairs())
+    return _CLEAN
+
+
+@pytest.mark.parametrize(("kind", "flavour"), [("moe", "async"), ("moe", "noasync"), ("moe", "fp8-async"),
+                                               ("moe", "fp8-noasync"), ("dense", "noasync"),
+                                               ("dense", "fp8-noasync")], ids=str)
+def test_a_server_stays_slower_after_its_first_profile(kind: str, flavour: str) -> None:
+    """``steady/w6``: each server's first capture (1 request) timed the batch five times before its profiled window
+    and three times after (`profile --after-runs`). Where the host's time shows in the step (no async scheduling, or
+    MoE at 1 request, whose device work is short), every run after is slower than every run before, and the next
+    capture on the same server, a minute later, still times that batch as slow: the profile's effect lasts. From
+    provenance.json by plain json."""
+    first = _prov(f"{bench.H100}/steady/w6/{kind}-{flavour}-b1")
+    before = [float(r["itl_ms"]) for r in first["unprofiled_runs"]]
+    after = [float(r["itl_ms"]) for r in first["after_profile_runs"]]
+    assert len(before) == 5 and len(after) == 3 and min(after) > max(before)
+    later = _prov(f"{bench.H100}/steady/w6/{kind}-{flavour}-b16")
+    again = next(float(t["itl_ms"]) for t in later["unprofiled_batches"] if t["batch"] == 1)
+    assert again > max(before) and again == pytest.approx(statistics.median(after), rel=0.10)
+    from servescope.server.timing import ServerTiming, after_profile_note
+
+    def timing(ms: float) -> ServerTiming:
+        return ServerTiming(itl_ms=ms, tpot_ms=ms, itl_metric="m", tpot_metric="t", seconds=1.0)
+
+    note = after_profile_note([timing(x) for x in before], [timing(x) for x in after])
+    assert note is not None and ("restart it" in note) == (statistics.median(after) > 1.05 * statistics.median(before))
+
+
+@pytest.mark.parametrize("flavour", ["async", "fp8-async"])
+def test_a_device_bound_step_hides_what_the_profile_left(flavour: str) -> None:
+    """The dense server with async scheduling runs its device longer than its host at 1 request: the runs after the
+    window lie within 3% of those before."""
+    first = _prov(f"{bench.H100}/steady/w6/dense-{flavour}-b1")
+    before = statistics.median(float(r["itl_ms"]) for r in first["unprofiled_runs"])
+    after = statistics.median(float(r["itl_ms"]) for r in first["after_profile_runs"])
+    assert after == pytest.approx(before, rel=0.03)
