@@ -238,7 +238,14 @@ class PlanLayout(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class LayoutMemoryGib(msgspec.Struct, kw_only=True, frozen=True):
-    """Memory of one GPU, GiB: its weights, what is left for the KV cache, and what the engine may use."""
+    """Memory of one GPU under the layout, GiB.
+
+    Attributes:
+        weights: the weights on the most loaded GPU of the layout.
+        kv_cache: what is left for the KV cache: ``usable`` less those weights.
+        usable: the GPU's memory times the share the engine may use (``Factors.memory_utilization``), less the
+            reserve for activations, graphs and buffers (``Factors.reserve_gib``).
+    """
 
     weights: float
     kv_cache: float
@@ -377,7 +384,12 @@ class EpTpCrossing(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class EpTpAt(msgspec.Struct, kw_only=True, frozen=True):
-    """The fastest EP and TP layouts at one batch."""
+    """The fastest EP and TP layouts at one batch.
+
+    Attributes:
+        ep: the fastest layout that fits and splits the experts across GPUs (``TP=8 EP=8``, ``DP=8 EP=8``).
+        tp: the fastest layout that fits and splits every expert's matrices instead.
+    """
 
     batch: int
     ep: EpTpSide
