@@ -174,3 +174,22 @@ def test_a_device_bound_step_hides_what_the_profile_left(flavour: str) -> None:
     before = statistics.median(float(r["itl_ms"]) for r in first["unprofiled_runs"])
     after = statistics.median(float(r["itl_ms"]) for r in first["after_profile_runs"])
     assert after == pytest.approx(before, rel=0.03)
+
+
+def test_a_timed_step_faster_than_the_weights_allow_is_refused(tmp_path: Path) -> None:
+    """A timed step shorter than one read of the weights at the datasheet rate cannot be this model on this card:
+    one line naming the capture and both numbers, exit 2."""
+    import subprocess
+    import sys
+
+    doc = json.loads(bench.ladder_doc(DENSE, 16, (1, 4), tmp_path).read_text(encoding="utf-8"))
+    doc["unprofiled"]["other_batches"][0]["step_us"] = 50.0  # 7.5 GB of bf16 weights read in 50 µs: impossible
+    bad = tmp_path / "impossible.profile.json"
+    bad.write_text(json.dumps(doc), encoding="utf-8")
+    config = bench.config(f"{DENSE}-b16", tmp_path)
+    result = subprocess.run([sys.executable, "-m", "servescope", "plan", "--model", str(config), "--hardware",
+                             "h100-sxm", "--gpus", "1", "--batch", "1,16", "--calibrate", str(bad)],
+                            capture_output=True, text=True, check=False)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert str(bad) in lines[0] and "50 µs" in lines[0] and "at batch 1 " in lines[0]
