@@ -251,3 +251,18 @@ def test_profile_times_other_batches_without_the_profiler(profiling_server: Prof
     bad = run_cli("profile", profiling_server.url, "--trace-dir", str(profiling_server.trace_dir),
                   "--unprofiled-batches", "1,x")
     assert bad.returncode == 2 and "--unprofiled-batches" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_a_server_profiled_before_is_named_in_the_header_and_the_reference(profiling_server: ProfilingServer) -> None:
+    """The second profile of one server finds the first one's rank traces in its profiler directory, written since
+    the process started (its /proc start time): the header says so, and the analysis' unprofiled reference carries
+    it into `plan --calibrate`'s host note."""
+    args = ("profile", profiling_server.url, "--batch", "1", "--output-tokens", "4", "--unprofiled-runs", "1",
+            "--after-runs", "0", "--trace-dir", str(profiling_server.trace_dir))
+    assert run_cli(*args).returncode == 0
+    text = run_cli(*args)
+    assert text.returncode == 0, text.stderr
+    assert "this server was profiled before this run" in text.stdout and "restart it" in text.stdout
+    doc = json.loads(run_cli(*args, "--json").stdout)
+    assert "this server was profiled before this run" in doc["profile"]["profiled_before"]
+    assert doc["unprofiled"]["source"].endswith(doc["profile"]["profiled_before"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from servescope.server.timing import ServerTiming, after_profile_note, median_run, step_reference
@@ -48,3 +50,25 @@ def test_runs_after_the_window_name_a_lasting_slowdown_only_when_every_one_is_sl
     scattered = after_profile_note(before, [_run(1.10), _run(1.17), _run(1.30)])
     assert scattered is not None and "no lasting slowdown" in scattered
     assert after_profile_note(before, []) is None and after_profile_note([], before) is None
+
+
+def test_traces_written_since_the_server_started_say_it_was_profiled_before(tmp_path: Path) -> None:
+    """Rank traces in the profiler directory newer than the server's start (files on disk, their mtimes set):
+    profiled before; older ones (an earlier server's) or an unknown start: nothing said."""
+    import os
+    import time
+
+    from servescope.server.earlier import earlier_profile_note
+
+    started = time.time() - 100
+    old, new = tmp_path / "a.pt.trace.json.gz", tmp_path / "b.pt.trace.json.gz"
+    for path, age in ((old, 200), (new, 50)):
+        path.write_bytes(b"x")
+        os.utime(path, (time.time() - age, time.time() - age))
+    seen = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in (old, new)}
+    note = earlier_profile_note(seen, started)
+    assert note is not None and "1 trace file(s)" in note and str(tmp_path) in note and "restart it" in note
+    assert earlier_profile_note({old: seen[old]}, started) is None
+    assert earlier_profile_note(seen, None) is None
+    reference = step_reference(_run(2.0), [_run(2.0), _run(2.1)], caveat=note)
+    assert reference is not None and reference.source.endswith(note)

@@ -90,6 +90,7 @@ def profile(
                    runs_ms=[r.itl_ms for r in capture.unprofiled_runs if r.itl_ms is not None],
                    profiled_ms=capture.profiled_server.itl_ms if capture.profiled_server else None,
                    after_note=after_profile_note(capture.unprofiled_runs, capture.after_runs),
+                   before_note=capture.profiled_before,
                    other_batches_ms={s.batch: s.step_us / 1e3 for s in (doc.unprofiled.other_batches
                                                                          if doc.unprofiled else ())})
     render_analysis(doc, console, top=top)

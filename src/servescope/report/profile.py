@@ -29,10 +29,10 @@ def render_capture(console: Console, *, url: str, model: str, batch: int, output
                    trace_files: Sequence[Path], usage: Sequence[Mapping[str, int]],
                    unprofiled_ms: float | None = None, runs_ms: Sequence[float] = (),
                    profiled_ms: float | None = None, other_batches_ms: Mapping[int, float] | None = None,
-                   after_note: str | None = None) -> None:
+                   after_note: str | None = None, before_note: str | None = None) -> None:
     """One header block: what was profiled, what the server reported (its inter-token latency over each unprofiled
     run, ``unprofiled_ms`` their median, over the profiled batch, and the median at each other batch timed; what
-    the runs after the window showed), which files were analyzed."""
+    the runs after the window showed, and whether the server had been profiled before), which files were analyzed."""
     got = [u.get("completion_tokens") for u in usage]
     console.print(f"profiled {url} ({model}): {batch} concurrent × {output_tokens} output tokens, "
                   f"{input_tokens} input tokens; server usage completion_tokens: "
@@ -45,7 +45,8 @@ def render_capture(console: Console, *, url: str, model: str, batch: int, output
     if other_batches_ms:
         console.print("  the same without the profiler at other batches: " + ", ".join(
             f"{b} → {ms:.2f} ms" for b, ms in sorted(other_batches_ms.items())), markup=False, soft_wrap=True)
-    if after_note:
-        console.print(f"  {after_note}", markup=False, soft_wrap=True)
+    for note in (before_note, after_note):
+        if note:
+            console.print(f"  {note}", markup=False, soft_wrap=True)
     for path in trace_files:
         console.print(f"  trace: {path}", markup=False, soft_wrap=True)

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 from servescope.core.errors import InputError
 from servescope.server.batches import PromptSupply, send, timed_batch, timed_runs
 from servescope.server.client import ApiKey, ServerClient
+from servescope.server.earlier import earlier_profile_note
 from servescope.server.errors import EndpointNotFound, NotOpenAICompatible, ServerError
 from servescope.server.process import find_processes, read_process_record
 from servescope.server.prompts import make_prompts
@@ -37,6 +38,7 @@ from servescope.server.timing import ServerTiming, median_run, step_reference
 
 if TYPE_CHECKING:
     from servescope.core.analysis import AnalysisDoc
+    from servescope.core.settings import ProcessRecord
     from servescope.trace.deployment import DeploymentInput
 
 __all__ = [
@@ -110,6 +112,7 @@ class ProfileCapture:
     unprofiled_runs: list[ServerTiming] = field(default_factory=list)
     unprofiled_by_batch: dict[int, list[ServerTiming]] = field(default_factory=dict)  # other batches: their runs
     after_runs: list[ServerTiming] = field(default_factory=list)  # the same batch after the window, in order
+    profiled_before: str | None = None  # the server was profiled before this run (server.earlier), in a sentence
     server_version: str | None = None  # /version's answer (vLLM), when it gave one
 
     def record(self) -> dict[str, Any]:
@@ -130,6 +133,8 @@ class ProfileCapture:
             timing = getattr(self, key)
             out[key] = None if timing is None else timing.record()
         out["unprofiled_runs"] = [run.record() for run in self.unprofiled_runs]
+        if self.profiled_before:
+            out["profiled_before"] = self.profiled_before
         if self.after_runs:
             median = median_run(self.after_runs)
             out["after_profile_server"] = None if median is None else median.record()
@@ -342,6 +347,8 @@ async def _run(request: ProfileRequest, trace_dir: Path,
             if timed := await timed_runs(client, body, supply, batch=other, runs=wanted):
                 by_batch[other] = timed
         before = _snapshot(trace_dir)
+        server = _local_server(request.url)
+        earlier = earlier_profile_note(before, server.start_time if server else None)
         if not trace_dir.is_dir():
             say(f"{trace_dir} is not there yet: waiting up to {request.dir_timeout_s:g} s after /start_profile "
                 f"for the server to create it (vLLM creates its profiler directory on the first one)")
@@ -372,7 +379,7 @@ async def _run(request: ProfileRequest, trace_dir: Path,
                           input_tokens=request.input_tokens, prompt_source=source, usage=list(usage),
                           requests_s=requests_s, traces_wait_s=traces_wait_s, after_runs=after_runs,
                           profiled_server=profiled, unprofiled_server=unprofiled, unprofiled_runs=runs,
-                          unprofiled_by_batch=by_batch,
+                          unprofiled_by_batch=by_batch, profiled_before=earlier,
                           server_version=server_version)
 
 
@@ -453,10 +460,23 @@ def profile_server(request: ProfileRequest, *, say: Callable[[str], None] = _qui
     from servescope.trace.analyze import AnalyzeRequest, analyze
 
     capture = capture_profile(request, say=say)
-    reference = step_reference(capture.unprofiled_server, capture.unprofiled_runs, capture.unprofiled_by_batch)
+    reference = step_reference(capture.unprofiled_server, capture.unprofiled_runs, capture.unprofiled_by_batch,
+                               caveat=capture.profiled_before)
     return ProfileResult(capture=capture, analysis=analyze(AnalyzeRequest(
         paths=capture.trace_files, settings=live_deployment(capture.url, capture.server_version),
         reference=reference)))
+
+
+def _local_server(url: str, proc: Path = Path("/proc")) -> ProcessRecord | None:
+    """The process serving ``url``'s port on this machine (the lowest pid of those that do), else None."""
+    port = urlsplit(url).port
+    if port is None or not is_local_url(url):
+        return None
+    pids = [p.pid for p in find_processes(lambda argv: _serves_port(argv, port), proc=proc)]
+    try:
+        return read_process_record(min(pids), proc=proc) if pids else None
+    except (OSError, InputError):
+        return None
 
 
 def live_deployment(url: str, version: str | None, *, proc: Path = Path("/proc")) -> list[DeploymentInput]:
@@ -464,15 +484,7 @@ def live_deployment(url: str, version: str | None, *, proc: Path = Path("/proc")
     runs here) and its version (``/version``); empty when neither is known."""
     from servescope.trace.deployment import DeploymentInput
 
-    port = urlsplit(url).port
-    record = None
-    if port is not None and is_local_url(url):
-        pids = [p.pid for p in find_processes(lambda argv: _serves_port(argv, port), proc=proc)]
-        if pids:
-            try:
-                record = read_process_record(min(pids), proc=proc)
-            except (OSError, InputError):
-                record = None
+    record = _local_server(url, proc)
     if record is None and version is None:
         return []
     where = f"pid {record.pid}, /proc/{record.pid}/cmdline and environ" if record else url

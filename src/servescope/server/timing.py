@@ -45,21 +45,24 @@ def median_run(runs: list[ServerTiming]) -> ServerTiming | None:
 
 
 def step_reference(timing: ServerTiming | None, runs: list[ServerTiming],
-                   by_batch: dict[int, list[ServerTiming]] | None = None) -> StepReference | None:
+                   by_batch: dict[int, list[ServerTiming]] | None = None, *,
+                   caveat: str | None = None) -> StepReference | None:
     """The production step a profile measured: the median run's inter-token latency, every run's beside it, and
-    the same server's median step at each other batch it timed (``by_batch``: batch -> its runs)."""
+    the same server's median step at each other batch it timed (``by_batch``: batch -> its runs); ``caveat``
+    (the server was profiled before) closes its source."""
     if timing is None or timing.itl_ms is None:
         return None
     each = _runs_us(runs)
     others = tuple(step for step in (batch_step(b, r) for b, r in sorted((by_batch or {}).items())) if step)
+    tail = f"; {caveat}" if caveat else ""
     if len(each) < 2:
         return StepReference(step_us=timing.itl_ms * 1000.0, other_batches=others,
                              source=f"the server's {timing.itl_metric} mean over the same batch run without the "
-                                    "profiler")
+                                    f"profiler{tail}")
     return StepReference(step_us=timing.itl_ms * 1000.0, runs_us=each, other_batches=others,
                          source=f"the median of {len(each)} runs of the same batch without the profiler "
                                 f"({min(each) / 1e3:.2f}–{max(each) / 1e3:.2f} ms), each the server's "
-                                f"{timing.itl_metric} mean")
+                                f"{timing.itl_metric} mean{tail}")
 
 
 def batch_step(batch: int, runs: list[ServerTiming]) -> BatchStep | None:
