@@ -79,10 +79,11 @@ def test_the_plan_sets_its_steps_beside_the_servers_own_at_the_timed_batches(tmp
     notes = plan.calibration.notes
     assert any(n.startswith("host's cycle across batches:") for n in notes)
     check = next(n for n in plan.notes if n.startswith("checked against this server's own steps"))
+    assert "the model's device work at each" in check  # async: the floor is the server's step; the device beside it
     for b in timed:
         prov = json.loads((bench.DATA / f"{DENSE}-b{b}" / "provenance.json").read_text(encoding="utf-8"))
         runs = sorted(float(r["itl_ms"]) for r in prov["unprofiled_runs"])
-        assert f"{b} → plan " in check and f"server {statistics.median_low(runs):.2f} ms" in check
+        assert f"{b} → device " in check and f"server {statistics.median_low(runs):.2f} ms" in check
         assert f"runs {runs[0]:.2f}–{runs[-1]:.2f}" in check
         assert plan.factors[f"host_step_us_b{b}"].origin == "calibrated"
         assert plan.factors[f"host_step_us_b{b}"].value == pytest.approx(statistics.median_low(runs) * 1000, abs=0.1)
@@ -193,3 +194,23 @@ def test_a_timed_step_faster_than_the_weights_allow_is_refused(tmp_path: Path) -
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert str(bad) in lines[0] and "50 µs" in lines[0] and "at batch 1 " in lines[0]
+
+
+def test_which_part_sets_the_step_at_each_timed_batch_and_serial_steps_become_the_servers(tmp_path: Path) -> None:
+    """The MoE server with async scheduling (``w5``, its first capture at 16): at 1 and 2 requests the server's step
+    lies above the model's device work, the host's cycle; at 32 the device's. Without async scheduling the note
+    compares the model's whole step, and the plan's step at a timed batch is then the server's (truth: the timed
+    median from provenance.json)."""
+    folder = f"{bench.H100}/steady/w5/moe-async-b16"
+    doc = bench.own_timed_doc(folder, (1, 2, 32), tmp_path)
+    plan = bench.predict(folder, folder, tmp_path, document=doc)
+    check = next(n for n in plan.notes if n.startswith("checked against this server's own steps"))
+    cells = dict(cell.split(" → ", 1) for cell in check.split(": ", 1)[1].split("; "))
+    assert cells["1"].endswith("the host's cycle sets it") and cells["2"].endswith("the host's cycle sets it")
+    assert cells["32"].endswith("the device's work sets it")
+    serial = f"{bench.H100}/steady/w5/moe-noasync-b16"
+    timed = bench.timed_steps(serial)
+    at_one = bench.predict_at(serial, bench.own_timed_doc(serial, (1, 4), tmp_path), 1, tmp_path)
+    assert at_one == pytest.approx(timed[1], rel=1e-3)
+    alone = bench.predict_at(serial, bench.own_timed_doc(serial, (), tmp_path), 1, tmp_path)
+    assert abs(alone / timed[1] - 1) > 0.02  # the model alone was off; the timed step replaced it

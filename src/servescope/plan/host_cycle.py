@@ -20,6 +20,10 @@ from servescope.plan.captured import ProductionHost
 
 __all__ = ["check_notes", "corrections", "host_steps", "steps_note", "timed_steps"]
 
+# A timed step this much above the model's device work is the host's cycle's (the device work's model is good to
+# a few percent: docs/measurements.md)
+HOST_SETS = 1.05
+
 
 def timed_steps(host: ProductionHost | None, batch: int) -> tuple[tuple[int, float], ...]:
     """``(batch, µs)``, ascending, of the server's step without the profiler at the capture's ``batch`` and at
@@ -53,10 +57,11 @@ def steps_note(steps: tuple[tuple[int, float], ...]) -> str:
 
 
 def check_notes(reference: StepReference, predicted_ms: Mapping[int, float], *, layout: str, context: int,
-                corrected: bool = False) -> list[str]:
-    """The calibrated model's step for the captured layout at each other batch the server was timed at, against the
-    server's own step there (its runs' median, and their spread where several were timed); ``corrected``: the plan
-    then takes the server's own steps (serial host)."""
+                corrected: bool = False, overlapped: bool = False) -> list[str]:
+    """The calibrated model for the captured layout at each other batch the server was timed at, against the
+    server's own step there (its runs' median, and their spread where several were timed). ``overlapped`` (async
+    scheduling): ``predicted_ms`` is the model's device work, and each batch says which of it and the host's cycle
+    sets the step; ``corrected`` (serial): the plan then takes the server's own steps."""
     cells = []
     for other in reference.other_batches:
         plan = predicted_ms.get(other.batch)
@@ -66,11 +71,16 @@ def check_notes(reference: StepReference, predicted_ms: Mapping[int, float], *, 
         spread = ""
         if len(other.runs_us) > 1:
             spread = f", runs {min(other.runs_us) / 1e3:.2f}–{max(other.runs_us) / 1e3:.2f}"
-        cells.append(f"{other.batch} → plan {plan:.2f} ms, server {measured:.2f} ms{spread} "
-                     f"({plan / measured - 1:+.1%})")
+        if overlapped:
+            bound = "the host's cycle" if measured > HOST_SETS * plan else "the device's work"
+            cells.append(f"{other.batch} → device {plan:.2f} ms, server {measured:.2f} ms{spread}: {bound} sets it")
+        else:
+            cells.append(f"{other.batch} → plan {plan:.2f} ms, server {measured:.2f} ms{spread} "
+                         f"({plan / measured - 1:+.1%})".replace("(-", "(−"))
     if not cells:
         return []
+    what = "the model's device work" if overlapped else "the model's step"
     tail = ("; the plan takes the server's own step at each (step_correction_us_b<batch>), linear between them and "
             "the nearest one's beyond" if corrected else "")
-    return [f"checked against this server's own steps without the profiler ({layout}, {context} tokens a request): "
-            + "; ".join(cells) + tail]
+    return [f"checked against this server's own steps without the profiler ({layout}, {context} tokens a request), "
+            f"{what} at each: " + "; ".join(cells) + tail]

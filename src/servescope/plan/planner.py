@@ -154,9 +154,14 @@ def _timed_batches(arch: ModelArch, hw: HardwareProfile, comm: CommCosts, factor
                              f"µs, timed without the profiler) is shorter than reading its weights once at the "
                              f"datasheet rate ({read_us:.0f} µs): not this model on this device")
     predicted = {b: p.step_ms for b, p in points.items()}
+    if calibration.host_steps:  # async: the timed steps are the floor, so set the model's device work beside them
+        bare = dataclasses.replace(factors, host_steps=(), host_step_us=0.0)
+        device = comm.with_factors(bare).with_calibrated(calibration.comm_points)
+        predicted = {b: predict_point(arch, layout, hw, device, batch=b, context=calibration.context,
+                                      memory=memory).step_ms for b in batches}
     serial = corrections(calibration.serial_timed, predicted)
     notes = check_notes(reference, predicted, layout=layout.name, context=calibration.context,
-                        corrected=bool(serial))
+                        corrected=bool(serial), overlapped=bool(calibration.host_steps))
     if not serial:
         return notes, None
     return notes, dataclasses.replace(factors, step_corrections=serial,
