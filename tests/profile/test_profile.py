@@ -29,7 +29,8 @@ def test_tp2_profile_gives_two_ranks_with_decode_communication(profiling_server:
     batch, tokens, prompt = 4, 16, 200
     before = set(profiling_server.trace_dir.rglob("*.pt.trace.json.gz"))
     result = run_cli("profile", profiling_server.url, "--batch", str(batch), "--output-tokens", str(tokens),
-                     "--input-tokens", str(prompt), "--trace-dir", str(profiling_server.trace_dir), "--json")
+                     "--input-tokens", str(prompt), "--trace-dir", str(profiling_server.trace_dir), "--after-runs",
+                     "0", "--json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     after = set(profiling_server.trace_dir.rglob("*.pt.trace.json.gz"))
@@ -68,7 +69,7 @@ def test_profile_server_as_a_plain_function(profiling_server: ProfilingServer) -
     before = set(profiling_server.trace_dir.rglob("*.pt.trace.json.gz"))
     said: list[str] = []
     result = profile_server(ProfileRequest(url=profiling_server.url, batch=batch, output_tokens=tokens,
-                                           trace_dir=profiling_server.trace_dir), say=said.append)
+                                           trace_dir=profiling_server.trace_dir, after_runs=0), say=said.append)
     new = set(profiling_server.trace_dir.rglob("*.pt.trace.json.gz")) - before
     assert set(result.capture.trace_files) == new and len(new) == profiling_server.tp + 1
     assert sorted(r.rank for r in result.analysis.ranks) == [0, 1]
@@ -260,9 +261,10 @@ def test_a_server_profiled_before_is_named_in_the_header_and_the_reference(profi
     args = ("profile", profiling_server.url, "--batch", "1", "--output-tokens", "4", "--unprofiled-runs", "1",
             "--after-runs", "0", "--trace-dir", str(profiling_server.trace_dir))
     assert run_cli(*args).returncode == 0
-    text = run_cli(*args)
+    out = profiling_server.trace_dir.parent / "profiled-before.json"
+    text = run_cli(*args, "-o", str(out))
     assert text.returncode == 0, text.stderr
     assert "this server was profiled before this run" in text.stdout and "restart it" in text.stdout
-    doc = json.loads(run_cli(*args, "--json").stdout)
+    doc = json.loads(out.read_text(encoding="utf-8"))
     assert "this server was profiled before this run" in doc["profile"]["profiled_before"]
     assert doc["unprofiled"]["source"].endswith(doc["profile"]["profiled_before"])
