@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tracefiles import REQUIRE_ENV, SHARED, in_shared, shared_present, shared_required
+from tracefiles import REQUIRE_ENV, SHARED, SPLIT_ENV, in_shared, shared_present, shared_required
 
 _NEEDING = pytest.StashKey[int]()
 
@@ -41,6 +41,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(slow)
     needing = [item for item in items if needs_shared(item)]
     config.stash[_NEEDING] = len(needing)
+    if os.environ.get(SPLIT_ENV, "").strip() not in ("", "0"):
+        # CI: a test that reads neither ../shared nor is slow runs in the README's clone (tests/test_corpus.py,
+        # the README's test command on a fresh clone without ../shared), so each test runs once
+        there = pytest.mark.skip(reason="runs in the README's clone (CI's split)")
+        for item in items:
+            if not needs_shared(item) and item.get_closest_marker("slow") is None:
+                item.add_marker(there)
     if not shared_present():
         skip = pytest.mark.skip(reason=f"needs the ../shared corpus, not found at {SHARED}")
         for item in needing:

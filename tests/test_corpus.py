@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tracefiles import CORPUS, REQUIRE_ENV, ROOT, TRACES
+from tracefiles import CORPUS, REQUIRE_ENV, ROOT, SHARED, SPLIT_ENV, TRACES
 
 _LINE = re.compile(r"^\.\./shared: not found at (?P<at>\S+): (?P<count>\d+) tests that read it are skipped \(",
                    re.M)
@@ -19,7 +19,8 @@ _SUMMARY = re.compile(r"^(?:=+ )?(?P<body>(?:\d+ \w+(?:, )?)+) in [\d.]+s", re.M
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("SERVESCOPE_SHARED", REQUIRE_ENV, "SERVESCOPE_SLOW")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SERVESCOPE_SHARED", REQUIRE_ENV, "SERVESCOPE_SLOW", SPLIT_ENV)}
     return {**env, **extra}
 
 
@@ -64,6 +65,20 @@ def test_ci_fails_the_run_when_the_corpus_is_missing(tmp_path: Path) -> None:
 def test_ci_sets_the_requirement() -> None:
     text = (ROOT / ".ci" / "run").read_text()
     assert f"export {REQUIRE_ENV}=1" in text and "export SERVESCOPE_SLOW=1" in text
+    assert f"export {SPLIT_ENV}=1" in text  # each test once: here the corpus's and the slow, the rest in the clone
+
+
+def test_ci_split_leaves_to_the_clone_only_what_reads_neither_the_corpus_nor_is_slow(tmp_path: Path) -> None:
+    """Under CI's split a module mixing corpus tests and its own runs only the corpus's; the clone's run (the
+    README's command, the split not passed on) runs the others."""
+    target = "tests/trace/test_ranks.py"
+    split = _pytest([target], _env(**{SPLIT_ENV: "1"}))
+    alone = _pytest([target], _env(SERVESCOPE_SHARED=str(tmp_path / "nothing")))
+    assert split.returncode == alone.returncode == 0, split.stdout[-2000:] + alone.stdout[-2000:]
+    marked = len(re.findall(r"^@pytest\.mark\.needs_shared$", (ROOT / target).read_text(), re.M))
+    ran, rest = _counts(split.stdout), _counts(alone.stdout)
+    if SHARED.is_dir():
+        assert ran["passed"] == marked and ran["skipped"] == rest["passed"] > 0
 
 
 def _readme_test_command() -> str:

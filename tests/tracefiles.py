@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("SERVESCOPE_SHARED") or ROOT.parent / "shared").resolve()
 TRACES = SHARED / "traces"
 REQUIRE_ENV = "SERVESCOPE_REQUIRE_SHARED"
+# CI: tests that read neither ../shared nor are slow run only in the README's clone (tests/conftest.py)
+SPLIT_ENV = "SERVESCOPE_CI_SPLIT"
 
 # The traces of ../shared/traces, by name: the tests over "every shared trace" are parametrized from this list
 # whether or not the corpus is here, so a clone without it collects (and skips) the same tests;
