@@ -243,10 +243,10 @@ def same_state(pairs: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
                 folder = f"{stem}-b{b}"
                 steps = timed_steps(folder)
                 flags = provenance(folder).get("server_flags", [])
+                alone = own_timed_doc(folder, (), Path(tmp))  # the capture's own batch only: one document
                 for check, truth in sorted(steps.items()):
                     if check == b:
                         continue
-                    alone = own_timed_doc(folder, (), Path(tmp))
                     left = own_timed_doc(folder, tuple(x for x in steps if x not in (b, check)), Path(tmp))
                     got = {name: predict_at(folder, doc, check, Path(tmp)) for name, doc in
                            (("alone", alone), ("timed", left))}
@@ -278,7 +278,7 @@ def clean_pairs() -> list[dict[str, Any]]:
                 got = {name: predict_at(folder, own_timed_doc(folder, batches, Path(tmp)), check, Path(tmp))
                        for name, batches in (("alone", ()), ("timed", timed))}
                 rows.append({"kind": kind, "flavour": flavour, "direction": direction, "truth": truth,
-                             "own": timed_steps(folder)[check], "predicted": got,
+                             "predicted": got,
                              "serial": "noasync" in flavour,
                              **{f"{k}_error": v / truth - 1 for k, v in got.items()}})
     return rows
