@@ -51,11 +51,10 @@ def test_tp2_profile_gives_two_ranks_with_decode_communication(profiling_server:
         # first token from its prefill step and the other N-1 from decode work
         assert sum(s[1] for s in by_hand) == batch * prompt
         assert sum(s[3] for s in by_hand) == batch * (tokens - 1)
-        # The B requests were in flight together: some step decoded several of them. How many steps it took
-        # depends on when each reached the engine (both cores run the TP workers here, so the front end can
-        # pass the requests on one by one): between fully overlapped (N - 1 steps) and serial (B x (N - 1)).
-        assert max(s[2] for s in by_hand) >= 2
-        assert tokens - 1 - batch <= len(decode_only) < batch * (tokens - 1)
+        # How many steps the B requests took depends on when each reached the engine: both cores run the TP
+        # workers here, so a starved front end can pass them on one by one (a CI run saw every step decode one).
+        # Between fully overlapped (N - 1 steps, less the steps that mixed a prefill in) and serial (B x (N - 1)).
+        assert tokens - 1 - batch <= len(decode_only) <= batch * (tokens - 1)
     usage = doc["profile"]["usage"]
     assert [u["completion_tokens"] for u in usage] == [tokens] * batch
     assert [u["prompt_tokens"] for u in usage] == [prompt] * batch
