@@ -95,6 +95,53 @@ def test_h200_capture_for_another_gpu_is_refused_naming_the_device(h200_capture:
     assert len(doc.forced) == 1 and "NVIDIA H200" in doc.forced[0] and doc.notes[0] == doc.forced[0]
 
 
+EXAMPLE = Path(__file__).resolve().parents[2] / "src" / "servescope" / "data" / "examples" / "h200-vllm-moe-b16"
+
+
+def test_a_capture_copied_from_its_server_is_checked_by_the_files_beside_it(tmp_path: Path) -> None:
+    """The bundled example's profile.json names traces under the device's /tmp; its folder holds the renamed
+    worker trace and a provenance.json: the model's shape and the device come from there (by plain json.load)."""
+    prov = json.loads((EXAMPLE / "provenance.json").read_text(encoding="utf-8"))
+    recorded = json.loads((EXAMPLE / "profile.json").read_text(encoding="utf-8"))["trace_files"]
+    assert not any(Path(p).exists() for p in recorded)  # the recorded paths point nowhere on this machine
+    config = tmp_path / prov["model"] / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(prov["model_shape"]), encoding="utf-8")
+    doc = run_plan(PlanRequest(model=str(config), hardware="h200", gpus=1, batches=(16,), context=64,
+                               calibrate=str(EXAMPLE / "profile.json")))
+    assert doc.forced == [] and not [n for n in doc.notes if "not checked against the plan" in n]
+    with pytest.raises(InputError) as err:
+        run_plan(PlanRequest(model=str(config), hardware="h100-sxm", gpus=1, batches=(16,), context=64,
+                             calibrate=str(EXAMPLE / "profile.json")))
+    assert f"device: captured on {prov['device'].split(',')[0]}" in err.value.problem
+    with pytest.raises(InputError) as err:
+        run_plan(PlanRequest(model="llama-3-70b", hardware="h200", gpus=1, batches=(16,), context=64,
+                             calibrate=str(EXAMPLE / "profile.json")))
+    assert f"hidden {prov['model_shape']['hidden_size']} ≠ 8192" in err.value.problem
+    assert str(EXAMPLE / "provenance.json") in err.value.problem
+    # the same document alone in a folder: nothing beside it, so device and shape are said unchecked
+    alone = tmp_path / "alone" / "profile.json"
+    alone.parent.mkdir()
+    alone.write_bytes((EXAMPLE / "profile.json").read_bytes())
+    doc = run_plan(PlanRequest(model=str(config), hardware="h200", gpus=1, batches=(16,), context=64,
+                               calibrate=str(alone)))
+    unchecked = [n for n in doc.notes if "not checked against the plan" in n]
+    assert len(unchecked) == 1 and "device" in unchecked[0]
+
+
+def test_a_folder_given_to_calibrate_is_one_line_naming_its_documents() -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "servescope", "plan", "--model", "llama-3-70b", "--hardware",
+                             "h200", "--gpus", "1", "--calibrate", str(EXAMPLE)],
+                            capture_output=True, text=True, check=False)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr
+    assert str(EXAMPLE) in lines[0] and "a folder, not a file" in lines[0]
+    assert all(p.name in lines[0] for p in EXAMPLE.glob("*.json"))
+
+
 def test_capture_at_a_tp_no_layout_has_is_refused() -> None:
     """TP=2 CPU capture, planned on one GPU: TP differs (as well as the work kind)."""
     with pytest.raises(InputError) as err:

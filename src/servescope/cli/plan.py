@@ -51,7 +51,7 @@ def plan(
     with user_errors():
         for flag, path in (("--comm", comm), ("--calibrate", calibrate)):
             if path is not None and not path.is_file():
-                raise InputError(str(path), f"no such file ({flag})")
+                raise InputError(str(path), _not_a_file(path, flag))
         pairs: dict[str, str] = {}
         for item in env or []:
             key, sep, value = item.partition("=")
@@ -74,3 +74,13 @@ def plan(
         console = Console(highlight=False)
         render_plan_headline(doc, console)
         render_plan(doc, console)
+
+
+def _not_a_file(path: Path, flag: str) -> str:
+    """Why ``path`` cannot be read as ``flag``'s document, naming the JSON documents a folder holds."""
+    if not path.is_dir():
+        return f"no such file ({flag})"
+    found = sorted(p.name for p in path.glob("*.json"))
+    hint = f"; it holds {', '.join(found[:4])}{', …' if len(found) > 4 else ''}" if found else ""
+    kind = "an analyze --json or profile --json document" if flag == "--calibrate" else "a bench comm --json curve"
+    return f"a folder, not a file ({flag} takes {kind}{hint})"

@@ -335,7 +335,8 @@ def run_plan(request: PlanRequest) -> PlanDoc:
     if request.calibrate is not None:
         source, capture, raw = read_capture(request.calibrate)
         diffs, unchecked = calibration_differences(capture, raw, arch, hw, tp=capture_tp(capture),
-                                                   planned_tp={x.tp for x in layouts}, gpus=request.gpus)
+                                                   planned_tp={x.tp for x in layouts}, gpus=request.gpus,
+                                                   beside=Path(request.calibrate).parent)
         admit(source, "--calibrate", diffs)
         if unchecked:
             notes.append(f"{source}: not checked against the plan: {', '.join(unchecked)}")

@@ -5,8 +5,9 @@ A calibration (``--calibrate``, an ``analyze --json`` document) is checked again
 - *work kind*: a rank whose work is CPU operators (``RankAnalysis.work_kind == "cpu_op"``: a trace without
   device events) against a GPU plan; the hardware profiles describe GPUs;
 - *device*: the analysis document does not record the device, so it is read from the ``deviceProperties`` of
-  the traces it names (``inputs``), when they are on this machine; the name must contain one of the
-  hardware profile's ``match`` strings. Traces not at hand: not checked, said in the notes;
+  the traces it names (``inputs``), when they are on this machine, else from the ``device`` of a
+  ``provenance.json`` beside them; the name must contain one of the hardware profile's ``match`` strings.
+  Neither at hand: not checked, said in the notes;
 - *model*: by its shape when one is known: the ``model_shape`` (a HF config) of a ``provenance.json`` beside the
   worker traces, compared field by field (width, layers, heads, KV heads, MLP widths, experts, vocabulary) with
   the planned model; else by name: the served model's name (``profile.model`` of a ``profile --json``
@@ -21,6 +22,10 @@ A calibration (``--calibrate``, an ``analyze --json`` document) is checked again
 - *TP*: the capture's tensor-parallel size (its ranks or world size) must be the plan's GPU count and the TP of
   one of the planned layouts (a fit from TP=1 on one GPU says nothing about the collectives or per-rank shares of
   eight GPUs; before 2026-12-05 a TP=1 capture passed for an 8-GPU plan because PP=8 has TP=1).
+
+"Beside the traces" means the folders of the worker traces the document names and, for a capture copied from
+the machine it was made on (its recorded paths no longer point anywhere), the calibration document's own folder:
+there a trace is looked for by its file name.
 
 A collective curve given with ``--comm`` is checked for its *device* (the curve's ``device`` must contain one
 of the profile's ``match`` strings) and its *backend* (a GPU plan needs a GPU collective library: nccl or
@@ -78,6 +83,13 @@ def trace_device(path: str) -> str | None:
     return found.group(1).decode("utf-8", "replace") if found else None
 
 
+def _provenance_devices(doc: AnalysisDoc, beside: Path | None) -> list[str]:
+    """The ``device`` a ``provenance.json`` in :func:`_capture_folders` names (its first part: the GPU's name)."""
+    named = (_read_json(f / "provenance.json") for f in _capture_folders(doc, beside))
+    return sorted({str(p["device"]).split(",")[0].strip() for p in named
+                   if isinstance(p, dict) and isinstance(p.get("device"), str) and p["device"].strip()})
+
+
 def _describes(hw: HardwareProfile, device: str) -> bool:
     return any(m and m.lower() in device.lower() for m in hw.match)
 
@@ -87,6 +99,27 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, UnicodeDecodeError):
         return None
+
+
+def _capture_folders(doc: AnalysisDoc, beside: Path | None = None) -> list[Path]:
+    """Where a capture's companion files (``provenance.json``, ``profile.json``, ``settings.json``) may lie: the
+    folders of its worker traces that are on this machine, then ``beside`` (the calibration document's own
+    folder: a capture copied from the server it was made on keeps its files together, not its absolute paths)."""
+    folders = [f for f in sorted({Path(t.path).parent for t in doc.traces if t.role == "worker"}) if f.is_dir()]
+    return folders + ([beside] if beside is not None and beside.is_dir() and beside not in folders else [])
+
+
+def _worker_trace_paths(doc: AnalysisDoc, beside: Path | None = None) -> list[str]:
+    """The worker traces a capture names, each where it is on this machine: at its recorded path, else a file of
+    the same name in ``beside``; traces found at neither are left out."""
+    found = []
+    for trace in (t for t in doc.traces if t.role == "worker"):
+        moved = beside / Path(trace.path).name if beside is not None else None
+        if Path(trace.path).is_file():
+            found.append(trace.path)
+        elif moved is not None and moved.is_file():
+            found.append(str(moved))
+    return found
 
 
 def _command_words(settings: Any) -> list[str] | None:
@@ -121,10 +154,10 @@ def _command_model(settings: Any) -> str | None:
     return _flag(words, "--served-model-name") or _flag(words, "--model")
 
 
-def capture_quantization(doc: AnalysisDoc) -> tuple[str, str] | None:
+def capture_quantization(doc: AnalysisDoc, beside: Path | None = None) -> tuple[str, str] | None:
     """(the ``--quantization`` the captured server ran with, where it was read): the ``server_flags`` of a
-    ``provenance.json`` beside the worker traces, else the command line of a ``settings.json`` there."""
-    for folder in sorted({Path(t.path).parent for t in doc.traces if t.role == "worker"}):
+    ``provenance.json`` in :func:`_capture_folders`, else the command line of a ``settings.json`` there."""
+    for folder in _capture_folders(doc, beside):
         prov = _read_json(folder / "provenance.json")
         flags = prov.get("server_flags") if isinstance(prov, dict) else None
         words = ([str(w) for w in flags] if isinstance(flags, list)
@@ -136,15 +169,14 @@ def capture_quantization(doc: AnalysisDoc) -> tuple[str, str] | None:
     return None
 
 
-def capture_model(doc: AnalysisDoc, raw: Any) -> tuple[str | None, ModelArch | None, str]:
+def capture_model(doc: AnalysisDoc, raw: Any, beside: Path | None = None) -> tuple[str | None, ModelArch | None, str]:
     """(served model name, model shape, where they were read) of a calibration capture (module doc)."""
     name: str | None = None
     where = ""
     prof = raw.get("profile") if isinstance(raw, dict) else None
     if isinstance(prof, dict) and isinstance(prof.get("model"), str) and prof["model"]:
         name, where = prof["model"], "the document's profile section"
-    folders = sorted({Path(t.path).parent for t in doc.traces if t.role == "worker"})
-    for folder in folders:
+    for folder in _capture_folders(doc, beside):
         prov = _read_json(folder / "provenance.json")
         shape = prov.get("model_shape") if isinstance(prov, dict) else None
         if isinstance(shape, dict):
@@ -173,7 +205,8 @@ def shape_differences(captured: ModelArch, arch: ModelArch) -> list[str]:
 
 
 def calibration_differences(doc: AnalysisDoc, raw: Any, arch: ModelArch, hw: HardwareProfile, *, tp: int,
-                            planned_tp: set[int], gpus: int | None = None) -> tuple[list[str], list[str]]:
+                            planned_tp: set[int], gpus: int | None = None,
+                            beside: Path | None = None) -> tuple[list[str], list[str]]:
     """(what differs from the plan, what could not be checked) for a calibration document (module doc)."""
     diffs: list[str] = []
     unchecked: list[str] = []
@@ -181,15 +214,18 @@ def calibration_differences(doc: AnalysisDoc, raw: Any, arch: ModelArch, hw: Har
     if "cpu_op" in kinds:
         diffs.append(f"work kind: CPU operators (a trace without GPU kernels), the plan is for GPU kernels on "
                      f"{hw.gpu or hw.name}")
-    devices = sorted({d for d in (trace_device(t.path) for t in doc.traces if t.role == "worker") if d})
+    devices = sorted({d for d in (trace_device(p) for p in _worker_trace_paths(doc, beside)) if d})
+    if not devices:
+        devices = _provenance_devices(doc, beside)
     if devices:
         other = [d for d in devices if not _describes(hw, d)]
         if other:
             diffs.append(f"device: captured on {', '.join(other)}, the plan is for {hw.gpu or hw.name} "
                          f"(profile {hw.name} matches {', '.join(hw.match) or 'no device name'})")
     else:
-        unchecked.append("device (the analysis does not record it and its traces are not here)")
-    served, shape, where = capture_model(doc, raw)
+        unchecked.append("device (the analysis does not record it, and neither its traces nor a provenance.json "
+                         "are here)")
+    served, shape, where = capture_model(doc, raw, beside)
     if shape is not None:
         differ = shape_differences(shape, arch)
         if differ:
@@ -201,7 +237,7 @@ def calibration_differences(doc: AnalysisDoc, raw: Any, arch: ModelArch, hw: Har
     else:
         unchecked.append("model (no profile section, and no provenance.json, profile.json or settings.json "
                          "beside its traces names it)")
-    quant = capture_quantization(doc)
+    quant = capture_quantization(doc, beside)
     if quant is not None:
         method, qwhere = quant
         dtypes = {arch.weight_dtype, arch.expert_weight_dtype if arch.moe_layers else arch.weight_dtype}
