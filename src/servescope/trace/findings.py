@@ -445,7 +445,7 @@ def _finding(group: _Group, rule: Mapping[str, Any], partner: _Group | None,
         else rule.get("no_advice", ""),
     })
     checked = list(dict.fromkeys(c for inst in group.items for c in inst.checked))
-    template = _template(rule, ranks, work_kind)
+    template = own = _template(rule, ranks, work_kind)
     severity = group.severity
     evidence: Evidence = {"rule": group.rule}
     if partner is not None:
@@ -470,7 +470,9 @@ def _finding(group: _Group, rule: Mapping[str, Any], partner: _Group | None,
         metric: round(worst.value, 4), f"{metric}_min": round(min(i.value for i in group.items), 4),
         "instances": len(group.items),
     })
-    for field in _fields(template):
+    # the rule's own message's numbers too: a merged finding's evidence keeps what the unmerged one would carry
+    # (the verdict reads them)
+    for field in (*_fields(template), *_fields(own)):
         name = field.split(".")[0].split("[")[0]
         if name not in _MERGE_FIELDS and name not in evidence and name != "snippet":
             evidence[name] = _plain(values.get(name))
