@@ -34,6 +34,7 @@ SGLANG_REPLAY = TRACES / "tracelens" / "sglang_qwen3-8b_decode_graph_replay.json
 VLLM_REPLAY = TRACES / "tracelens" / "vllm_decode_full_graph_replay.json.gz"
 HTA_NCCL = TRACES / "hta" / "nccl_allreduce_2rank_rank0.json.gz"
 HTA_A100 = TRACES / "hta" / "a100_8rank_rank3_nccl.json.gz"
+XDIT = TRACES / "public" / "xdit_sd35_mi300x_compiled.json.gz"
 CPU_TP1 = TRACES / "vllm-cpu" / "tp1_b1_32tok_rank0.pt.trace.json.gz"
 EXAMPLE_TP2 = example_trace_dir("vllm-cpu-tp2")
 GRAPH_TRACES = sorted(H200.glob("*_graphs_*.pt.trace.json.gz"))
@@ -577,3 +578,22 @@ def test_unclassified_time_silent_where_the_independent_labels_file_everything(n
     labels = json.loads((TRACES / "public" / "labels.json").read_text())["traces"][name]
     assert labels["category_share"].get("other", 0.0) < RULES["unclassified_time"]["medium"]
     assert _found(_doc(TRACES / "public" / name), "unclassified_time") == []
+
+
+def test_compiled_kernels_mean_graphs_expected_only_for_an_engine_that_captures_them() -> None:
+    """xDiT's SD3.5 run (torch.profiler's ProfilerStep marks its steps) is compiled (Inductor's triton kernels, by
+    plain json.load) and replays no graph: nothing says it ever captured one, so graphs are "off" and no advice to
+    raise vLLM's capture size fires (it once said "a step of 77 tokens is above the largest captured size"). A vLLM
+    trace that compiles and replays none keeps the capture-size advice: tests/trace/test_advice_ab.py."""
+    names = [e["name"] for e in _events(XDIT)]
+    assert any(re.match(r"triton_(poi|red|per)_fused", n) for n in names)
+    assert not any(n in ("cudaGraphLaunch", "hipGraphLaunch") for n in names)
+    assert not any(n.startswith("execute_context_") or n.startswith("step[") for n in names)
+    doc = _doc(XDIT)
+    graphs = doc.deployment["cuda_graphs"]
+    assert graphs.value == "off" and graphs.source == "trace" and "compiled kernels" in graphs.detail
+    assert "max_cudagraph_capture_size" not in doc.deployment
+    texts = [a.text for f in doc.findings for a in f.advice]
+    assert not [t for t in texts if "--max-cudagraph-capture-size" in t]
+    assert [t for t in texts if t.startswith("CUDA graphs")]  # the host-bound steps still hear of graphs
+

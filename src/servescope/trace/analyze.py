@@ -161,7 +161,8 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
     facts = {r.doc.rank: r.facts for r in ranks}
     deployment = deployment_settings([c.data for c in contexts], [r.steps for r in rank_docs],
                                      [{g.step for gs in r.facts.gaps.values() for g in gs if g.graph_us > 0}
-                                      for r in ranks], request.settings)
+                                      for r in ranks], request.settings,
+                                     graph_engine=any(c.steps.graphs_by_default for c in contexts))
     kernels = [k for r in ranks for k in r.breakdown.kernels]
     msg_bytes = {c.rank: list(c.data.device.msg_bytes.values()) for c in contexts}
     findings = find_bottlenecks(rank_docs, across, kernels, comm, msg_bytes, facts, rules, deployment=deployment,

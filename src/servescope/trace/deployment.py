@@ -138,8 +138,10 @@ def _first_match(traces: Sequence[TraceData], ids: Sequence[Iterable[int]], patt
 
 
 def _from_trace(traces: Sequence[TraceData], steps: Sequence[Sequence[StepRow]],
-                replayed: Sequence[set[int]], rules: Mapping[str, Any]) -> dict[str, SettingEvidence]:
-    """What the traces themselves show (``replayed``: per trace, the indices of the steps that replay graphs)."""
+                replayed: Sequence[set[int]], rules: Mapping[str, Any],
+                graph_engine: bool) -> dict[str, SettingEvidence]:
+    """What the traces themselves show (``replayed``: per trace, the indices of the steps that replay graphs;
+    ``graph_engine``: their steps are marked by an engine that captures graphs by default, ``steps.toml``)."""
     out: dict[str, SettingEvidence] = {}
     frame_ids = [distinct_ids(d.frames.name).tolist() for d in traces]
     kernel_ids = [distinct_ids(d.device.name).tolist() for d in traces]
@@ -169,7 +171,7 @@ def _from_trace(traces: Sequence[TraceData], steps: Sequence[Sequence[StepRow]],
             bound = f"at least {max(batches)}" + (f", below {min(above)}" if above else "")
             out["max_cudagraph_capture_size"] = SettingEvidence(
                 value=bound, source="trace", detail="the decode batches replayed as graphs and those run without")
-    elif "torch_compile" in out and every:
+    elif "torch_compile" in out and every and graph_engine:
         out["cuda_graphs"] = SettingEvidence(value="not replayed", source="trace",
                                              detail="compiled kernels but no graph replay in any step: the batches "
                                                     "were above the largest captured size, or graphs are off")
@@ -179,9 +181,11 @@ def _from_trace(traces: Sequence[TraceData], steps: Sequence[Sequence[StepRow]],
                 value=f"below {min(batches)}", source="trace",
                 detail="no decode batch replayed a graph though the model is compiled")
     elif every and any(len(d.device) for d in traces):
+        compiled = "compiled kernels" if "torch_compile" in out else "no compiled kernels"
+        why = ("--enforce-eager, or an engine without graphs" if graph_engine else
+               "the steps are not marked by an engine that captures graphs by default")
         out["cuda_graphs"] = SettingEvidence(value="off", source="trace",
-                                             detail="no graph replays and no compiled kernels in any step "
-                                                    "(--enforce-eager, or an engine without graphs)")
+                                             detail=f"no graph replays and {compiled} in any step ({why})")
     world = max((int((d.distributed or {}).get("world_size") or 1) for d in traces), default=1)
     if any(d.distributed for d in traces):
         out["tensor_parallel_size"] = SettingEvidence(
@@ -214,9 +218,11 @@ def _platform(traces: Sequence[TraceData]) -> SettingEvidence:
 
 def deployment_settings(traces: Sequence[TraceData], steps: Sequence[Sequence[StepRow]],
                         replayed: Sequence[set[int]],
-                        inputs: Sequence[DeploymentInput] = ()) -> dict[str, SettingEvidence]:
+                        inputs: Sequence[DeploymentInput] = (), *,
+                        graph_engine: bool = True) -> dict[str, SettingEvidence]:
     """Every setting some source tells, best source first: the inputs in order (live server, then settings
-    documents), then the trace, then the engine version's default."""
+    documents), then the trace, then the engine version's default. ``graph_engine``: the traces' steps are marked
+    by an engine that captures CUDA graphs by default (``steps.toml`` ``graphs_by_default``)."""
     rules = load_deployment_rules()
     told: dict[str, SettingEvidence] = {}
     defaults: dict[str, SettingEvidence] = {}
@@ -226,7 +232,7 @@ def deployment_settings(traces: Sequence[TraceData], steps: Sequence[Sequence[St
                 defaults.setdefault(sid, ev)
             else:
                 told.setdefault(sid, ev)
-    for sid, ev in _from_trace(traces, steps, replayed, rules).items():
+    for sid, ev in _from_trace(traces, steps, replayed, rules, graph_engine).items():
         # the trace is a better witness than a default, and than a reading that only bounds it
         told.setdefault(sid, ev)
     for sid, ev in defaults.items():

@@ -39,6 +39,7 @@ class StepFormat(msgspec.Struct, frozen=True, kw_only=True):
     prefer: re.Pattern[str] | None = None
     outermost: bool = False
     whole_window: bool = False
+    graphs_by_default: bool = False
 
     def parse(self, name: str) -> tuple[str, dict[str, int | None]] | None:
         """The phase and request counts (:data:`COUNTS`, None: not told) a marked name says, or None when this

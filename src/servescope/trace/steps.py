@@ -67,6 +67,7 @@ class Steps(msgspec.Struct, frozen=True, kw_only=True):
     step_of: npt.NDArray[np.int64]
     whole_window: bool = False
     gap_us: float | None = None
+    graphs_by_default: bool = False  # the format's engine captures CUDA graphs by default (steps.toml)
 
 
 def parse_vllm_step(name: str) -> tuple[str, int, int | None, int, int | None] | None:
@@ -210,7 +211,7 @@ def steps_by(data: TraceData, work: Work, fmt: StepFormat, annotations: list[_Ma
     step_of = _attribute(data, work, starts, ends)
     steps = _with_phases(data, work, _recognised(fmt, marks), starts, ends, step_of)
     return Steps(source=fmt.step_source, steps=steps, start_us=starts, end_us=ends, step_of=step_of,
-                 whole_window=fmt.whole_window)
+                 whole_window=fmt.whole_window, graphs_by_default=fmt.graphs_by_default)
 
 
 def find_steps(data: TraceData, work: Work, *, gap_us: float | None = None) -> Steps:
