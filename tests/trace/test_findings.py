@@ -8,6 +8,8 @@ a step by where their launch falls), never from servescope's own output; thresho
 from __future__ import annotations
 
 import copy
+import gzip
+import json
 import re
 import shutil
 import statistics
@@ -597,3 +599,72 @@ def test_compiled_kernels_mean_graphs_expected_only_for_an_engine_that_captures_
     assert not [t for t in texts if "--max-cudagraph-capture-size" in t]
     assert [t for t in texts if t.startswith("CUDA graphs")]  # the host-bound steps still hear of graphs
 
+
+
+# ---------------------------------------------------------------------------------------------------------
+# graph_capture
+# ---------------------------------------------------------------------------------------------------------
+
+CAPTURES = [TRACES / "tracelens" / "sglang_qwen3-8b_decode_graph_capture_bs32.json.gz",
+            TRACES / "tracelens" / "vllm_decode_full_graph_capture_rank0.pt.trace.json.gz"]
+
+
+def _captured_by_hand(path: Path) -> tuple[int, int, int]:
+    """(stream captures, kernel launches inside them, kernels run), by plain json.load: the runtime calls in time
+    order, a window per thread from *StreamBeginCapture to *StreamEndCapture."""
+    events = _events(path)
+    runtime = sorted((e for e in events if e.get("cat") in _RUNTIME), key=lambda e: float(e["ts"]))
+    capturing: dict[Any, bool] = {}
+    captures = launched = 0
+    for e in runtime:
+        if e["name"].endswith("StreamBeginCapture"):
+            capturing[e["tid"]] = True
+            captures += 1
+        elif e["name"].endswith("StreamEndCapture"):
+            capturing[e["tid"]] = False
+        elif "LaunchKernel" in e["name"] and capturing.get(e["tid"]):
+            launched += 1
+    return captures, launched, sum(1 for e in events if e.get("cat") == "kernel")
+
+
+@pytest.mark.parametrize("path", CAPTURES, ids=lambda p: p.name.split(".")[0])
+def test_a_graph_capture_trace_says_so_and_judges_no_step(path: Path) -> None:
+    """TraceLens' capture traces (SGLang at batch 32, vLLM's full-graph decode) record the capture of a graph: its
+    launches ran nowhere, so the headline names the capture, not the few kernels that did run."""
+    captures, launched, run = _captured_by_hand(path)
+    assert captures >= 1 and launched > run  # the trace is mostly capture
+    doc = _doc(path)
+    (f,) = _found(doc, "graph_capture")
+    assert (f.evidence["graph_captures"], f.evidence["captured_launches"], f.evidence["kernels_run"]) == (
+        captures, launched, run)
+    assert f.severity == "high" and f"{launched} kernel launches" in f.message
+    assert doc.verdicts and all(v.finding == "graph_capture" and "graph capture" in v.sentence for v in doc.verdicts)
+
+
+@pytest.mark.parametrize("path", [TRACES / "tracelens" / "sglang_qwen3-8b_decode_graph_replay.json.gz", VLLM_REPLAY,
+                                  example_trace_dir() / "rank0.pt.trace.json.gz"], ids=lambda p: p.name.split(".")[0])
+def test_replays_and_served_steps_are_no_graph_capture(path: Path) -> None:
+    captures, _, _ = _captured_by_hand(path)
+    doc = _doc(path)
+    assert _found(doc, "graph_capture") == [] and captures == 0
+    assert all(v.finding != "graph_capture" for v in doc.verdicts)
+
+
+def test_an_engines_step_marks_rule_graph_capture_out(tmp_path: Path) -> None:
+    """The SGLang capture trace with one vLLM step annotation laid over the whole of it (a trace whose engine marks
+    its served steps, start-up capture beside them): the steps are the engine's, so no graph_capture finding."""
+    path = CAPTURES[0]
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        trace = json.load(fh)
+    timed = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    launch = next(e for e in timed if e.get("cat") in _RUNTIME and "LaunchKernel" in e["name"])
+    start = min(float(e["ts"]) for e in timed)
+    end = max(float(e["ts"]) + float(e.get("dur", 0)) for e in timed)
+    trace["traceEvents"].append({"ph": "X", "cat": "user_annotation", "name": "execute_context_0(0)_generation_1(1)",
+                                 "pid": launch["pid"], "tid": launch["tid"], "ts": start, "dur": end - start})
+    marked = tmp_path / "marked.pt.trace.json.gz"
+    with gzip.open(marked, "wt", encoding="utf-8") as fh:
+        json.dump(trace, fh)
+    doc = _doc(marked)
+    assert [r.step_source for r in doc.ranks] == ["annotation"]
+    assert _found(doc, "graph_capture") == [] and _found(_doc(path), "graph_capture")

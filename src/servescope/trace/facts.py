@@ -5,6 +5,10 @@ The analysis document holds shares per category; some questions need the raw int
 * **graph replays**: a device operation launched by a runtime ``cudaGraphLaunch`` / ``hipGraphLaunch`` was
   replayed from a CUDA/HIP graph (:attr:`~servescope.trace.work.Work.replayed`). Its share of the device time,
   for the whole rank and per phase, says whether the engine already uses graphs there.
+* **graph capture**: a kernel launched between a runtime ``cudaStreamBeginCapture`` / ``hipStreamBeginCapture``
+  and its ``EndCapture`` on the same thread is recorded into a graph, not run: a trace of an engine's start-up
+  (or a tool's capture pass) holds such launches and few kernels. Their count against the kernels that ran says
+  whether the trace shows served steps at all.
 * **idle gaps**: a step's idle time is its span less the union of its work. Whether that idle is a steady
   state (many short host-side gaps in every step: launch bound) or one long gap (a host pause before one
   big prefill) needs the largest single gap of each step, which only the intervals give.
@@ -15,12 +19,14 @@ Python iteration per step.
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 import numpy as np
 import numpy.typing as npt
 
 from servescope.core.analysis import StepRow
-from servescope.trace.table import TraceData
+from servescope.trace.table import KIND_KERNEL, TraceData
 from servescope.trace.work import Work, select_work
 
 __all__ = ["RankFacts", "StepGap", "rank_facts"]
@@ -43,6 +49,37 @@ class RankFacts(msgspec.Struct, frozen=True):
     graph_replay_share: float  # share of the rank's device time launched by graph replays
     phase_graph_share: dict[str, float] = msgspec.field(default_factory=dict)  # the same, within each phase's steps
     gaps: dict[str, list[StepGap]] = msgspec.field(default_factory=dict)  # per phase, one per step
+    graph_captures: int = 0  # stream captures the trace records (BeginCapture … EndCapture)
+    captured_launches: int = 0  # kernel launches inside them: recorded into a graph, not run
+    kernels_run: int = 0  # kernels the device ran
+
+
+_BEGIN = re.compile(r"^(cuda|hip)StreamBeginCapture")
+_END = re.compile(r"^(cuda|hip)StreamEndCapture")
+_LAUNCH = re.compile(r"^(cuda|cu|hip|hipExt|hipModule)(Module)?LaunchKernel|^(cuda|cu|hip)LaunchCooperativeKernel")
+
+
+def _captures(data: TraceData) -> tuple[int, int]:
+    """(stream captures, kernel launches inside them) of the trace's runtime calls, window by window per thread."""
+    calls = data.launches
+    if not len(calls):
+        return 0, 0
+    kinds = {i: ("begin" if _BEGIN.match(n) else "end" if _END.match(n) else "launch" if _LAUNCH.match(n) else None)
+             for i, n in ((int(i), data.names[int(i)]) for i in np.unique(calls.name))}
+    if "begin" not in kinds.values():
+        return 0, 0
+    open_at: dict[int, bool] = {}
+    captures = launches = 0
+    for row in np.argsort(calls.ts_us, kind="stable"):
+        kind, thread = kinds[int(calls.name[row])], int(calls.thread[row])
+        if kind == "begin":
+            open_at[thread] = True
+            captures += 1
+        elif kind == "end":
+            open_at[thread] = False
+        elif kind == "launch" and open_at.get(thread):
+            launches += 1
+    return captures, launches
 
 
 def _step_gap(start: npt.NDArray[np.float64], end: npt.NDArray[np.float64], row: StepRow,
@@ -87,4 +124,7 @@ def rank_facts(data: TraceData, rank: int, steps: list[StepRow], work: Work | No
         graph_us[row.phase] = graph_us.get(row.phase, 0.0) + step_graph_us
         work_us[row.phase] = work_us.get(row.phase, 0.0) + float(d.sum())
     phase_share = {p: (graph_us[p] / work_us[p] if work_us[p] > 0 else 0.0) for p in work_us}
-    return RankFacts(rank=rank, graph_replay_share=share, phase_graph_share=phase_share, gaps=gaps)
+    captures, captured = _captures(data)
+    return RankFacts(rank=rank, graph_replay_share=share, phase_graph_share=phase_share, gaps=gaps,
+                     graph_captures=captures, captured_launches=captured,
+                     kernels_run=int(np.count_nonzero(data.device.kind == KIND_KERNEL)))

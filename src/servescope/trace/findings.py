@@ -128,10 +128,21 @@ def _rank_values(ra: RankAnalysis, rows: Sequence[KernelRow], facts: RankFacts |
         "unfused_mean_call_us": unfused.total_us / unfused.calls if unfused.calls else None,
         "top_unfused": unfused.top, "fused_pointwise_share": fused.share,
         "fused_pointwise_of_pointwise": fused.total_us / pointwise if pointwise > 0 else 0.0,
+        **_capture_values(facts),
+        "engine_steps": 1.0 if ra.step_source in ("annotation", "execute_model") else 0.0,
         # quantization / casts ([[precision]] in taxonomy.toml): quant_share, quant_standalone_share,
         # quant_fused_share, top_quant, top_quant_category, top_quant_pct
         **quant_facts(list(ra.phases.values())),
     }
+
+
+def _capture_values(facts: RankFacts | None) -> dict[str, Any]:
+    """Kernel launches recorded into graphs by stream captures, against the kernels the device ran."""
+    if facts is None:
+        return {"captured_launch_share": 0.0}
+    captured, run = facts.captured_launches, facts.kernels_run
+    return {"graph_captures": facts.graph_captures, "captured_launches": captured, "kernels_run": run,
+            "captured_launch_share": captured / (captured + run) if captured else 0.0}
 
 
 def _phase_values(ra: RankAnalysis, phase: str, stats: PhaseStats, facts: RankFacts | None,

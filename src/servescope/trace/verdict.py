@@ -61,6 +61,16 @@ def _communication(phase: str, rank: RankAnalysis, stats: PhaseStats, finding: F
                    base="device time", sentence=sentence, finding=finding.id, steps=stats.steps)
 
 
+def _capture(phase: str, rank: RankAnalysis, stats: PhaseStats, finding: Finding, where: str) -> Verdict:
+    captured = _num(finding.evidence, "captured_launches") or 0.0
+    run = _num(finding.evidence, "kernels_run") or 0.0
+    sentence = (f"No served step to judge{where}: the trace records graph capture ({captured:.0f} kernel launches "
+                f"went into graphs, {run:.0f} kernels ran); profile the graphs' replays.")
+    return Verdict(phase=phase, rank=rank.rank, kind="other", what="graph capture",
+                   share=_num(finding.evidence, "captured_launch_share") or 0.0, base="kernel launches",
+                   sentence=sentence, finding=finding.id, steps=stats.steps)
+
+
 def _largest(phase: str, rank: RankAnalysis, stats: PhaseStats, categories: Mapping[str, str],
              words_of: Mapping[str, str], where: str, stretch: Finding | None, gap: Finding | None) -> Verdict | None:
     if not stats.categories:
@@ -99,7 +109,10 @@ def decide_verdicts(ranks: Sequence[RankAnalysis], findings: Sequence[Finding], 
             continue
         rank, stats = found
         where = f" on rank {rank.rank}" if len(ranks) > 1 else ""
-        of_phase = [f for f in findings if f.phase == phase or phase in str(f.evidence.get("phases") or "").split(",")]
+        # a rank-wide finding (no phase) speaks for every phase of its ranks
+        of_phase = [f for f in findings if f.phase == phase or phase in str(f.evidence.get("phases") or "").split(",")
+                    or (f.phase is None and not f.evidence.get("phases")
+                        and str(rank.rank) in str(f.evidence.get("ranks") or "").split(","))]
         stretch = next((f for f in of_phase if f.id == "profiler_stretch"), None)
         gap = next((f for f in of_phase if f.id == "host_gap"), None)
         verdict: Verdict | None = None
@@ -109,6 +122,7 @@ def decide_verdicts(ranks: Sequence[RankAnalysis], findings: Sequence[Finding], 
             if finding is None:
                 continue
             verdict = (_communication(phase, rank, stats, finding, where) if rule == "communication_bound"
+                       else _capture(phase, rank, stats, finding, where) if rule == "graph_capture"
                        else _host(phase, rank, stats, finding, where, stretch))
             break
         if verdict is None:
