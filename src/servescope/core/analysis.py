@@ -226,10 +226,12 @@ class Verdict(msgspec.Struct, kw_only=True, frozen=True):
     """What bounds one phase's step: the one judgement the headline, the JSON and the HTML report all show.
 
     ``kind``: ``host`` | ``communication`` | ``compute`` | ``memory`` | ``other``; ``what``: the category (or
-    ``idle``); ``share``: of ``base`` (``step``: the step's wall time, for idle; ``device time``: the summed
-    time of the phase's kernels, for a category, as the tables count it); ``finding``: the finding id that
-    decided it (None when no rule fired and the largest category names it); ``unprofiled``: for a host verdict
-    where the step was also timed without the profiler, whether it holds there (None: not timed).
+    ``idle``, or ``graph capture`` for a trace that records graph capture rather than steps); ``share``: of
+    ``base`` (``step``: the step's wall time, for idle; ``device time``: the summed time of the phase's kernels,
+    for a category, as the tables count it; ``kernel launches``: the launches captured into graphs); ``finding``:
+    the finding id that decided it (None when no rule fired and the largest category names it); ``unprofiled``:
+    for a host verdict where the step was also timed without the profiler, whether it holds there (None: not
+    timed).
     """
 
     phase: str
