@@ -582,6 +582,7 @@ def test_unclassified_time_silent_where_the_independent_labels_file_everything(n
     assert _found(_doc(TRACES / "public" / name), "unclassified_time") == []
 
 
+@pytest.mark.needs_shared
 def test_compiled_kernels_mean_graphs_expected_only_for_an_engine_that_captures_them() -> None:
     """xDiT's SD3.5 run (torch.profiler's ProfilerStep marks its steps) is compiled (Inductor's triton kernels, by
     plain json.load) and replays no graph: nothing says it ever captured one, so graphs are "off" and no advice to
@@ -650,6 +651,7 @@ def test_replays_and_served_steps_are_no_graph_capture(path: Path) -> None:
     assert all(v.finding != "graph_capture" for v in doc.verdicts)
 
 
+@pytest.mark.needs_shared
 def test_an_engines_step_marks_rule_graph_capture_out(tmp_path: Path) -> None:
     """The SGLang capture trace with one vLLM step annotation laid over the whole of it (a trace whose engine marks
     its served steps, start-up capture beside them): the steps are the engine's, so no graph_capture finding."""
