@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -365,3 +366,55 @@ def test_a_qwen2_moe_shared_expert_is_counted_at_its_own_width() -> None:
     assert arch.shared_experts * arch.moe_intermediate == 5632
     weights = rank_weights(arch, Layout(kind="tp", tp=1))
     assert weights.shared_params == 3 * 2048 * 5632
+
+
+# --------------------------------------------------------------------------- a Hugging Face id in the hub cache
+
+EXAMPLE_PROVENANCE = (Path(__file__).resolve().parents[2] / "src" / "servescope" / "data" / "examples"
+                      / "h200-vllm-moe-b16" / "provenance.json")
+
+
+def _snapshot(cache: Path, repo_id: str, commit: str, config: dict[str, Any]) -> Path:
+    """One revision laid out as the Hub documents its cache (huggingface.co/docs/hub/local-cache)."""
+    folder = cache / ("models--" + repo_id.replace("/", "--")) / "snapshots" / commit
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return folder / "config.json"
+
+
+def test_a_hugging_face_id_reads_the_config_the_hub_cache_holds(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The revision refs/main names wins over another snapshot; HF_HUB_CACHE before HF_HOME/hub; the CLI takes the
+    id as --model. The config: the bundled example's real Qwen3-MoE shape (12 of its 48 layers)."""
+    shape = json.loads(EXAMPLE_PROVENANCE.read_text(encoding="utf-8"))["model_shape"]
+    repo = "Qwen/Qwen3-30B-A3B"
+    cache = tmp_path / "home" / "hub"
+    main = _snapshot(cache, repo, "c0ffee", shape)
+    _snapshot(cache, repo, "older", {**shape, "num_hidden_layers": 48})
+    (cache / "models--Qwen--Qwen3-30B-A3B" / "refs").mkdir()
+    (cache / "models--Qwen--Qwen3-30B-A3B" / "refs" / "main").write_text("c0ffee\n", encoding="utf-8")
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+    arch = load_model_arch(repo)
+    assert arch.layers == shape["num_hidden_layers"] == 12 and arch.experts == 128 and arch.hidden == 2048
+    assert arch.name == repo
+    # without refs/main two snapshots leave it open: one line naming the cache, no guess
+    (cache / "models--Qwen--Qwen3-30B-A3B" / "refs" / "main").unlink()
+    with pytest.raises(InputError) as err:
+        load_model_arch(repo)
+    assert str(cache) in err.value.problem
+    # HF_HUB_CACHE is the cache itself, ahead of HF_HOME
+    other = tmp_path / "elsewhere"
+    _snapshot(other, repo, "only", {**shape, "num_hidden_layers": 24})
+    monkeypatch.setenv("HF_HUB_CACHE", str(other))
+    assert load_model_arch(repo).layers == 24
+    assert main.is_file()
+
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "servescope", "plan", "--model", repo, "--hardware", "h200",
+                             "--gpus", "1", "--batch", "1", "--json"], capture_output=True, text=True, check=False,
+                            env={**os.environ, "HF_HUB_CACHE": str(other)})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["model"]["layers"] == 24

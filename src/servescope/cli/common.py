@@ -61,7 +61,8 @@ JsonDocumentOut = Annotated[Path | None, typer.Option("--output", "-o", help="Wr
 HtmlReport = Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML report here.")]
 TopKernels = Annotated[int, typer.Option("--top", min=0, help="Kernels to list.")]
 ModelPreset = Annotated[str, typer.Option("--model", help="A preset (kimi-k2.5, deepseek-v3, qwen3-235b-a22b, "
-                                          "llama-3-70b) or a HF config.json.")]
+                                          "llama-3-70b), a HF config.json (or its folder), or a Hugging Face "
+                                          "id (ORG/NAME) whose config the local hub cache holds.")]
 ServerUrl = Annotated[str, typer.Argument(help="The server, e.g. http://127.0.0.1:8000.")]
 ApiKeyOption = Annotated[str | None, typer.Option("--api-key", show_default=False,
                                                   help="Bearer key; else $SERVESCOPE_API_KEY, else $VLLM_API_KEY, "

@@ -28,6 +28,7 @@ from typing import Any
 from servescope.core.errors import InputError
 from servescope.core.files import read_json
 from servescope.core.gemm import GemmShape
+from servescope.plan.hf_cache import cache_dir, cached_config
 
 __all__ = [
     "ModelArch",
@@ -271,7 +272,8 @@ def list_model_presets() -> list[str]:
 
 
 def load_model_arch(source: str | Path) -> ModelArch:
-    """The architecture in a HF ``config.json`` (or a folder holding one), a preset ``.toml``, or a preset name.
+    """The architecture in a HF ``config.json`` (or a folder holding one), a preset ``.toml``, a preset name, or a
+    Hugging Face id whose config the hub cache holds (:mod:`servescope.plan.hf_cache`).
 
     Example:
         >>> load_model_arch("kimi-k2.5").experts
@@ -287,14 +289,14 @@ def load_model_arch(source: str | Path) -> ModelArch:
     if path.suffix == ".toml" and path.is_file():
         return _preset_from_text(path.read_text(encoding="utf-8"), str(path))
     if path.is_file() or path.suffix == ".json":
-        config = read_json(path)
-        if not isinstance(config, dict):
-            raise InputError(str(path), "a config.json holds one JSON object")
-        return arch_from_hf_config(config, name=str(source), source=str(path))
+        return arch_from_hf_config(_json_object(path), name=str(source), source=str(path))
     name = str(source)
     resource = files("servescope").joinpath(*_PRESET_DIR, f"{name}.toml")
     if not resource.is_file():
-        raise InputError(name, f"no config.json there and no such preset; presets: {', '.join(list_model_presets())}")
+        if (cached := cached_config(name)) is not None:  # a Hugging Face id the hub cache holds
+            return arch_from_hf_config(_json_object(cached), name=name, source=str(cached))
+        raise InputError(name, f"no config.json there, none in the Hugging Face cache ({cache_dir()}) and no such "
+                         f"preset; presets: {', '.join(list_model_presets())}")
     return _preset_from_text(resource.read_text(encoding="utf-8"), f"preset {name}")
 
 
@@ -326,6 +328,13 @@ def _preset_from_text(text: str, where: str) -> ModelArch:
 
 
 _HF_DEFAULT_EXPERTS = {"qwen3_moe": 128, "qwen2_moe": 60}
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    config = read_json(path)
+    if not isinstance(config, dict):
+        raise InputError(str(path), "a config.json holds one JSON object")
+    return config
 
 
 def arch_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) -> ModelArch:
