@@ -145,7 +145,11 @@ def _timed_batches(arch: ModelArch, hw: HardwareProfile, comm: CommCosts, factor
     layout = Layout(kind="tp", tp=calibration.tp)
     memory = layout_memory(arch, layout, hw, factors, context=calibration.context)
     batches = sorted({s.batch for s in reference.other_batches} | {b for b, _ in calibration.serial_timed})
-    points = {b: predict_point(arch, layout, hw, comm, batch=b, context=calibration.context, memory=memory)
+    model = comm
+    if calibration.host_steps:  # async: the timed steps are the floor, so set the model's device work beside them
+        bare = dataclasses.replace(factors, host_steps=(), host_step_us=0.0)
+        model = comm.with_factors(bare).with_calibrated(calibration.comm_points)
+    points = {b: predict_point(arch, layout, hw, model, batch=b, context=calibration.context, memory=memory)
               for b in batches}
     for timed in reference.other_batches:  # the server's own step cannot beat reading its weights once
         read_us = points[timed.batch].weight_bytes / (hw.hbm_gbps * 1e3) if hw.hbm_gbps > 0 else 0.0
@@ -154,11 +158,6 @@ def _timed_batches(arch: ModelArch, hw: HardwareProfile, comm: CommCosts, factor
                              f"µs, timed without the profiler) is shorter than reading its weights once at the "
                              f"datasheet rate ({read_us:.0f} µs): not this model on this device")
     predicted = {b: p.step_ms for b, p in points.items()}
-    if calibration.host_steps:  # async: the timed steps are the floor, so set the model's device work beside them
-        bare = dataclasses.replace(factors, host_steps=(), host_step_us=0.0)
-        device = comm.with_factors(bare).with_calibrated(calibration.comm_points)
-        predicted = {b: predict_point(arch, layout, hw, device, batch=b, context=calibration.context,
-                                      memory=memory).step_ms for b in batches}
     serial = corrections(calibration.serial_timed, predicted)
     notes = check_notes(reference, predicted, layout=layout.name, context=calibration.context,
                         corrected=bool(serial), overlapped=bool(calibration.host_steps))

@@ -113,6 +113,7 @@ class ProfileCapture:
     unprofiled_by_batch: dict[int, list[ServerTiming]] = field(default_factory=dict)  # other batches: their runs
     after_runs: list[ServerTiming] = field(default_factory=list)  # the same batch after the window, in order
     profiled_before: str | None = None  # the server was profiled before this run (server.earlier), in a sentence
+    process: ProcessRecord | None = None  # the process serving the port on this machine, read once (not recorded)
     server_version: str | None = None  # /version's answer (vLLM), when it gave one
 
     def record(self) -> dict[str, Any]:
@@ -379,7 +380,7 @@ async def _run(request: ProfileRequest, trace_dir: Path,
                           input_tokens=request.input_tokens, prompt_source=source, usage=list(usage),
                           requests_s=requests_s, traces_wait_s=traces_wait_s, after_runs=after_runs,
                           profiled_server=profiled, unprofiled_server=unprofiled, unprofiled_runs=runs,
-                          unprofiled_by_batch=by_batch, profiled_before=earlier,
+                          unprofiled_by_batch=by_batch, profiled_before=earlier, process=server,
                           server_version=server_version)
 
 
@@ -463,7 +464,7 @@ def profile_server(request: ProfileRequest, *, say: Callable[[str], None] = _qui
     reference = step_reference(capture.unprofiled_server, capture.unprofiled_runs, capture.unprofiled_by_batch,
                                caveat=capture.profiled_before)
     return ProfileResult(capture=capture, analysis=analyze(AnalyzeRequest(
-        paths=capture.trace_files, settings=live_deployment(capture.url, capture.server_version),
+        paths=capture.trace_files, settings=live_deployment(capture.url, capture.server_version, capture.process),
         reference=reference)))
 
 
@@ -479,12 +480,11 @@ def _local_server(url: str, proc: Path = Path("/proc")) -> ProcessRecord | None:
         return None
 
 
-def live_deployment(url: str, version: str | None, *, proc: Path = Path("/proc")) -> list[DeploymentInput]:
-    """What the serving process tells of its deployment: its command line and environment (``/proc``, when it
-    runs here) and its version (``/version``); empty when neither is known."""
+def live_deployment(url: str, version: str | None, record: ProcessRecord | None) -> list[DeploymentInput]:
+    """What the serving process tells of its deployment: its command line and environment (``record``, its
+    ``/proc`` when it runs here) and its version (``/version``); empty when neither is known."""
     from servescope.trace.deployment import DeploymentInput
 
-    record = _local_server(url, proc)
     if record is None and version is None:
         return []
     where = f"pid {record.pid}, /proc/{record.pid}/cmdline and environ" if record else url

@@ -219,7 +219,7 @@ def _platform(traces: Sequence[TraceData]) -> SettingEvidence:
 def deployment_settings(traces: Sequence[TraceData], steps: Sequence[Sequence[StepRow]],
                         replayed: Sequence[set[int]],
                         inputs: Sequence[DeploymentInput] = (), *,
-                        graph_engine: bool = True) -> dict[str, SettingEvidence]:
+                        graph_engine: bool) -> dict[str, SettingEvidence]:
     """Every setting some source tells, best source first: the inputs in order (live server, then settings
     documents), then the trace, then the engine version's default. ``graph_engine``: the traces' steps are marked
     by an engine that captures CUDA graphs by default (``steps.toml`` ``graphs_by_default``)."""
