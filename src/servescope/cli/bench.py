@@ -27,7 +27,7 @@ from servescope.cli.common import (
 from servescope.core.errors import InputError
 
 if TYPE_CHECKING:
-    from servescope.core.serve import ServeResult
+    from servescope.core.serve import ServeResult, SloTarget
 
 N = TypeVar("N", int, float)
 
@@ -162,13 +162,55 @@ def _parse_list(option: str, text: str | None, kind: type[N]) -> tuple[N, ...]:
     return values
 
 
+_SEARCH_WORDS = ("auto", "knee")
+
+
+def parse_budget(text: str | None) -> float | None:
+    """``90``, ``90s``, ``10m``, ``2h`` → seconds; ``None`` → ``None``.
+
+    Raises:
+        InputError: not a positive duration.
+    """
+    if text is None:
+        return None
+    raw = text.strip().lower()
+    scale = {"s": 1.0, "m": 60.0, "h": 3600.0}.get(raw[-1:], None)
+    number = raw[:-1] if scale is not None else raw
+    try:
+        seconds = float(number) * (scale or 1.0)
+    except ValueError:
+        raise InputError("--budget", f"{text!r} is not a duration (e.g. 600, 90s, 10m, 2h)") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise InputError("--budget", f"{text!r} must be a positive duration")
+    return seconds
+
+
 @bench_app.command("serve")
 def bench_serve(
     url: ServerUrl,
     concurrency: Annotated[str | None, typer.Option("--concurrency", help="Concurrent streams per point, "
-                                                    "comma-separated (default 1,4,16,64 without --rate).")] = None,
+                                                    "comma-separated (default 1,4,16,64 without --rate and "
+                                                    "--slo), or 'auto': search the knee.")] = None,
     rate: Annotated[str | None, typer.Option("--rate", help="Poisson request rates (req/s) per point, "
-                                             "comma-separated, instead of --concurrency.")] = None,
+                                             "comma-separated, instead of --concurrency; 'auto': search the "
+                                             "knee on the request rate.")] = None,
+    slo: Annotated[str | None, typer.Option("--slo", help="Latency targets, METRIC_STAT=MS comma-separated: "
+                                            "metrics ttft, itl (gaps between tokens), tpot (per request), e2e; "
+                                            "stats p50, p90, p95, p99, mean. Without explicit points it searches "
+                                            "the knee. Default ttft_p99=2000,itl_p99=100.")] = None,
+    tolerance: Annotated[float, typer.Option("--tolerance", min=0.01, max=1.0, help="Knee search: stop bisecting "
+                                             "when the bracket is within this share of the load.")] = 0.1,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, max=10, help="Knee search: measurements of the "
+                                         "knee's load in all (its spread).")] = 2,
+    budget: Annotated[str | None, typer.Option("--budget", show_default=False, help="Knee search: stop after "
+                                               "this long (600, 90s, 10m, 2h) with what was found.")] = None,
+    max_requests: Annotated[int | None, typer.Option("--max-requests", min=1, show_default=False,
+                                                     help="Knee search: stop after this many requests.")] = None,
+    start: Annotated[float, typer.Option("--start", min=0.001, help="Knee search: the first load (streams or "
+                                         "req/s).")] = 1.0,
+    max_load: Annotated[float | None, typer.Option("--max-load", min=0.001, show_default=False,
+                                                   help="Knee search: the most load to try (default 1024 "
+                                                   "streams, 4096 req/s).")] = None,
     input_tokens: Annotated[int, typer.Option("--input-tokens", min=1, help="Prompt tokens per request.")] = 128,
     output_tokens: Annotated[int, typer.Option("--output-tokens", min=1, help="Output tokens per request "
                                                "(ignore_eos).")] = 64,
@@ -193,14 +235,16 @@ def bench_serve(
     compare: Annotated[Path | None, typer.Option("--compare", help="An older result: show the deltas.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Load-test a live server: TTFT, TPOT, ITL, E2E and throughput per point, beside its own /metrics.
+    """Load-test a live server: TTFT, TPOT, ITL, E2E, goodput against latency targets, beside its own /metrics;
+    with --slo and no points, find the knee (the most load within the targets) and what bounds it.
 
     Exit 0 when every request succeeded, 1 when some failed or the server died mid-run (what was measured
-    is kept), 2 for bad input or a server that cannot be benchmarked.
+    is kept), 2 for bad input or a server that cannot be benchmarked, 130 when interrupted (the points so far
+    are in -o).
     """
     from servescope.bench.serve.sweep import LoadSpec, run_bench_serve
-    from servescope.core.atomic import write_bytes_atomic, write_text_atomic
     from servescope.core.document import decode_as, encode
+    from servescope.core.knee import parse_slo
     from servescope.core.serve import ServeResult
     from servescope.report.serve import (
         compare_points,
@@ -212,31 +256,60 @@ def bench_serve(
     from servescope.server.client import resolve_api_key
 
     with user_errors():
-        rates = _parse_list("--rate", rate, float)
-        levels = _parse_list("--concurrency", concurrency, int) or ((1, 4, 16, 64) if not rates else ())
-        if rates and concurrency:
+        search_rate = rate is not None and rate.strip().lower() in _SEARCH_WORDS
+        search_conc = concurrency is not None and concurrency.strip().lower() in _SEARCH_WORDS
+        rates = () if search_rate else _parse_list("--rate", rate, float)
+        levels = () if search_conc else _parse_list("--concurrency", concurrency, int)
+        if (rate is not None) and (concurrency is not None):
             raise InputError("--concurrency/--rate", "give one of them, not both")
+        search = search_rate or search_conc or (slo is not None and not rates and not levels)
+        if not search and not rates and not levels:
+            levels = (1, 4, 16, 64)
+        targets = parse_slo(slo)
+        seconds = parse_budget(budget)
+        for path in (output, png, html):
+            _check_parent(path)
         old = decode_as(_read(compare), str(compare), ServeResult) if compare is not None else None
         spec = LoadSpec(url=url, input_tokens=input_tokens, output_tokens=output_tokens, concurrency=levels,
                         rate=rates, requests=requests, duration_s=duration, warmup_requests=warmup,
                         max_concurrency=max_concurrency, model=model, seed=seed, timeout_s=timeout, workers=workers,
                         api_key=resolve_api_key(api_key))
+        if not as_json:
+            err.print(f"targets: {_describe(targets)}{' (the default; set them with --slo)' if slo is None else ''}",
+                      markup=False, highlight=False)
 
         def checkpoint(partial: ServeResult) -> None:
             if output is not None:
-                write_bytes_atomic(output, encode(partial))
+                save(output, encode(partial))
+            if search and not as_json and partial.points:
+                err.print(_point_line(partial), markup=False, highlight=False)
 
         def sweep(bar: BarProgress | None) -> ServeResult:
             def show(label: str, done: int, planned: int) -> None:
                 if bar is not None:
                     bar.advance(f"{label}: {done}/{planned or '?'} requests")
-            return run_bench_serve(spec, progress=show, checkpoint=checkpoint)
+            if search:
+                from servescope.bench.serve.knee import KneeSpec, find_knee
 
-        result = with_progress(as_json, sweep)
+                knee_spec = KneeSpec(load=spec, slo=targets, mode="rate" if search_rate else "concurrency",
+                                     tolerance=tolerance, budget_s=seconds, max_requests=max_requests,
+                                     repeats=repeats, start=start, max_load=max_load, slo_default=slo is None,
+                                     server_argv=_server_argv(url))
+                return find_knee(knee_spec, progress=show, checkpoint=checkpoint)
+            return run_bench_serve(spec, progress=show, checkpoint=checkpoint, slo=targets, slo_default=slo is None)
+
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            result = with_progress(as_json, sweep)
+        except KeyboardInterrupt:
+            fail(f"interrupted; the points measured so far are in {output}" if output else
+                 "interrupted (give -o FILE to keep the points of a run)", code=130)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         if png is not None:
-            write_bytes_atomic(png, render_serve_png(result))
+            save(png, render_serve_png(result))
         if html is not None:
-            write_text_atomic(html, render_serve_html(result))
+            save(html, render_serve_html(result))
     if as_json:
         sys.stdout.buffer.write(encode(result))
     else:
@@ -244,8 +317,41 @@ def bench_serve(
         render_serve(result, console)
         if old is not None:
             render_compare(compare_points(result, old), console)
-    if result.aborted or any(p.errors for p in result.points):
+    if result.aborted or (not search and any(p.errors for p in result.points)):
         raise typer.Exit(1)
+
+
+def _describe(targets: tuple[SloTarget, ...]) -> str:
+    from servescope.core.knee import describe_slo
+
+    return describe_slo(targets)
+
+
+def _point_line(result: ServeResult) -> str:
+    """The search's progress after a point: its step, load, verdict and goodput."""
+    from servescope.report.serve import point_label
+
+    point = result.points[-1]
+    verdict = "met" if point.slo and point.slo.met else f"missed ({', '.join(point.slo.missed_by)})" \
+        if point.slo else "not judged"
+    good = point.slo.goodput_tokens_per_s if point.slo else None
+    checks = "; ".join(f"{c.target} {c.value_ms:.1f} ms" for c in (point.slo.checks if point.slo else [])
+                       if c.value_ms is not None)
+    return (f"knee search, {point.step or 'point'} {point_label(point)}: {verdict}; {checks}; goodput "
+            f"{good or 0:.1f} tok/s")
+
+
+def _server_argv(url: str) -> list[str] | None:
+    """The command line of the server at ``url`` where it runs on this machine (what settings are in place)."""
+    from servescope.server.profile import local_server
+
+    record = local_server(url)
+    return list(record.argv) if record is not None else None
+
+
+def _check_parent(path: Path | None) -> None:
+    if path is not None and not path.parent.is_dir():
+        raise InputError(str(path), f"its folder {path.parent} does not exist")
 
 
 def _read(path: Path) -> bytes:

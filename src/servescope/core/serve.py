@@ -14,6 +14,12 @@ Times are milliseconds (``_ms``); ``None`` (``null``) means not available.
 
 Each point carries its findings (``client_bound``, ``front_end_bound``), judged by
 :mod:`servescope.bench.serve.bottleneck`.
+
+With latency targets (``--slo``) each point also carries :class:`PointSlo`: whether the point met every target
+(each target's statistic over the point's requests), its attainment (the share of requests that met every
+target, each judged on its own figures) and its goodput (those requests per second, their output tokens per
+second). A search for the knee (:mod:`servescope.bench.serve.knee`) adds :class:`Knee`, the most load that met
+the targets, and :class:`KneeCause`, what bounds it, judged from the engine's own ``/metrics``.
 """
 
 from __future__ import annotations
@@ -22,8 +28,8 @@ import msgspec
 
 from servescope.core.document import Document
 
-__all__ = ["DEFINITIONS", "ClientLag", "Dist", "ServeFinding", "ServeOptions", "ServePoint", "ServeResult",
-           "ServerSide", "TokenCounts"]
+__all__ = ["DEFINITIONS", "ClientLag", "Dist", "Knee", "KneeCause", "KneeSearch", "PointSlo", "ServeFinding",
+           "ServeOptions", "ServePoint", "ServeResult", "ServerSide", "SloTarget", "TargetCheck", "TokenCounts"]
 
 DEFINITIONS: dict[str, str] = {
     "ttft_ms": "request sent -> first text chunk",
@@ -68,6 +74,15 @@ class ServerSide(msgspec.Struct, kw_only=True, frozen=True):
     max_running: float | None = None
     max_waiting: float | None = None
     scrapes: int = 0
+    mean_running: float | None = None
+    mean_waiting: float | None = None
+    kv_cache_usage_max: float | None = None
+    preemptions: float | None = None
+    queue_ms_mean: float | None = None
+    prefill_ms_mean: float | None = None
+    decode_ms_mean: float | None = None
+    step_tokens_mean: float | None = None
+    steps: float | None = None
 
 
 class TokenCounts(msgspec.Struct, kw_only=True, frozen=True):
@@ -104,6 +119,44 @@ class ServeFinding(msgspec.Struct, kw_only=True, frozen=True):
     severity: str | None = None  # "high" | "medium" | "info" (None: a document written before findings had one)
 
 
+class SloTarget(msgspec.Struct, kw_only=True, frozen=True):
+    """One latency target: ``metric`` (ttft, itl, tpot, e2e) at ``stat`` (p50, p90, p95, p99, mean) at most
+    ``limit_ms``. ``definition`` says what the metric measures, as vLLM names it (ITL: gaps between tokens;
+    TPOT: per request, (E2E - TTFT) / (tokens - 1))."""
+
+    metric: str
+    stat: str
+    limit_ms: float
+    definition: str = ""
+
+    @property
+    def name(self) -> str:
+        """``ttft_p99``."""
+        return f"{self.metric}_{self.stat}"
+
+
+class TargetCheck(msgspec.Struct, kw_only=True, frozen=True):
+    """One target at one point: the point's statistic, and whether it is within the limit."""
+
+    target: str
+    value_ms: float | None
+    limit_ms: float
+    met: bool
+
+
+class PointSlo(msgspec.Struct, kw_only=True, frozen=True):
+    """A point judged against the targets: ``met`` when every target's statistic is within its limit and no
+    request failed; ``attainment`` the share of requests that met every target on their own figures;
+    ``goodput_*`` those requests per second and their output tokens per second over the point's span."""
+
+    met: bool
+    checks: list[TargetCheck]
+    attainment: float | None
+    goodput_requests_per_s: float | None
+    goodput_tokens_per_s: float | None
+    missed_by: list[str] = []
+
+
 class ServePoint(msgspec.Struct, kw_only=True, frozen=True):
     """One load level: ``concurrency`` (closed loop) or ``rate`` (Poisson arrivals, requests/s).
 
@@ -129,6 +182,8 @@ class ServePoint(msgspec.Struct, kw_only=True, frozen=True):
     stopped: str | None = None
     workers: int = 1
     findings: list[ServeFinding] = []
+    slo: PointSlo | None = None
+    step: str | None = None   # the knee search's step that ran it: "probe", "bisect", "repeat"
 
 
 class ServeOptions(msgspec.Struct, kw_only=True, frozen=True):
@@ -150,6 +205,54 @@ class ServeOptions(msgspec.Struct, kw_only=True, frozen=True):
     cpus: int | None = None
 
 
+class KneeCause(msgspec.Struct, kw_only=True, frozen=True):
+    """What bounds the knee, judged from the engine's ``/metrics`` over the points around it and the client's lag
+    (``data/knee.toml``). ``setting`` is what moves it; ``in_place`` whether the server already has it (``None``:
+    the server's settings were not readable); ``setting_value`` the value the server runs with, where known."""
+
+    id: str
+    title: str
+    message: str
+    evidence: dict[str, float]
+    setting: str
+    advice: str
+    in_place: bool | None = None
+    setting_value: str | None = None
+    at_load: float | None = None
+
+
+class Knee(msgspec.Struct, kw_only=True, frozen=True):
+    """The most load (``load``: streams, or requests/s with ``--rate auto``) whose points met every target,
+    with its goodput (the median over its repeats) and ``spread`` (the lowest and highest goodput tokens/s of
+    the repeats), and ``met`` / ``repeats`` (how many of the repeats met the targets). ``next_load`` is the
+    least load seen to miss them (``None``: none missed within the search's limits)."""
+
+    unit: str
+    load: float
+    goodput_requests_per_s: float
+    goodput_tokens_per_s: float
+    spread: tuple[float, float]
+    met: int
+    repeats: int
+    next_load: float | None = None
+    missed_by: list[str] = []
+
+
+class KneeSearch(msgspec.Struct, kw_only=True, frozen=True):
+    """How the knee was searched: on what (``unit``), the bracket tolerance, the budget, and why it stopped."""
+
+    unit: str
+    tolerance: float
+    repeats: int
+    start: float
+    max_load: float | None
+    budget_s: float | None
+    max_requests: int | None
+    stopped: str
+    requests: int = 0
+    seconds: float = 0.0
+
+
 class ServeResult(Document, kw_only=True, frozen=True):
     """A whole sweep. ``aborted`` says why it stopped early (the server died), else ``None``.
 
@@ -168,3 +271,8 @@ class ServeResult(Document, kw_only=True, frozen=True):
     aborted: str | None = None
     metrics_available: bool = False
     api_key_source: str | None = None
+    slo: list[SloTarget] = []
+    slo_default: bool = False
+    search: KneeSearch | None = None
+    knee: Knee | None = None
+    cause: KneeCause | None = None

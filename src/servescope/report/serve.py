@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from servescope.core.serve import DEFINITIONS, Dist, ServePoint, ServeResult
+from servescope.report.knee import knee_html, render_knee, slo_line
 from servescope.report.page import escape, page, warning
 
 __all__ = [
@@ -62,6 +63,13 @@ def render_serve(result: ServeResult, console: Console) -> None:
                        f"(ignore_eos)  prompts: {opts.prompt_source}"))
     if not result.metrics_available:
         console.print(Text("the server has no /metrics: server columns are N/A", style="yellow"))
+    if result.search is not None:   # a knee search: the answer first, then its points one row each
+        render_knee(result, console)
+        if result.aborted:
+            console.print(Text(f"stopped early: {result.aborted}", style="bold red"), overflow="fold")
+        return
+    if result.slo:
+        console.print(Text(knee_lines_head(result)), overflow="fold")
     for point in result.points:
         head = Text()
         head.append(point_label(point), style="bold")
@@ -79,6 +87,9 @@ def render_serve(result: ServeResult, console: Console) -> None:
             f"{tok.output_mismatched_requests} requests off), prompt mean {_num(tok.prompt_mean)} "
             f"(requested {tok.prompt_requested}); client lag p99 {_ms(lag.p99_ms)} ms, max {_ms(lag.max_ms)} ms"
             f" over {_processes(point)}"))
+        judged = slo_line(point)
+        if judged is not None:
+            console.print(Text(judged, style="green" if point.slo and point.slo.met else "yellow"), overflow="fold")
         for line in point_warnings(point):  # a client_bound without its finding: saved by an older version
             console.print(Text(f"  {line}", style="yellow"), overflow="fold")
         if point.server.tpot_metric:
@@ -89,6 +100,12 @@ def render_serve(result: ServeResult, console: Console) -> None:
             console.print(Text(f"  error: {example}", style="red"), overflow="fold")
     if result.aborted:
         console.print(Text(f"stopped early: {result.aborted}", style="bold red"), overflow="fold")
+
+
+def knee_lines_head(result: ServeResult) -> str:
+    """The targets line of a fixed sweep judged against them."""
+    targets = ", ".join(f"{t.metric.upper()} {t.stat} <= {t.limit_ms:g} ms" for t in result.slo)
+    return f"targets: {targets}" + (" (the default targets; set yours with --slo)" if result.slo_default else "")
 
 
 def _processes(point: ServePoint) -> str:
@@ -222,6 +239,7 @@ def render_serve_html(result: ServeResult) -> str:
         *(["<h2>Findings</h2>", *(warning(w) for w in warnings)] if warnings else []),
         *([f'<p class="warn"><b>stopped early:</b> {escape(result.aborted)}</p>'] if result.aborted else []),
         chart,
+        *knee_html(result),
         f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>",
         f"<h2>Definitions</h2><ul>{defs}</ul>",
     ]

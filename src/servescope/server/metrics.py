@@ -27,6 +27,8 @@ from servescope.server.errors import ServerError
 __all__ = [
     "E2E_SERIES",
     "ITL_SERIES",
+    "KV_USAGE_SERIES",
+    "PREEMPTION_SERIES",
     "TPOT_SERIES",
     "TTFT_SERIES",
     "Snapshot",
@@ -48,6 +50,12 @@ _GENERATION = ("vllm:generation_tokens_total", "sglang:generation_tokens_total")
 _PROMPT = ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total")
 _RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
 _WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
+KV_USAGE_SERIES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
+PREEMPTION_SERIES = ("vllm:num_preemptions_total", "vllm:num_preemptions")
+QUEUE_SERIES = ("vllm:request_queue_time_seconds", "sglang:queue_time_seconds")
+PREFILL_SERIES = ("vllm:request_prefill_time_seconds",)
+DECODE_SERIES = ("vllm:request_decode_time_seconds",)
+STEP_TOKENS_SERIES = ("vllm:iteration_tokens_total",)
 
 
 @dataclass(frozen=True)
@@ -140,6 +148,15 @@ def server_side(before: Snapshot | None, after: Snapshot | None, during: list[Sn
         seen = [v for snap in window for v in (snap.get(n) for n in names) if v is not None]
         return max(seen) if seen else None
 
+    def mean_during(names: tuple[str, ...]) -> float | None:
+        seen = [_first(snap, names) for snap in during]
+        values = [v for v in seen if v is not None]
+        return sum(values) / len(values) if values else None
+
+    steps_total, _ = _hist_sum_count(before, after, STEP_TOKENS_SERIES)
+    queue, _ = _hist_mean_ms(before, after, QUEUE_SERIES)
+    prefill, _ = _hist_mean_ms(before, after, PREFILL_SERIES)
+    decode, _ = _hist_mean_ms(before, after, DECODE_SERIES)
     return ServerSide(
         ttft_ms_mean=ttft, tpot_ms_mean=tpot, itl_ms_mean=itl, e2e_ms_mean=e2e,
         ttft_metric=ttft_name, tpot_metric=tpot_name, itl_metric=itl_name, e2e_metric=e2e_name,
@@ -147,4 +164,24 @@ def server_side(before: Snapshot | None, after: Snapshot | None, during: list[Sn
         generation_tokens=_first_delta(before, after, _GENERATION),
         prompt_tokens=_first_delta(before, after, _PROMPT),
         max_running=peak(_RUNNING), max_waiting=peak(_WAITING), scrapes=len(window),
+        mean_running=mean_during(_RUNNING), mean_waiting=mean_during(_WAITING),
+        kv_cache_usage_max=peak(KV_USAGE_SERIES),
+        preemptions=_first_delta(before, after, PREEMPTION_SERIES), queue_ms_mean=queue, prefill_ms_mean=prefill,
+        decode_ms_mean=decode, step_tokens_mean=(steps_total[0] / steps_total[1]) if steps_total else None,
+        steps=steps_total[1] if steps_total else None,
     )
+
+
+def _first(snap: Snapshot, names: tuple[str, ...]) -> float | None:
+    return next((v for v in (snap.get(n) for n in names) if v is not None), None)
+
+
+def _hist_sum_count(before: Snapshot, after: Snapshot,
+                    names: tuple[str, ...]) -> tuple[tuple[float, float] | None, str | None]:
+    """The (sum, count) deltas over the window of the first histogram in ``names`` that saw observations."""
+    for name in names:
+        total = _delta(before, after, f"{name}_sum")
+        count = _delta(before, after, f"{name}_count")
+        if total is not None and count:
+            return (total, count), name
+    return None, None

@@ -45,6 +45,7 @@ __all__ = [
     "ProfileCapture",
     "ProfileRequest",
     "ProfileResult",
+    "local_server",
     "capture_profile",
     "discover_trace_dir",
     "is_local_url",
@@ -348,7 +349,7 @@ async def _run(request: ProfileRequest, trace_dir: Path,
             if timed := await timed_runs(client, body, supply, batch=other, runs=wanted):
                 by_batch[other] = timed
         before = _snapshot(trace_dir)
-        server = _local_server(request.url)
+        server = local_server(request.url)
         earlier = earlier_profile_note(before, server.start_time if server else None)
         if not trace_dir.is_dir():
             say(f"{trace_dir} is not there yet: waiting up to {request.dir_timeout_s:g} s after /start_profile "
@@ -468,7 +469,7 @@ def profile_server(request: ProfileRequest, *, say: Callable[[str], None] = _qui
         reference=reference)))
 
 
-def _local_server(url: str, proc: Path = Path("/proc")) -> ProcessRecord | None:
+def local_server(url: str, proc: Path = Path("/proc")) -> ProcessRecord | None:
     """The process serving ``url``'s port on this machine (the lowest pid of those that do), else None."""
     port = urlsplit(url).port
     if port is None or not is_local_url(url):

@@ -1,0 +1,83 @@
+"""Latency targets (``--slo``) and the knee's document types.
+
+A target is ``METRIC_STAT=MS``: ``ttft_p99=2000`` means the point's 99th percentile TTFT is at most 2000 ms.
+Metrics are named as vLLM's ``vllm bench serve`` names them:
+
+- ``ttft``: request sent → first token;
+- ``itl``: inter-token latency, the gaps between successive tokens of a stream (every gap of every request);
+- ``tpot``: time per output token, per request ``(E2E − TTFT) / (output tokens − 1)``;
+- ``e2e``: request sent → last token.
+
+Stats: ``p50`` (or ``median``), ``p90``, ``p95``, ``p99``, ``mean``. Without ``--slo`` the targets are
+:data:`DEFAULT_SLO`, printed with every result. The knee's document is the ``bench serve`` document
+(:class:`~servescope.core.serve.ServeResult`) with ``slo``, ``search``, ``knee`` and ``cause`` filled in.
+"""
+
+from __future__ import annotations
+
+import math
+
+from servescope.core.errors import InputError
+from servescope.core.serve import Knee, KneeCause, KneeSearch, PointSlo, ServeResult, SloTarget, TargetCheck
+
+__all__ = ["DEFAULT_SLO", "METRICS", "STATS", "Knee", "KneeCause", "KneeResult", "KneeSearch", "PointSlo",
+           "SloTarget", "TargetCheck", "describe_slo", "parse_slo"]
+
+KneeResult = ServeResult
+"""The knee's document: a ``bench serve`` result whose ``knee`` and ``cause`` the search filled in."""
+
+METRICS: dict[str, str] = {
+    "ttft": "time to first token: request sent -> first token",
+    "itl": "inter-token latency: the gaps between successive tokens of a stream (all gaps of all requests)",
+    "tpot": "time per output token, per request: (E2E - TTFT) / (output tokens - 1)",
+    "e2e": "end to end: request sent -> last token",
+}
+"""The metrics a target may name, with what each measures (vLLM's names)."""
+
+STATS: dict[str, str] = {"p50": "p50", "median": "p50", "p90": "p90", "p95": "p95", "p99": "p99", "mean": "mean"}
+"""Accepted statistic spellings → the stored one."""
+
+DEFAULT_SLO = "ttft_p99=2000,itl_p99=100"
+"""Targets used when none is given: an interactive chat server — the first token within 2 s and no stall
+between tokens above 100 ms (10 tokens/s, faster than people read) for 99% of them."""
+
+
+def parse_slo(text: str | None, *, option: str = "--slo") -> tuple[SloTarget, ...]:
+    """``"ttft_p99=2000,itl_p99=50"`` → targets; ``None`` or empty → :data:`DEFAULT_SLO`'s.
+
+    Raises:
+        InputError: an unknown metric or statistic, a limit that is not a positive number, a metric given twice.
+    """
+    spec = text.strip() if text else ""
+    targets: list[SloTarget] = []
+    seen: set[str] = set()
+    for raw in (spec or DEFAULT_SLO).split(","):
+        item = raw.strip()
+        if not item:
+            raise InputError(option, f"an empty target in {spec!r}; write e.g. ttft_p99=2000,itl_p99=50")
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise InputError(option, f"{item!r} has no '=': write METRIC_STAT=MS, e.g. ttft_p99=2000")
+        metric, _, stat = name.strip().lower().partition("_")
+        if metric not in METRICS:
+            raise InputError(option, f"unknown metric {metric!r} in {item!r}; known: {', '.join(METRICS)}")
+        stat = stat or "p99"
+        if stat not in STATS:
+            raise InputError(option, f"unknown statistic {stat!r} in {item!r}; known: p50, p90, p95, p99, mean")
+        try:
+            limit = float(value.strip().removesuffix("ms"))
+        except ValueError:
+            raise InputError(option, f"{value.strip()!r} in {item!r} is not a number of milliseconds") from None
+        if not math.isfinite(limit) or limit <= 0:
+            raise InputError(option, f"the limit in {item!r} must be a positive number of milliseconds")
+        key = f"{metric}_{STATS[stat]}"
+        if key in seen:
+            raise InputError(option, f"{key} is given twice")
+        seen.add(key)
+        targets.append(SloTarget(metric=metric, stat=STATS[stat], limit_ms=limit, definition=METRICS[metric]))
+    return tuple(targets)
+
+
+def describe_slo(targets: tuple[SloTarget, ...] | list[SloTarget]) -> str:
+    """``TTFT p99 <= 2000 ms, ITL p99 <= 100 ms``."""
+    return ", ".join(f"{t.metric.upper()} {t.stat} <= {t.limit_ms:g} ms" for t in targets)
