@@ -163,9 +163,11 @@ def test_saved_analysis_renders_again_without_traces(tmp_path: Path) -> None:
     traces.mkdir()
     first = runner.invoke(app, ["analyze", str(_tp2(traces)), "-o", str(saved)])
     assert first.exit_code == 0, first.output
-    again = runner.invoke(app, ["report", str(saved), "--html", str(tmp_path / "r.html")])
+    again = runner.invoke(app, ["report", str(saved)])
     assert again.exit_code == 0, again.output
     assert again.stdout == first.stdout
+    page = runner.invoke(app, ["report", str(saved), "--html", str(tmp_path / "r.html")])
+    assert page.exit_code == 0 and page.stdout == f"wrote {tmp_path / 'r.html'} (HTML of {saved})\n"
     assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
 
 

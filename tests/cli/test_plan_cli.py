@@ -102,12 +102,15 @@ def test_report_re_renders_a_saved_plan_without_recomputing(tmp_path: Path) -> N
     saved, page = tmp_path / "plan.json", tmp_path / "plan.html"
     first = runner.invoke(app, [*BASE, "--batch", "1,8", "-o", str(saved)])
     assert first.exit_code == 0, first.output
-    again = runner.invoke(app, ["report", str(saved), "--html", str(page)])
+    again = runner.invoke(app, ["report", str(saved)])
     assert again.exit_code == 0, again.output
     assert again.stdout == first.stdout  # the same view, from the document alone
+    wrote = runner.invoke(app, ["report", str(saved), "--html", str(page)])
+    assert wrote.exit_code == 0 and wrote.stdout.splitlines() == [f"wrote {page} (HTML of {saved})"]
     assert 'id="chart-plan-steps"' in page.read_text(encoding="utf-8")
     cannot = runner.invoke(app, ["report", str(saved), "--html", str(saved / "under-a-file.html")])
-    assert cannot.exit_code == 2 and len(cannot.stderr.strip().splitlines()) == 1 and "cannot write" in cannot.stderr
+    assert cannot.exit_code == 2 and len(cannot.stderr.strip().splitlines()) == 1
+    assert f"--html {saved / 'under-a-file.html'}: {saved} is not a folder" in cannot.stderr
 
 
 # --- provenance (issue 15 item 4): the bad cases of the issue, on the repo's real files ---------------------

@@ -33,8 +33,8 @@ def test_render_writes_the_servescope_that_renders_and_systemd_accepts_it(tmp_pa
     out = tmp_path / "units" / "vllm-test.service"
     head = [str(CONSOLE_SCRIPT)] if how == "console script" else [sys.executable, "-m", "servescope"]
     env = {**os.environ, "PATH": "/usr/bin:/bin"}  # not on PATH: found from the running process
-    done = subprocess.run([*head, "service", "render", str(spec), "-o", str(out)], env=env, capture_output=True,
-                          text=True, timeout=120, check=False)
+    done = subprocess.run([*head, "service", "render", str(spec), "-o", str(out), "--mkdir"], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     text = out.read_text()
     (pre,) = unit_commands(text, "ExecStartPre")
@@ -124,16 +124,16 @@ def test_install_whose_reload_fails_puts_the_old_unit_back(tmp_path: Path, syste
 
 def test_import_comments_name_the_guard_table_the_spec_has(tmp_path: Path) -> None:
     unit = tmp_path / "vllm-x.service"
-    unit.write_text("[Service]\nExecStartPre=/bin/bash -c 'for i in $$(seq 1 30); do sleep 10; done'\n"
+    unit.write_text("[Service]\nExecStartPre=/bin/bash -c 'for i in $$(seq 1 30); do nvidia-smi; sleep 10; done'\n"
                     "ExecStart=/usr/bin/python3 -m vllm.entrypoints.openai.api_server --model m/M "
                     "--max-model-len 1024\n")
     out = tmp_path / "spec.toml"
     result = CliRunner().invoke(app, ["service", "import", str(unit), "-o", str(out)])
     assert result.exit_code == 0, result.output
     text = out.read_text()
-    comments = [line for line in text.splitlines() if line.startswith("# ExecStartPre")]
-    assert comments == ["# ExecStartPre at line 2 of the unit: replaced by the [guard] table below (servescope gpu "
-                        "wait-free, rendered as ExecStartPre)"]
+    comments = [line for line in text.splitlines() if "ExecStartPre" in line]
+    assert comments == [f"# {unit}:2 ExecStartPre: the GPU memory wait: the [guard] table (servescope gpu "
+                        "wait-free, which fails naming who holds the memory)"]
     spec = tomllib.loads(text)
     assert spec["guard"] == {"max_used_mib": 1000, "timeout_s": 600}
     rendered = CliRunner().invoke(app, ["service", "render", str(out)])

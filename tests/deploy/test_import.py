@@ -27,7 +27,7 @@ def test_import_then_render_keeps_args_and_env(tmp_path: Path) -> None:
     spec = tmp_path / "kimi.toml"
     assert CliRunner().invoke(app, ["service", "import", str(unit), "-o", str(spec)]).exit_code == 0
     rendered = tmp_path / "out" / "kimi.service"
-    result = CliRunner().invoke(app, ["service", "render", str(spec), "-o", str(rendered)])
+    result = CliRunner().invoke(app, ["service", "render", str(spec), "-o", str(rendered), "--mkdir"])
     assert result.exit_code == 0, result.output
     new = rendered.read_text()
     assert _engine_argv(unit_commands(new, "ExecStart")[0]) == _engine_argv(unit_commands(original, "ExecStart")[0])
@@ -55,10 +55,10 @@ def test_secrets_move_to_an_environment_file(tmp_path: Path) -> None:
     spec.write_text(f'command = ["{bin_dir}/python3", "-m", "vllm.entrypoints.openai.api_server"]\n'
                     f'servescope = "{bin_dir}/servescope"\n' + body)
     out = tmp_path / "units" / "kimi.service"
-    assert CliRunner().invoke(app, ["service", "render", str(spec), "-o", str(out)]).exit_code == 0
+    assert CliRunner().invoke(app, ["service", "render", str(spec), "-o", str(out), "--mkdir"]).exit_code == 0
     rendered = out.read_text()
     assert "EnvironmentFile=-/etc/servescope/kimi.env" in rendered and "hf_zzz" not in rendered
-    assert "secrets = [\"VLLM_API_KEY\", \"HF_TOKEN\"]" in body   # names only: the unit checks they are set
+    assert "secrets = [\"HF_TOKEN\", \"VLLM_API_KEY\"]" in body   # names only, in file order: the unit checks them
     assert "does not set HF_TOKEN" in rendered and "does not set VLLM_API_KEY" in rendered
     checked = verify(out.parent, out.name)
     assert checked.returncode == 0 and checked.stderr == "", checked.stderr

@@ -35,6 +35,7 @@ def _used_mib(name: str) -> int:
 def test_install_copies_and_reloads(tmp_path: Path, systemctl: FakeSystemctl) -> None:
     unit = tmp_path / "svc.service"
     unit.write_text("[Service]\nExecStart=/bin/true\n")
+    (tmp_path / "system").mkdir()
     target = install_unit(unit, directory=tmp_path / "system")
     assert target.read_text() == unit.read_text()
     assert systemctl.calls() == [["daemon-reload"]]

@@ -26,7 +26,7 @@ def test_rendered_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     spec_path = tmp_path / "spec.toml"
     spec_path.write_text(spec_text(bin_dir))
     out = tmp_path / "units" / "vllm-test.service"
-    result = CliRunner().invoke(app, ["service", "render", str(spec_path), "-o", str(out)])
+    result = CliRunner().invoke(app, ["service", "render", str(spec_path), "-o", str(out), "--mkdir"])
     assert result.exit_code == 0, result.output
     checked = verify(out.parent, out.name)
     assert checked.returncode == 0 and checked.stderr == "", checked.stderr

@@ -382,7 +382,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, start_server: StartSer
     cases.append((["--unit", "x", "--unit-file", str(tmp_path / "x.service")], "--unit or --unit-file"))
     broken = tmp_path / "broken.service"
     broken.write_text("[Service]\nExecStart /usr/bin/vllm serve x\n")
-    cases.append((["--unit-file", str(broken), "--pid", str(server.pid)], "line 2"))
+    cases.append((["--unit-file", str(broken), "--pid", str(server.pid)], f"{broken}:2: missing '='"))
     for args, named in cases:
         result = runner.invoke(app, ["settings", *args])
         assert result.exit_code == 2, (args, result.output)

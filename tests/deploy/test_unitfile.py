@@ -112,7 +112,7 @@ def test_malformed_lines_name_the_line_systemd_names(tmp_path: Path, text: str, 
     (tmp_path / "bad.service").write_text(text)
     systemd = verify(tmp_path, "bad.service")
     assert f"bad.service:{line}:" in systemd.stdout + systemd.stderr
-    with pytest.raises(InputError, match=rf"line {line}: {problem}"):
+    with pytest.raises(InputError, match=rf"bad\.service:{line}: {problem}"):
         load_unit(tmp_path / "bad.service")
 
 

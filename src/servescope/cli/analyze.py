@@ -127,7 +127,8 @@ def report(
 ) -> None:
     """Re-render a saved document (text, JSON, HTML) without recomputing: the text is what its command printed.
 
-    The document's ``schema`` field says which kind it is.
+    The document's ``schema`` field says which kind it is. With `--html` it writes the page and prints one line
+    saying where (`--json` still prints the document).
     """
     from rich.console import Console
 
@@ -140,8 +141,10 @@ def report(
             save(html, render_html(doc, top=top))
     if as_json:
         sys.stdout.write(render_document(doc, "json"))
-        return
-    render_text(doc, Console(highlight=False), top=top)
+    elif html is not None:
+        typer.echo(f"wrote {html} (HTML of {document})")
+    else:
+        render_text(doc, Console(highlight=False), top=top)
 
 
 @app.command()

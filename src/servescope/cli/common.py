@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Final, NoReturn, TypeVar
 
 import typer
+from typer.core import TyperGroup
 
 from servescope import __version__
 from servescope.core.errors import InputError
@@ -23,8 +24,9 @@ if TYPE_CHECKING:
     err: Console
 
 __all__ = [
-    "ApiKeyOption", "BarProgress", "HtmlReport", "JsonDocumentOut", "JsonFlag", "ModelPreset", "ServerUrl",
-    "TopKernels", "app", "bench_app", "capture_app", "err", "fail", "gpu_app", "print_result", "save", "service_app",
+    "OUTPUT_OPTIONS", "ApiKeyOption", "BarProgress", "HtmlReport", "JsonDocumentOut", "JsonFlag", "MkdirFlag",
+    "ModelPreset", "ServerUrl", "TopKernels", "app", "bench_app", "capture_app", "check_outputs", "err", "fail",
+    "gpu_app", "print_result", "save", "service_app",
     "user_errors", "with_progress",
 ]
 
@@ -34,21 +36,78 @@ T = TypeVar("T")
 # backticks. The plain "rich" mode keeps every line break of a docstring after its first paragraph.
 HELP_MARKUP: Final = "markdown"
 
+# The options that name a file (or folder) a command writes. Their folder must exist before the command runs: a
+# missing one is one line naming the option and the path, exit 2, before any work (an hour-long sweep included);
+# a command that declares ``--mkdir`` creates it when asked. `capture decode --out` makes its folder itself
+# (as its help says), inside a parent that must exist.
+OUTPUT_OPTIONS: Final = frozenset({"--output", "--html", "--png", "--json-out", "--env-out", "--out"})
+
+
+def check_outputs(params: list[Any], values: dict[str, Any]) -> None:
+    """Refuse an output option (:data:`OUTPUT_OPTIONS`) of a parsed command whose folder does not exist.
+
+    ``params``: the command's declared parameters; ``values``: their parsed values by name. A command with a
+    ``mkdir`` parameter set to true is let through (it creates the folder).
+
+    Raises:
+        InputError: ``--html PATH: folder DIR does not exist ...``.
+    """
+    from servescope.core.atomic import missing_folder
+
+    names = {p.name for p in params}
+    if values.get("mkdir"):
+        return
+    for param in params:
+        value = values.get(param.name)
+        if value is None or param.param_type_name != "option" or not OUTPUT_OPTIONS & set(param.opts):
+            continue
+        folder = missing_folder(value)
+        if folder is not None:
+            if folder.exists():
+                raise InputError(f"{param.opts[0]} {value}", f"{folder} is not a folder")
+            how = "create it, or pass --mkdir" if "mkdir" in names else "create it first"
+            raise InputError(f"{param.opts[0]} {value}", f"folder {folder} does not exist: {how}")
+
+
+class _Group(TyperGroup):
+    """A command group whose commands check their output folders (:func:`check_outputs`) once their options
+    are parsed, before they run: one rule for every command, declared here once."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, Any, list[str]]:
+        name, command, rest = super().resolve_command(ctx, args)
+        callback = getattr(command, "callback", None)
+        if command is not None and not isinstance(command, TyperGroup) and callback is not None \
+                and not getattr(callback, "checks_outputs", False):
+            params = command.params
+
+            def checked(**values: Any) -> Any:
+                with user_errors():
+                    check_outputs(params, values)
+                return callback(**values)
+
+            checked.checks_outputs = True  # type: ignore[attr-defined]
+            command.callback = checked
+        return name, command, rest
+
+
 app = typer.Typer(
     name="servescope",
+    cls=_Group,
     rich_markup_mode=HELP_MARKUP,
     help="Where a decode step's time goes on multi-GPU LLM servers, and what to change.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,  # tracebacks with locals could print secrets
     add_completion=False,
 )
-capture_app = typer.Typer(help="Make traces: GPU decode captures of a random-weight model.", no_args_is_help=True,
+capture_app = typer.Typer(cls=_Group, help="Make traces: GPU decode captures of a random-weight model.",
+                          no_args_is_help=True,
                           rich_markup_mode=HELP_MARKUP)
-gpu_app = typer.Typer(help="GPUs: inventory, topology (NVLink / PCIe / P2P), memory holders, waiting for free memory.",
+gpu_app = typer.Typer(cls=_Group,
+                      help="GPUs: inventory, topology (NVLink / PCIe / P2P), memory holders, waiting for free memory.",
                       no_args_is_help=True, rich_markup_mode=HELP_MARKUP)
-bench_app = typer.Typer(help="Measurements: a live server's throughput, GEMMs and collectives on this box.",
+bench_app = typer.Typer(cls=_Group, help="Measurements: a live server's throughput, GEMMs and collectives on this box.",
                         no_args_is_help=True, rich_markup_mode=HELP_MARKUP)
-service_app = typer.Typer(help="The systemd service: render, lint, import, install, restart safely.",
+service_app = typer.Typer(cls=_Group, help="The systemd service: render, lint, import, install, restart safely.",
                           no_args_is_help=True, rich_markup_mode=HELP_MARKUP)
 app.add_typer(capture_app, name="capture")
 app.add_typer(gpu_app, name="gpu")
@@ -59,6 +118,8 @@ app.add_typer(service_app, name="service")
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
 JsonDocumentOut = Annotated[Path | None, typer.Option("--output", "-o", help="Write the JSON document here.")]
 HtmlReport = Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML report here.")]
+MkdirFlag = Annotated[bool, typer.Option("--mkdir", help="Create the output's folder when it is missing (else "
+                                         "a missing folder is an error).")]
 TopKernels = Annotated[int, typer.Option("--top", min=0, help="Kernels to list.")]
 ModelPreset = Annotated[str, typer.Option("--model", help="A preset (kimi-k2.5, deepseek-v3, qwen3-235b-a22b, "
                                           "llama-3-70b), a HF config.json (or its folder), or a Hugging Face "

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from servescope.cli.common import JsonFlag, fail, print_result, service_app, user_errors
+from servescope.cli.common import JsonFlag, MkdirFlag, fail, print_result, service_app, user_errors
 from servescope.core.errors import InputError
 
 
@@ -27,6 +27,7 @@ def service_render(
     spec_path: Annotated[Path, typer.Argument(metavar="SPEC.toml", help="The deployment spec.")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the unit here (a folder when the "
                                                 "spec is multi-node); default stdout.")] = None,
+    mkdir: MkdirFlag = False,
 ) -> None:
     """Render the systemd unit(s) of a spec (multi-node: Ray head, server and worker units)."""
     from servescope.core.atomic import write_text_atomic
@@ -42,12 +43,16 @@ def service_render(
                 typer.echo(unit.text)
             return
         if len(units) == 1 and not output.is_dir():
-            write_text_atomic(output, units[0].text)
+            write_text_atomic(output, units[0].text, mkdir=mkdir)
+            typer.echo(f"wrote {output}")
             return
         if output.exists() and not output.is_dir():
             raise InputError(str(output), "a multi-node spec renders several units: give a folder")
+        if not output.exists() and not mkdir:
+            raise InputError(f"--output {output}", "folder does not exist (a multi-node spec renders several "
+                             "units into it): create it, or pass --mkdir")
         for unit in units:
-            write_text_atomic(output / unit.filename, unit.text)
+            write_text_atomic(output / unit.filename, unit.text, mkdir=mkdir)
             typer.echo(f"wrote {output / unit.filename} (runs on: {unit.role})")
 
 
@@ -83,8 +88,14 @@ def service_import(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the spec here (secrets beside it "
                                                 "as NAME.env, mode 0600); default stdout.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the spec and what moved as JSON.")] = False,
+    mkdir: MkdirFlag = False,
 ) -> None:
-    """Turn a vLLM/SGLang unit into a spec; secrets move to an EnvironmentFile, never into the spec."""
+    """Turn a vLLM/SGLang unit into a spec that renders it back; secrets move to an EnvironmentFile, never into the
+    spec.
+
+    Every directive is carried (a spec key, or verbatim in the spec's `[extra]` table) or replaced by the rendered
+    unit's own, which the spec's comments name (`Type=exec` with a readiness wait, the GPU memory guard); what a
+    spec cannot hold (a value systemd expands at start, a secret given twice) is refused naming its line."""
     from servescope.deploy.importer import import_unit, spec_toml, write_import
     from servescope.deploy.lint import parse_unit
     from servescope.report.service import encode_import, render_import
@@ -93,7 +104,7 @@ def service_import(
         result = import_unit(parse_unit(_read(unit_path), str(unit_path)))
         env_path = None
         if output is not None:
-            env = write_import(result, output)
+            env = write_import(result, output, mkdir=mkdir)
             env_path = None if env is None else str(env)
         elif result.secrets and not as_json:
             typer.echo(f"# {len(result.secrets)} secret(s) not written: use -o to write them to NAME.env", err=True)

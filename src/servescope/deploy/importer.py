@@ -1,28 +1,45 @@
-"""Turn an existing unit into a spec: engine, model, args in order, env; secrets moved to an EnvironmentFile."""
+"""Turn an existing unit into a spec that renders it back: every directive is carried or the import refuses.
+
+Engine, model and arguments (in order) come from ExecStart, variables from Environment=; secrets (secret-shaped
+variables, ``--api-key`` / ``--hf-token`` values) move to an EnvironmentFile. Each other directive goes where
+``data/deploy/directives.toml`` says: a spec key (``RestartSec=`` → ``restart.delay_s``), the rendered unit's own
+(``Type=simple`` → ``Type=exec`` with a readiness wait, named in the notes), or the spec's ``[extra]`` table,
+written back verbatim. What a spec cannot carry (a value systemd would expand, a secret given twice, a ``Type=``
+render does not write) is refused: one line naming the file, line and directive; secret values never appear.
+"""
 
 from __future__ import annotations
 
 import json
-import shlex
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from servescope.core.atomic import write_text_atomic
 from servescope.core.errors import InputError
-from servescope.deploy.lint import UnitText, split_command, time_span_s
-from servescope.deploy.spec import defaults, is_secret_name
+from servescope.deploy.lint import exec_command, time_span_s
+from servescope.deploy.render import DEPENDENCIES, WANTED_BY
+from servescope.deploy.spec import defaults, directives, is_secret_name, parse_spec
+from servescope.deploy.unitfile import UnitEntry, UnitFile, split_command_lines, split_words
 
 __all__ = ["ImportResult", "detect_engine", "import_unit", "spec_toml", "write_import"]
+
+# ExecStart flags whose value is a secret, and the variable the engine reads it from instead
+_SECRET_FLAGS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
+# a systemd variable ($X, ${X}) or specifier (%i) that systemd expands at start: a spec word is literal
+_EXPANDED = re.compile(r"\$\{?[A-Za-z_]|%[A-Za-z]")
 
 
 @dataclass(frozen=True, slots=True)
 class ImportResult:
-    """The spec as a dict (spec.toml keys), the secrets moved out (names only are ever shown), what was dropped."""
+    """The spec as a dict (spec.toml keys), the secrets moved out (names only are ever shown), and what the
+    rendered unit will write in place of the unit's own (``FILE:LINE Key=...: why``)."""
 
     name: str
     spec: dict[str, object]
     secrets: dict[str, str] = field(repr=False)
-    dropped: tuple[str, ...]
+    replaced: tuple[str, ...]
 
     @property
     def secret_names(self) -> tuple[str, ...]:
@@ -41,85 +58,204 @@ def detect_engine(argv: list[str], source: str) -> tuple[str, int]:
     raise InputError(source, f"ExecStart runs neither vLLM nor SGLang: {argv[0]!r}")
 
 
-def import_unit(unit: UnitText, *, name: str | None = None) -> ImportResult:
-    """A spec from ``unit``; secret env and ``--api-key`` go to ``secrets`` and the spec names an ``env_file``.
+def _where(entry: UnitEntry) -> str:
+    return f"{entry.source}:{entry.line}"
 
-    Raises:
-        InputError: no ExecStart, or one that runs neither vLLM nor SGLang.
-    """
-    start = unit.get("Service", "ExecStart")
-    if start is None:
-        raise InputError(unit.source, "no ExecStart= in [Service]")
-    _, argv = split_command(start.value)
-    engine, first = detect_engine(argv, unit.source)
-    command, rest = argv[:first], argv[first:]
+
+def _literal(entry: UnitEntry, text: str) -> None:
+    """Refuse what systemd expands at start (``$X``, ``%i``): the spec holds literal words."""
+    bare = text.replace("$$", "").replace("%%", "")
+    found = _EXPANDED.search(bare)
+    if found:
+        raise InputError(_where(entry), f"{entry.key}= uses {found.group(0)}..., which systemd expands at start; "
+                         "a spec holds literal values: write what it stands for")
+
+
+class _Secrets:
+    """Secrets by name, each with the place that gave it; a second place is an error naming both."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+        self.places: dict[str, str] = {}
+
+    def add(self, name: str, value: str, place: str) -> None:
+        if name in self.values:
+            raise InputError(place.split(" ", 1)[0], f"{name} is given twice: {self.places[name]} and {place} "
+                             "(values not shown); keep one")
+        self.values[name], self.places[name] = value, place
+
+
+def _engine(start: UnitEntry, secrets: _Secrets, spec: dict[str, Any]) -> None:
+    """engine, command, model and args from ExecStart; secret flags to ``secrets``."""
+    _literal(start, start.value)
+    command = exec_command(start)
+    if command.prefixes:
+        raise InputError(_where(start), f"ExecStart= prefix {command.prefixes!r}: the rendered unit runs the "
+                         "server without one; remove it or keep this unit")
+    argv = command.argv
+    engine, first = detect_engine(argv, _where(start))
+    words, rest = argv[:first], argv[first:]
     model_flag = defaults()["engines"][engine]["model_flag"]
     model: str | None = None
     args: list[str] = []
-    secrets: dict[str, str] = {}
     i = 0
-    if command[-1] == "serve" and rest and not rest[0].startswith("-"):
+    if words[-1] == "serve" and rest and not rest[0].startswith("-"):
         model, i = rest[0], 1
     while i < len(rest):
-        word = rest[i]
-        flag, eq, inline = word.partition("=")
-        if flag == model_flag and model is None:
-            model = inline if eq else rest[i + 1]
-            i += 1 if eq else 2
+        flag, eq, inline = rest[i].partition("=")
+        takes = 1 if eq else 2
+        if flag in _SECRET_FLAGS or (flag == model_flag and model is None):
+            if not eq and i + 1 >= len(rest):
+                raise InputError(_where(start), f"ExecStart {flag} has no value")
+            value = inline if eq else rest[i + 1]
+            if flag == model_flag:
+                model = value
+            else:
+                secrets.add(_SECRET_FLAGS[flag], value, f"{_where(start)} (ExecStart {flag})")
+            i += takes
             continue
-        if flag == "--api-key":
-            secrets["VLLM_API_KEY"] = inline if eq else rest[i + 1]
-            i += 1 if eq else 2
-            continue
-        args.append(word)
+        args.append(rest[i])
         i += 1
     if model is None:
-        raise InputError(f"{unit.source}:{start.line}", f"ExecStart has no {model_flag}")
-    unit_name = name or Path(unit.source).name.removesuffix(".service")
+        raise InputError(_where(start), f"ExecStart has no {model_flag}")
+    spec.update({"engine": engine, "model": model})
+    if words != defaults()["engines"][engine]["command"]:
+        spec["command"] = words
+    spec["args"] = args
+
+
+def _environment(unit: UnitFile, secrets: _Secrets, spec: dict[str, Any]) -> None:
     env: dict[str, str] = {}
-    gpus: list[int] | None = None
-    for entry in unit.get_all("Service", "Environment"):
-        for word in shlex.split(entry.value):  # Environment= does not expand $, so no $$ unescaping here
+    for entry in unit.entries_of("Service", "Environment"):
+        _literal(entry, entry.value.replace("$", ""))  # Environment= expands specifiers, not variables
+        for word in split_words(entry.value.replace("%%", "%"), _where(entry)):
             key, _, value = word.partition("=")
             if is_secret_name(key):
-                secrets[key] = value
-            elif key == "CUDA_VISIBLE_DEVICES" and all(p.strip().isdigit() for p in value.split(",")):
-                gpus = [int(p) for p in value.split(",")]
+                secrets.add(key, value, f"{_where(entry)} (Environment={key})")
+            elif key == "CUDA_VISIBLE_DEVICES" and value and all(p.strip().isdigit() for p in value.split(",")):
+                spec["gpus"] = [int(p) for p in value.split(",")]
             else:
                 env[key] = value
-    spec: dict[str, object] = {"name": unit_name}
-    description = unit.get("Unit", "Description")
-    if description is not None:
-        spec["description"] = description.value
-    spec.update({"engine": engine, "model": model})
-    for key, field_name in (("User", "user"), ("WorkingDirectory", "working_directory")):
-        found = unit.get("Service", key)
-        if found is not None:
-            spec[field_name] = found.value
-    if command != defaults()["engines"][engine]["command"]:
-        spec["command"] = command
-    env_files = [e.value.lstrip("-") for e in unit.get_all("Service", "EnvironmentFile")]
-    if secrets or env_files:
-        spec["env_file"] = env_files[0] if env_files else f"{defaults()['env_file_dir']}/{unit_name}.env"
-    if secrets:  # the rendered unit refuses to start without them (render.py's ExecStartPre check)
-        spec["secrets"] = list(secrets)
-    if gpus is not None:
-        spec["gpus"] = gpus
-    timeout = unit.get("Service", "TimeoutStartSec")
-    span = time_span_s(timeout.value) if timeout is not None else None
-    if span is not None and span != float("inf"):
-        spec["load_time_s"] = int(span)
-    restart = unit.get("Service", "Restart")
-    if restart is not None and restart.value in ("on-failure", "always", "no", "on-abnormal"):
-        spec["restart"] = {"policy": restart.value}
-    spec["args"] = args
     if env:
         spec["env"] = env
-    dropped = tuple(f"line {e.line}" for e in unit.get_all("Service", "ExecStartPre"))
-    if dropped:  # written out, so the comment that names it points at a table the spec has
-        guard = defaults()["guard"]
-        spec["guard"] = {"max_used_mib": int(guard["max_used_mib"]), "timeout_s": int(guard["timeout_s"])}
-    return ImportResult(unit_name, spec, secrets, dropped)
+
+
+def _is_gpu_wait(entry: UnitEntry) -> bool:
+    """An ExecStartPre that waits for free GPU memory (an nvidia-smi loop, ``gpu wait-free``): the guard."""
+    text = " ".join(w for c in split_command_lines(entry.value, _where(entry)) for w in c.argv)
+    return "nvidia-smi" in text or "gpu wait-free" in text
+
+
+def _guard(entry: UnitEntry) -> dict[str, int]:
+    """The [guard] table: a ``gpu wait-free`` command's own limits, else the defaults (a loop's are its own)."""
+    default = defaults()["guard"]
+    guard = {"max_used_mib": int(default["max_used_mib"]), "timeout_s": int(default["timeout_s"])}
+    words = split_command_lines(entry.value, _where(entry))[0].argv
+    if "wait-free" in words:
+        for flag, key in (("--max-used-mib", "max_used_mib"), ("--timeout", "timeout_s")):
+            if flag in words[:-1] and words[words.index(flag) + 1].isdigit():
+                guard[key] = int(words[words.index(flag) + 1])
+    return guard
+
+
+def _is_render_own(entry: UnitEntry) -> bool:
+    """An ExecStartPre / ExecStartPost a rendered unit writes itself: the secrets check, the health wait."""
+    words = [w for c in split_command_lines(entry.value, _where(entry)) for w in c.argv]
+    text = " ".join(words)
+    return ("servescope: $1" in text and "test -n" in text) or ("health" in words and "--wait" in words)
+
+
+def _read(entry: UnitEntry, how: str) -> object:
+    if how == "int":
+        if not entry.value.isdigit():
+            raise InputError(_where(entry), f"{entry.key}={entry.value}: the spec holds a whole number here")
+        return int(entry.value)
+    if how == "seconds":
+        span = time_span_s(entry.value)
+        if span is None or span == float("inf") or span != int(span):
+            raise InputError(_where(entry), f"{entry.key}={entry.value}: the spec holds whole seconds here")
+        return int(span)
+    return entry.value
+
+
+def _set(spec: dict[str, Any], key: str, value: object) -> None:
+    table, dot, name = key.partition(".")
+    if dot:
+        spec.setdefault(table, {})[name] = value
+    else:
+        spec[key] = value
+
+
+def _carry(unit: UnitFile, spec: dict[str, Any], replaced: list[str]) -> None:
+    """Every directive other than ExecStart and Environment=: a spec key, the rendered unit's own, or [extra]."""
+    known = directives()
+    extra: dict[str, dict[str, list[str]]] = {}
+    for entry in unit.entries:
+        rule = known.get(f"{entry.section}.{entry.key}")
+        if rule is None:
+            extra.setdefault(entry.section, {}).setdefault(entry.key, []).append(entry.value)
+        elif "field" in rule:
+            for key in rule["field"]:
+                _set(spec, key, _read(entry, rule.get("as", "text")))
+        elif "accept" in rule:
+            if entry.value not in rule["accept"]:
+                raise InputError(_where(entry), f"{entry.key}={entry.value}: a rendered unit has "
+                                 f"{rule['replaced']}; {entry.key}= may be {', '.join(rule['accept'])}")
+            replaced.append(f"{_where(entry)} {entry.key}={entry.value}: {rule['replaced']}")
+    for key in ("Unit.After", "Unit.Wants", "Install.WantedBy"):
+        section, _, name = key.partition(".")
+        own = set(DEPENDENCIES) | {WANTED_BY}
+        words = [w for e in unit.entries_of(section, name) for w in split_words(e.value, _where(e)) if w not in own]
+        if words:
+            extra.setdefault(section, {})[name] = [" ".join(words)]
+    for entry in unit.entries_of("Service", "ExecStartPre") + unit.entries_of("Service", "ExecStartPost"):
+        if entry.key == "ExecStartPre" and _is_gpu_wait(entry):
+            replaced.append(f"{_where(entry)} ExecStartPre: the GPU memory wait: the [guard] table "
+                            "(servescope gpu wait-free, which fails naming who holds the memory)")
+            spec["guard"] = _guard(entry)
+        elif _is_render_own(entry):
+            replaced.append(f"{_where(entry)} {entry.key}: written by render itself")
+        else:
+            extra.setdefault("Service", {}).setdefault(entry.key, []).append(entry.value)
+    files = unit.entries_of("Service", "EnvironmentFile")
+    if files:
+        spec["env_file"] = files[0].value.removeprefix("-")
+        if not files[0].value.startswith("-"):
+            replaced.append(f"{_where(files[0])} EnvironmentFile={files[0].value}: EnvironmentFile=-"
+                            f"{spec['env_file']}, with an ExecStartPre that names a missing secret")
+        if files[1:]:
+            extra.setdefault("Service", {})["EnvironmentFile"] = [e.value for e in files[1:]]
+    if extra:
+        spec["extra"] = extra
+
+
+def import_unit(unit: UnitFile, *, name: str | None = None) -> ImportResult:
+    """A spec from ``unit``; secret env and secret flags go to ``secrets`` and the spec names an ``env_file``.
+
+    Raises:
+        InputError: no ExecStart, one that runs neither vLLM nor SGLang, or a directive the spec cannot carry
+            (``FILE:LINE: ...``).
+    """
+    start = unit.last_entry("Service", "ExecStart")
+    if start is None or not start.value:
+        raise InputError(unit.path, "no ExecStart= in [Service]")
+    unit_name = name or Path(unit.path).name.removesuffix(".service")
+    spec: dict[str, Any] = {"name": unit_name}
+    secrets = _Secrets()
+    replaced: list[str] = []
+    _environment(unit, secrets, spec)  # before ExecStart: a secret given twice names its places in file order
+    _engine(start, secrets, spec)
+    _carry(unit, spec, replaced)
+    if secrets.values:  # the rendered unit refuses to start without them (render.py's ExecStartPre check)
+        spec.setdefault("env_file", f"{defaults()['env_file_dir']}/{unit_name}.env")
+        spec["secrets"] = list(secrets.values)
+    order = ["name", "description", "engine", "model", "user", "working_directory", "command", "env_file",
+             "secrets", "gpus", "start_timeout_s", "stop_timeout_s", "kill_signal", "limit_nofile", "args"]
+    ordered = {k: spec[k] for k in order if k in spec}
+    ordered.update({k: v for k, v in spec.items() if k not in ordered})
+    result = ImportResult(unit_name, ordered, dict(secrets.values), tuple(replaced))
+    parse_spec(spec_toml(result), unit.path)  # what render will read: a value it refuses is refused here
+    return result
 
 
 def _toml_value(value: object) -> str:
@@ -134,11 +270,21 @@ def _toml_value(value: object) -> str:
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 
+def _tables(prefix: str, table: dict[str, object]) -> list[str]:
+    """``[prefix]`` with its plain keys, then each sub-table as ``[prefix.KEY]``."""
+    plain = {k: v for k, v in table.items() if not isinstance(v, dict)}
+    lines = ["", f"[{prefix}]"] if plain or not table else []
+    lines += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in plain.items()]
+    for key, sub in table.items():
+        if isinstance(sub, dict):
+            lines += _tables(f"{prefix}.{json.dumps(key)}", sub)
+    return lines
+
+
 def spec_toml(result: ImportResult) -> str:
-    """The spec as TOML text (plain keys first, then tables); ExecStartPre lines it replaced are noted on top."""
+    """The spec as TOML text (plain keys first, then tables); what the rendered unit replaces is noted on top."""
     lines = ["# Imported by servescope service import."]
-    lines += [f"# ExecStartPre at {d} of the unit: replaced by the [guard] table below (servescope gpu wait-free, "
-              "rendered as ExecStartPre)" for d in result.dropped]
+    lines += [f"# {note}" for note in result.replaced]
     if result.secrets:
         lines.append(f"# Secrets moved to env_file: {', '.join(result.secret_names)} (values not shown)")
     tables = {k: v for k, v in result.spec.items() if isinstance(v, dict)}
@@ -146,15 +292,15 @@ def spec_toml(result: ImportResult) -> str:
         if key not in tables:
             lines.append(f"{key} = {_toml_value(value)}")
     for key, table in tables.items():
-        lines += ["", f"[{key}]"]
-        lines += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in table.items()]
+        lines += _tables(key, table)
     return "\n".join(lines) + "\n"
 
 
-def write_import(result: ImportResult, output: Path) -> Path | None:
+def write_import(result: ImportResult, output: Path, *, mkdir: bool = False) -> Path | None:
     """Write the spec (:func:`spec_toml`) to ``output``, and its secrets beside it as ``NAME.env`` (``KEY=VALUE``
-    lines, mode 0600), each atomically; the secrets file, or None when the unit had none."""
-    write_text_atomic(output, spec_toml(result))
+    lines, mode 0600), each atomically; the secrets file, or None when the unit had none. ``mkdir``: create
+    ``output``'s folder when missing (else a missing folder is an InputError)."""
+    write_text_atomic(output, spec_toml(result), mkdir=mkdir)
     if not result.secrets:
         return None
     env = output.with_name(f"{result.name}.env")

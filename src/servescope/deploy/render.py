@@ -18,8 +18,12 @@ from pathlib import Path
 
 from servescope.deploy.spec import Spec, defaults, engine_args
 
-__all__ = ["RenderedUnit", "quote_word", "render_units", "servescope_argv", "start_limit_interval_s", "start_timeout_s"]
+__all__ = ["DEPENDENCIES", "WANTED_BY", "RenderedUnit", "quote_word", "render_units", "servescope_argv",
+           "start_limit_interval_s", "start_timeout_s"]
 
+DEPENDENCIES = ("network-online.target", "nvidia-persistenced.service")
+"""What every rendered unit is ordered after and wants (``After=``, ``Wants=``)."""
+WANTED_BY = "multi-user.target"
 _PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./$-]+")
 _READINESS_NOTE = (
     "# Type=exec + ExecStartPost health wait: vLLM sends no READY=1, so the unit stays 'activating' until\n"
@@ -54,13 +58,24 @@ def _command(words: list[str]) -> str:
 
 
 def start_timeout_s(spec: Spec) -> int:
-    """TimeoutStartSec: the guard wait, the load and a margin (it covers ExecStartPre and ExecStartPost)."""
+    """TimeoutStartSec: the spec's ``start_timeout_s``, else the guard wait, the load and a margin (it covers
+    ExecStartPre and ExecStartPost)."""
+    if spec.start_timeout_s is not None:
+        return spec.start_timeout_s
     return spec.guard.timeout_s + spec.load_time_s + spec.start_margin_s
 
 
 def start_limit_interval_s(spec: Spec) -> int:
-    """StartLimitIntervalSec long enough that ``burst`` failed starts of full length fall inside it."""
+    """StartLimitIntervalSec: the spec's ``restart.interval_s``, else long enough that ``burst`` failed starts of
+    full length fall inside it."""
+    if spec.restart.interval_s is not None:
+        return spec.restart.interval_s
     return spec.restart.burst * (start_timeout_s(spec) + spec.restart.delay_s) + 60
+
+
+def _extra(spec: Spec, section: str) -> list[str]:
+    """The spec's ``[extra.SECTION]`` directives, verbatim."""
+    return [f"{key}={value}" for key, values in spec.extra.get(section, {}).items() for value in values]
 
 
 def _port(spec: Spec) -> int:
@@ -127,20 +142,24 @@ def _guard(spec: Spec) -> str:
                                        str(spec.guard.max_used_mib), "--timeout", str(spec.guard.timeout_s)])
 
 
-def _unit_section(description: str, extra_after: list[str], spec: Spec) -> list[str]:
-    after = ["network-online.target", "nvidia-persistenced.service", *extra_after]
+def _unit_section(description: str, extra_after: list[str], spec: Spec, *, extra: bool = False) -> list[str]:
+    after = [*DEPENDENCIES, *extra_after]
     return [
         "[Unit]",
         f"Description={description}",
         f"After={' '.join(after)}",
-        f"Wants={' '.join(['network-online.target', 'nvidia-persistenced.service', *extra_after])}",
+        f"Wants={' '.join(after)}",
         f"StartLimitIntervalSec={start_limit_interval_s(spec)}",
         f"StartLimitBurst={spec.restart.burst}",
+        *(_extra(spec, "Unit") if extra else []),
         "",
     ]
 
 
-def _service_tail(spec: Spec) -> list[str]:
+def _service_tail(spec: Spec, *, extra: bool = False) -> list[str]:
+    install = [f"WantedBy={WANTED_BY}", *(_extra(spec, "Install") if extra else [])]
+    others = [line for section in spec.extra if section not in ("Unit", "Service", "Install")
+              for line in ["", f"[{section}]", *_extra(spec, section)]] if extra else []
     return [
         f"Restart={spec.restart.policy}",
         f"RestartSec={spec.restart.delay_s}",
@@ -150,18 +169,23 @@ def _service_tail(spec: Spec) -> list[str]:
         f"KillSignal={spec.kill_signal}",
         f"TimeoutStopSec={spec.stop_timeout_s}",
         f"LimitNOFILE={spec.limit_nofile}",
+        *(["# Carried from the imported unit ([extra.Service] of the spec):", *_extra(spec, "Service")]
+          if extra and spec.extra.get("Service") else []),
         "",
         "[Install]",
-        "WantedBy=multi-user.target",
+        *install,
+        *others,
         "",
     ]
 
 
 def _server_unit(spec: Spec, *, after: list[str], extra_args: list[str]) -> str:
     port = _port(spec)
-    health = [*servescope_argv(spec), "health", f"http://127.0.0.1:{port}", "--wait",
-              "--timeout", str(spec.load_time_s + spec.start_margin_s)]
-    lines = _unit_section(spec.description or f"{spec.engine} server: {spec.model}", after, spec)
+    wait = spec.load_time_s + spec.start_margin_s
+    if spec.start_timeout_s is not None:  # systemd ends the start at TimeoutStartSec anyway
+        wait = min(wait, spec.start_timeout_s)
+    health = [*servescope_argv(spec), "health", f"http://127.0.0.1:{port}", "--wait", "--timeout", str(wait)]
+    lines = _unit_section(spec.description or f"{spec.engine} server: {spec.model}", after, spec, extra=True)
     lines += [
         "[Service]",
         _READINESS_NOTE.rstrip("\n"),
@@ -173,7 +197,7 @@ def _server_unit(spec: Spec, *, after: list[str], extra_args: list[str]) -> str:
         _guard(spec),
         "ExecStart=" + _command(spec.engine_command + engine_args(spec) + extra_args),
         "ExecStartPost=" + _command(health) + " --pid $MAINPID",
-        *_service_tail(spec),
+        *_service_tail(spec, extra=True),
     ]
     return "\n".join(lines)
 

@@ -40,6 +40,7 @@ __all__ = [
     "RestartPolicy",
     "Spec",
     "defaults",
+    "directives",
     "engine_args",
     "is_secret_name",
     "load_spec",
@@ -50,7 +51,17 @@ ArgValue = str | int | float | bool | list[str]
 _SECRET_NAME = re.compile(r"(?i)(token|api[-_]?key|secret|password|passwd|_key$)")
 _SECRET_FLAGS = ("--api-key", "--hf-token")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_ALLOWED = {"engine": "vllm, sglang", "restart.policy": "on-failure, always, no, on-abnormal"}
+_RESTART = ("no", "on-success", "on-failure", "on-abnormal", "on-watchdog", "on-abort", "always")
+_ALLOWED = {"engine": "vllm, sglang", "restart.policy": ", ".join(_RESTART)}
+_KEY = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+@cache
+def directives() -> dict[str, Any]:
+    """What render writes itself and how import carries each (``data/deploy/directives.toml``), by
+    ``Section.Key``."""
+    text = files("servescope").joinpath("data", "deploy", "directives.toml").read_text(encoding="utf-8")
+    return tomllib.loads(text)
 
 
 @cache
@@ -73,12 +84,14 @@ class Guard(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 
 class RestartPolicy(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """Restart= and the start limit. ``burst`` starts within the computed interval trip the limit."""
+    """Restart= and the start limit. ``burst`` starts within ``interval_s`` trip the limit (None: an interval
+    computed so that ``burst`` failed starts of full length fall inside it)."""
 
-    policy: Literal["on-failure", "always", "no", "on-abnormal"] = msgspec.field(
-        default_factory=lambda: str(defaults()["restart"]["policy"]))  # type: ignore[arg-type,return-value]
+    policy: Literal["no", "on-success", "on-failure", "on-abnormal", "on-watchdog", "on-abort", "always"] = (
+        msgspec.field(default_factory=lambda: str(defaults()["restart"]["policy"])))  # type: ignore[arg-type,return-value]
     delay_s: int = msgspec.field(default_factory=lambda: int(defaults()["restart"]["delay_s"]))
     burst: int = msgspec.field(default_factory=lambda: int(defaults()["restart"]["burst"]))
+    interval_s: int | None = None
 
 
 class MultiNode(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -106,6 +119,7 @@ class Spec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     secrets: list[str] = msgspec.field(default_factory=list)  # names env_file must set; never their values
     gpus: list[int] | None = None
     load_time_s: int = msgspec.field(default_factory=lambda: int(defaults()["load_time_s"]))
+    start_timeout_s: int | None = None  # TimeoutStartSec; None: guard + load + margin (render.py)
     start_margin_s: int = msgspec.field(default_factory=lambda: int(defaults()["start_margin_s"]))
     stop_timeout_s: int = msgspec.field(default_factory=lambda: int(defaults()["stop_timeout_s"]))
     kill_signal: str = msgspec.field(default_factory=lambda: str(defaults()["kill_signal"]))
@@ -114,6 +128,7 @@ class Spec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     guard: Guard = msgspec.field(default_factory=Guard)
     restart: RestartPolicy = msgspec.field(default_factory=RestartPolicy)
     multinode: MultiNode | None = None
+    extra: dict[str, dict[str, list[str]]] = msgspec.field(default_factory=dict)  # SECTION -> Key -> values, verbatim
 
     @property
     def engine_command(self) -> list[str]:
@@ -163,7 +178,28 @@ def _check(spec: Spec, source: str) -> Spec:
             raise InputError(source, f"{positive}: must be > 0")
     if spec.restart.burst < 1:
         raise InputError(source, "restart.burst: must be >= 1")
+    for optional in ("start_timeout_s", "restart.interval_s"):
+        value = spec.start_timeout_s if optional == "start_timeout_s" else spec.restart.interval_s
+        if value is not None and value <= 0:
+            raise InputError(source, f"{optional}: must be > 0")
+    _check_extra(spec, source)
     return spec
+
+
+def _check_extra(spec: Spec, source: str) -> None:
+    """``[extra.SECTION]`` holds directives render does not write itself; of those it writes, only list-valued
+    ones (After=, ExecStartPre= ...), whose values add to render's own."""
+    for section, keys in spec.extra.items():
+        for key, values in keys.items():
+            where = f"extra.{section}.{key}"
+            if not _KEY.fullmatch(section) or not _KEY.fullmatch(key):
+                raise InputError(source, f"{where}: not a unit section and directive name")
+            known = directives().get(f"{section}.{key}")
+            if known is not None and not known.get("list"):
+                keys_of = ", ".join(known.get("field", [])) or "the rendered unit's own"
+                raise InputError(source, f"{where}: render writes {key}= itself (set {keys_of})")
+            if any("\n" in v for v in values):
+                raise InputError(source, f"{where}: a value holds a line break")
 
 
 def parse_spec(text: str, source: str) -> Spec:

@@ -31,6 +31,7 @@ __all__ = [
     "load_unit",
     "parse_environment",
     "parse_systemctl_cat",
+    "parse_unit",
     "parse_unit_text",
     "split_command_line",
     "split_command_lines",
@@ -95,6 +96,17 @@ class UnitFile:
                     values.append(entry.value)
         return values
 
+    def entries_of(self, section: str, key: str) -> list[UnitEntry]:
+        """The assignments of a list-valued key that count, in order: an empty one drops those before it."""
+        found: list[UnitEntry] = []
+        for entry in self.entries:
+            if entry.section == section and entry.key == key:
+                if entry.value == "":
+                    found.clear()
+                else:
+                    found.append(entry)
+        return found
+
     def last_entry(self, section: str, key: str) -> UnitEntry | None:
         """The assignment that decides ``get(section, key)``: which file and line set it."""
         found: UnitEntry | None = None
@@ -141,7 +153,8 @@ def parse_unit_text(text: str, source: str) -> list[UnitEntry]:
     """Every assignment in the unit file text ``text`` (named ``source`` in errors), in order.
 
     Raises:
-        InputError: ``source: line N: ...`` for a broken section header, a line without ``=``, an assignment
+        InputError: ``source:N: ...`` (N the line, as ``systemd-analyze verify`` names it) for a broken section
+            header, a line without ``=``, an assignment
             before any section or a key with invalid characters.
     """
     entries: list[UnitEntry] = []
@@ -169,17 +182,17 @@ def parse_unit_text(text: str, source: str) -> list[UnitEntry]:
                 continue
         if stripped.startswith("["):
             if not stripped.endswith("]") or len(stripped) < 3:
-                raise InputError(source, f"line {number}: invalid section header {stripped!r}")
+                raise InputError(f"{source}:{number}", f"invalid section header {stripped!r}")
             section = stripped[1:-1]
             continue
         key, sep, value = stripped.partition("=")
         if not sep:
-            raise InputError(source, f"line {number}: missing '=' in {stripped!r}")
+            raise InputError(f"{source}:{number}", f"missing '=' in {stripped!r}")
         if section is None:
-            raise InputError(source, f"line {number}: assignment {key.strip()!r} before any [Section] header")
+            raise InputError(f"{source}:{number}", f"assignment {key.strip()!r} before any [Section] header")
         key = key.strip()
         if not _KEY_RE.match(key):
-            raise InputError(source, f"line {number}: invalid key {key!r}")
+            raise InputError(f"{source}:{number}", f"invalid key {key!r}")
         entries.append(UnitEntry(section, key, value.strip(), source, number))
     return entries
 
@@ -197,6 +210,19 @@ def _read_text(path: Path) -> str:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise unreadable(str(path), exc, _UNREADABLE) from None
+
+
+def parse_unit(text: str, source: str) -> UnitFile:
+    """The one unit file ``text`` (named ``source``), without drop-ins: what ``service lint`` and ``service
+    import`` judge.
+
+    Raises:
+        InputError: a malformed line (``source:N: ...``) or no assignment at all.
+    """
+    entries = parse_unit_text(text, source)
+    if not entries:
+        raise InputError(source, "no unit entries (empty or not a systemd unit)")
+    return UnitFile(source, tuple(entries))
 
 
 def default_dropin_dirs(path: Path) -> list[Path]:

@@ -31,9 +31,9 @@ def encode_record(record: Any) -> bytes:
 
 
 def encode_lint(result: Any) -> bytes:
-    """``{"source", "topology", "errors", "findings": [{rule, severity, line, message, detail, fix}]}``."""
+    """``{"source", "topology", "errors", "findings": [{rule, severity, line, message, detail, fix}], "notes"}``."""
     doc = {"source": result.source, "topology": result.topology, "errors": result.errors,
-           "findings": [dataclasses.asdict(f) for f in result.findings]}
+           "findings": [dataclasses.asdict(f) for f in result.findings], "notes": list(result.notes)}
     return (json.dumps(doc, indent=2) + "\n").encode()
 
 
@@ -48,6 +48,8 @@ def render_lint(result: Any, console: Console) -> None:
         console.print(f"[{_STYLE.get(f.severity, '')}]{escape(where)} {f.severity} {f.rule}[/]", soft_wrap=True)
         for label, text in (("", f.message), ("found: ", f.detail), ("fix:   ", f.fix)):
             console.print(Padding(Text(label + text), (0, 0, 0, 4), expand=False))
+    for note in result.notes:
+        console.print(escape(note))
     if result.topology is None:
         console.print("NCCL rules skipped: no topology (--topology nvlink|pcie|FILE, or run on the GPU box)")
 
@@ -55,7 +57,7 @@ def render_lint(result: Any, console: Console) -> None:
 def encode_import(result: Any, spec_path: str | None) -> bytes:
     """``{"name", "spec", "spec_path", "secrets_moved", "replaced"}``; secret values never appear."""
     doc = {"name": result.name, "spec": result.spec, "spec_path": spec_path,
-           "secrets_moved": list(result.secret_names), "replaced": list(result.dropped)}
+           "secrets_moved": list(result.secret_names), "replaced": list(result.replaced)}
     return (json.dumps(doc, indent=2) + "\n").encode()
 
 
