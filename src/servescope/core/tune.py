@@ -1,0 +1,121 @@
+"""The ``tune`` result document: the baseline knee and its noise, every trial, the final knee, what to keep.
+
+The objective is the knee's goodput (output tokens/s of the requests that met every ``--slo`` target, at the most
+load whose points all met them; :mod:`servescope.core.knee`). The noise is how far the baseline moves between two
+measurements of the same server (and the spread of the knee's repeats); a change is kept only when its knee beats
+the reference (the baseline, or the last kept change) by more than that.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from servescope.core.changes import Candidate, ChangeEdit, NotCandidate
+from servescope.core.document import Document
+
+__all__ = ["KeepSettings", "KneeFigure", "TargetInfo", "Trial", "TuneDoc", "TuneOptions", "relative_gain"]
+
+OUTCOMES = ("kept", "rolled_back", "failed_start", "measure_failed", "interrupted")
+
+
+class KneeFigure(msgspec.Struct, kw_only=True, frozen=True):
+    """One measurement of the knee: goodput tokens/s and requests/s at ``load`` (``None``: no load met the
+    targets, goodput 0), the repeats' spread, the cause's id and sentence, and the seconds it took."""
+
+    goodput_tokens_per_s: float
+    goodput_requests_per_s: float | None
+    load: float | None
+    unit: str | None
+    spread: list[float] | None
+    cause: str | None
+    cause_message: str | None
+    seconds: float
+
+
+class Trial(msgspec.Struct, kw_only=True, frozen=True):
+    """One change tried: what it set, on what evidence, what it should have gained and what it did.
+
+    ``outcome``: ``kept``, ``rolled_back`` (no gain beyond the noise), ``failed_start`` (the server did not come up:
+    ``why`` quotes its log), ``measure_failed``, ``interrupted``. ``measured_gain``: the knee's goodput against
+    ``reference_tokens_per_s`` (the knee it had to beat), as a fraction; ``within_prediction``: whether that lies in
+    the candidate's predicted range.
+    """
+
+    number: int
+    change: Candidate
+    config: str
+    outcome: str
+    why: str
+    knee: KneeFigure | None
+    reference_tokens_per_s: float
+    measured_gain: float | None
+    within_prediction: bool | None
+    restart_s: float
+    measure_s: float
+    seconds: float
+    log_tail: list[str] = []
+
+
+class TargetInfo(msgspec.Struct, kw_only=True, frozen=True):
+    """What tune changed: ``kind`` ``launch`` (a command servescope starts) or ``unit`` (a systemd unit, changed by
+    the drop-in ``dropin``); ``original``: the command line it started from (secrets redacted)."""
+
+    kind: str
+    name: str
+    url: str
+    original: str
+    dropin: str | None = None
+    log: str | None = None
+
+
+class TuneOptions(msgspec.Struct, kw_only=True, frozen=True):
+    """Every option that changes a number or a decision."""
+
+    slo: list[str]
+    input_tokens: int
+    output_tokens: int
+    budget_s: float | None
+    max_restarts: int | None
+    measure_budget_s: float | None
+    allow: list[str]
+    catalogue: str | None
+    profile: bool
+    min_noise: float
+
+
+class KeepSettings(msgspec.Struct, kw_only=True, frozen=True):
+    """The kept changes, ready to use: the whole command line, and for a unit the drop-in text."""
+
+    changes: list[str]
+    edit: ChangeEdit
+    command_line: str
+    dropin: str | None = None
+
+
+class TuneDoc(Document, kw_only=True, frozen=True):
+    """A whole ``tune`` run. ``stopped``: why the loop ended (no candidate left, budget, restarts, interrupted,
+    an error); ``restored``: the original configuration was put back (a rollback at the end, ctrl-c, SIGTERM)."""
+
+    schema: str = "servescope.tune"
+    schema_version: int = 1
+    servescope_version: str
+    created_at: str
+    platform: dict[str, str]
+    target: TargetInfo
+    options: TuneOptions
+    baseline: list[KneeFigure]
+    noise: float
+    final: KneeFigure | None
+    trials: list[Trial]
+    not_tried: list[NotCandidate]
+    keep: KeepSettings
+    stopped: str
+    restored: bool
+    evidence: list[str] = []
+    seconds: float = 0.0
+    journal: str | None = None
+
+
+def relative_gain(value: float, reference: float) -> float | None:
+    """``value / reference - 1``; None when the reference is 0 (no knee), where no ratio exists."""
+    return None if reference <= 0 else value / reference - 1.0

@@ -1,0 +1,109 @@
+"""Views of a ``tune`` result: the answer first (baseline against final knee), every trial, what to keep, what
+was not tried and why; and the same as HTML. Read only the :class:`~servescope.core.tune.TuneDoc`."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from servescope.core.tune import KneeFigure, TuneDoc
+from servescope.report.page import escape, page, text_block
+
+__all__ = ["render_tune", "render_tune_html"]
+
+_STYLE = {"kept": "green", "rolled_back": "yellow", "failed_start": "red", "measure_failed": "red",
+          "interrupted": "red"}
+
+
+def _knee(figure: KneeFigure | None) -> str:
+    if figure is None:
+        return "N/A"
+    if figure.load is None:
+        return "no load met the targets (goodput 0)"
+    return f"{figure.goodput_tokens_per_s:.1f} tok/s at {figure.load:g} {figure.unit or ''}".rstrip()
+
+
+def _pct(value: float | None) -> str:
+    return "N/A" if value is None else f"{value:+.0%}"
+
+
+def _headline(doc: TuneDoc, console: Console) -> None:
+    base = doc.baseline
+    mean = sum(b.goodput_tokens_per_s for b in base) / len(base) if base else None
+    kept = [t for t in doc.trials if t.outcome == "kept"]
+    head = Text()
+    head.append(f"tune {doc.target.kind} {doc.target.name}", style="bold")
+    head.append(f"  {doc.target.url}  targets {', '.join(doc.options.slo) or 'default'}  "
+                f"{doc.options.input_tokens} in / {doc.options.output_tokens} out tokens")
+    console.print(head, overflow="fold")
+    if base:
+        console.print(Text(f"baseline: {' | '.join(_knee(b) for b in base)}  (noise ±{doc.noise:.0%})"),
+                      overflow="fold")
+    gain = (doc.final.goodput_tokens_per_s / mean - 1) if doc.final and mean else None
+    final = Text(f"final:    {_knee(doc.final)}")
+    if kept:
+        final.append(f"  ({_pct(gain)} against the baseline's mean, {len(kept)} change(s) kept)", style="green")
+    else:
+        final.append("  (nothing kept: the original configuration stays)", style="yellow")
+    console.print(final, overflow="fold")
+    console.print(Text(f"stopped: {doc.stopped}; {len(doc.trials)} trial(s) in {doc.seconds:.0f} s"
+                       + ("; the original configuration is in place" if doc.restored else "")), overflow="fold")
+
+
+def _trials(doc: TuneDoc, console: Console) -> None:
+    if not doc.trials:
+        return
+    table = Table(show_edge=False, pad_edge=False, box=None)
+    for name in ("#", "change", "predicted", "measured", "knee", "outcome", "load s", "knee s"):
+        table.add_column(name, justify="right" if name in ("#", "load s", "knee s") else "left")
+    for t in doc.trials:
+        c = t.change
+        table.add_row(str(t.number), c.edit.describe(), f"{c.gain_low:+.0%}..{c.gain_high:+.0%}",
+                      _pct(t.measured_gain), _knee(t.knee), Text(t.outcome, style=_STYLE.get(t.outcome, "")),
+                      f"{t.restart_s:.0f}", f"{t.measure_s:.0f}")
+    console.print(table)
+    for t in doc.trials:
+        console.print(Text(f"  {t.number}. {t.change.label}: {t.why}", style=_STYLE.get(t.outcome, "")),
+                      overflow="fold")
+        console.print(Text(f"     because: {'; '.join(t.change.because)}", style="dim"), overflow="fold")
+        if t.within_prediction is not None:
+            console.print(Text(f"     predicted {t.change.gain_low:+.0%}..{t.change.gain_high:+.0%} "
+                               f"({t.change.gain_basis}); measured {_pct(t.measured_gain)}"
+                               f"{'' if t.within_prediction else ', outside the prediction'}", style="dim"),
+                          overflow="fold")
+        for line in t.log_tail[-3:]:
+            console.print(Text(f"     log: {line}", style="red"), overflow="fold")
+
+
+def render_tune(doc: TuneDoc, console: Console) -> None:
+    """The answer first, then every trial, the settings to keep and what was not tried."""
+    _headline(doc, console)
+    _trials(doc, console)
+    if doc.keep.changes:
+        console.print(Text("keep:", style="bold"))
+        console.print(Text(f"  {doc.keep.command_line}"), overflow="fold")
+        if doc.keep.dropin:
+            console.print(Text(f"  drop-in {doc.target.dropin}:"))
+            for line in doc.keep.dropin.splitlines():
+                console.print(Text(f"    {line}"), overflow="fold")
+    if doc.not_tried:
+        console.print(Text("not tried:", style="bold"))
+        for n in doc.not_tried:
+            console.print(Text(f"  {n.id} ({n.reason}): {n.detail}"), overflow="fold")
+    for note in doc.evidence:
+        console.print(Text(f"evidence: {note}", style="dim"), overflow="fold")
+    if doc.journal:
+        console.print(Text(f"journal: {doc.journal} (`servescope tune --restore --journal {doc.journal}` undoes)",
+                           style="dim"), overflow="fold")
+
+
+def render_tune_html(doc: TuneDoc) -> str:
+    """The text view as a self-contained page."""
+    out = io.StringIO()
+    render_tune(doc, Console(file=out, width=140, highlight=False, color_system=None))
+    return page("servescope tune", [f"<h1>servescope tune: {escape(doc.target.name)}</h1>",
+                                    f'<p class="meta">written by <code>servescope tune</code> '
+                                    f"{escape(doc.created_at)}</p>", text_block(out.getvalue())])

@@ -1,0 +1,72 @@
+"""The knee as tune measures it: ``bench serve``'s search (:func:`servescope.bench.serve.knee.find_knee`) at the
+user's targets, reduced to the figure tune compares (goodput tokens/s) and the cause's evidence figures.
+
+A :data:`Measure` is any function of (url, start load, progress) to a :class:`Measured`; :func:`knee_measure`
+makes the real one. Tests of the loop may pass their own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from servescope.core.serve import ServeResult, SloTarget
+from servescope.core.tune import KneeFigure
+
+__all__ = ["Measure", "Measured", "figure_of", "knee_measure"]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One knee measurement: the figure tune records and the cause's evidence figures (for the catalogue)."""
+
+    figure: KneeFigure
+    cause_figures: dict[str, float] = field(default_factory=dict)
+
+
+class Measure(Protocol):
+    """Measures the knee of the server at ``url``, starting the search at ``start`` streams."""
+
+    def __call__(self, url: str, *, start: float, progress: Callable[[str], None] | None,
+                 server_argv: Sequence[str] | None) -> Measured: ...
+
+
+def figure_of(result: ServeResult, seconds: float) -> Measured:
+    """The figure of a knee search's document (no knee: goodput 0, the load None)."""
+    knee, cause = result.knee, result.cause
+    figure = KneeFigure(
+        goodput_tokens_per_s=knee.goodput_tokens_per_s if knee else 0.0,
+        goodput_requests_per_s=knee.goodput_requests_per_s if knee else None,
+        load=knee.load if knee else None, unit=knee.unit if knee else None,
+        spread=list(knee.spread) if knee else None, cause=cause.id if cause else None,
+        cause_message=cause.message if cause else None, seconds=seconds)
+    return Measured(figure=figure, cause_figures=dict(cause.evidence) if cause else {})
+
+
+def knee_measure(*, slo: tuple[SloTarget, ...], input_tokens: int, output_tokens: int, api_key: str | None,
+                 budget_s: float | None, max_requests: int | None, max_load: float | None, repeats: int = 2,
+                 workers: int = 0) -> Measure:
+    """The real measurement: a knee search per call with these targets, prompt and output lengths and limits."""
+    from servescope.bench.serve.knee import KneeSpec, find_knee
+    from servescope.bench.serve.sweep import LoadSpec
+    from servescope.server.client import ApiKey
+
+    key = ApiKey(api_key, "--api-key") if api_key else None
+
+    def measure(url: str, *, start: float, progress: Callable[[str], None] | None,
+                server_argv: Sequence[str] | None) -> Measured:
+        def tick(label: str, done: int, planned: int) -> None:
+            if progress is not None:
+                progress(f"{label}: {done}/{planned or '?'} requests")
+
+        began = time.monotonic()
+        spec = KneeSpec(load=LoadSpec(url=url, input_tokens=input_tokens, output_tokens=output_tokens, api_key=key,
+                                      workers=workers),
+                        slo=slo, budget_s=budget_s, max_requests=max_requests, repeats=repeats,
+                        start=max(1.0, start), max_load=max_load, server_argv=server_argv)
+        result = find_knee(spec, progress=tick)
+        return figure_of(result, time.monotonic() - began)
+
+    return measure
