@@ -23,10 +23,10 @@ __all__ = ["COMMAND_MODULES", "app", "main"]
 COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "analyze": ("analyze",), "report": ("analyze",), "diff": ("analyze",), "plan": ("plan",),
     "profile": ("profile",), "health": ("health",), "settings": ("settings",), "capture": ("capture",),
-    "gpu": ("gpu",), "bench": ("bench",), "service": ("service",),
+    "gpu": ("gpu",), "bench": ("bench",), "service": ("service",), "tune": ("tune",),
 }
 # Every module, in the order that gives `servescope --help` and `servescope bench --help` their order.
-_ALL_MODULES = ("analyze", "bench", "capture", "gpu", "plan", "profile", "health", "service", "settings")
+_ALL_MODULES = ("analyze", "bench", "capture", "gpu", "plan", "profile", "health", "service", "settings", "tune")
 
 
 def _load(modules: tuple[str, ...]) -> typer.Typer:

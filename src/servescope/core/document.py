@@ -85,6 +85,7 @@ KINDS: tuple[DocumentKind, ...] = (
     _kind("gpu", "gpu snapshot", "gpu", "gpu:GpuSnapshot"),
     _kind("service", "service status", "service status", "service:ServiceStatus"),
     _kind("diff", "diff", "diff", "diff:DiffDoc"),
+    _kind("tune", "tune", "tune", "tune:TuneDoc"),
 )
 _BY_SCHEMA = {k.schema: k for k in KINDS}
 _GEMM_KIND = "gemm_bench"

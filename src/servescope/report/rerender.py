@@ -34,6 +34,7 @@ from servescope.report.serve import render_serve, render_serve_html
 from servescope.report.service import render_status
 from servescope.report.settings import render_settings
 from servescope.report.tables import render_analysis
+from servescope.report.tune import render_tune, render_tune_html
 
 __all__ = ["FORMATS", "VIEWS", "HtmlView", "TextView", "View", "render_document", "render_html", "render_text"]
 
@@ -92,6 +93,7 @@ VIEWS: dict[str, View] = {
     "servescope.gpu": View(_plain(render_snapshot)),
     "servescope.service": View(_plain(render_status)),
     "servescope.diff": View(_plain(render_diff)),
+    "servescope.tune": View(_plain(render_tune), lambda doc, *, top: render_tune_html(doc)),
 }
 """Each kind's views, by its ``schema``."""
 
