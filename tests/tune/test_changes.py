@@ -286,7 +286,8 @@ def test_comm_env_from_bench_comm_and_in_place_when_set() -> None:
     assert cand.edit.env == {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}
     assert (cand.gain_low, cand.gain_high) == (0.1, 0.3)
     set_ = ChangeEvidence(findings=[finding], platform="cuda", argv=["vllm", "serve", "m"],
-                          env={"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}, inputs={"comm_env": "NCCL_PROTO=LL NCCL_ALGO=Ring"})
+                          env={"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"},
+                          inputs={"comm_env": "NCCL_PROTO=LL NCCL_ALGO=Ring"})
     assert _ids(set_)[1]["comm-env"] == "in_place"
     assert _ids(ChangeEvidence(findings=[finding], platform="cuda"))[1]["comm-env"] == "needs_input"
 
