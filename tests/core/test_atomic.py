@@ -36,3 +36,19 @@ def test_an_asked_mode_wins(tmp_path: Path) -> None:
     target.chmod(0o644)
     write_text_atomic(target, "TOKEN=x\n", mode=0o600)
     assert _mode(target) == 0o600
+
+
+def test_a_missing_folder_is_never_made_unless_asked(tmp_path: Path) -> None:
+    import pytest
+
+    from servescope.core.errors import InputError
+
+    target = tmp_path / "no" / "such" / "r.html"
+    with pytest.raises(InputError, match=rf"^{target}: folder {tmp_path / 'no' / 'such'} does not exist$"):
+        write_text_atomic(target, "x")
+    assert list(tmp_path.iterdir()) == []
+    assert write_text_atomic(target, "x", mkdir=True).read_text() == "x"
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(InputError, match="is not a folder"):
+        write_text_atomic(blocker / "r.html", "x", mkdir=True)

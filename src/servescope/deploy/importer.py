@@ -146,23 +146,44 @@ def _is_gpu_wait(entry: UnitEntry) -> bool:
     return "nvidia-smi" in text or "gpu wait-free" in text
 
 
-def _guard(entry: UnitEntry) -> dict[str, int]:
+def _guard(entry: UnitEntry, spec: dict[str, Any]) -> dict[str, int]:
     """The [guard] table: a ``gpu wait-free`` command's own limits, else the defaults (a loop's are its own)."""
     default = defaults()["guard"]
     guard = {"max_used_mib": int(default["max_used_mib"]), "timeout_s": int(default["timeout_s"])}
     words = split_command_lines(entry.value, _where(entry))[0].argv
     if "wait-free" in words:
+        _servescope(words, spec)
         for flag, key in (("--max-used-mib", "max_used_mib"), ("--timeout", "timeout_s")):
             if flag in words[:-1] and words[words.index(flag) + 1].isdigit():
                 guard[key] = int(words[words.index(flag) + 1])
     return guard
 
 
-def _is_render_own(entry: UnitEntry) -> bool:
-    """An ExecStartPre / ExecStartPost a rendered unit writes itself: the secrets check, the health wait."""
-    words = [w for c in split_command_lines(entry.value, _where(entry)) for w in c.argv]
-    text = " ".join(words)
-    return ("servescope: $1" in text and "test -n" in text) or ("health" in words and "--wait" in words)
+def _render_own(entry: UnitEntry, spec: dict[str, Any]) -> bool:
+    """True for an ExecStartPre / ExecStartPost a rendered unit writes itself (the secrets check, the health
+    wait), whose facts go to ``spec``: the secret names it checks, the servescope it runs."""
+    command = split_command_lines(entry.value, _where(entry))[0]
+    words = command.argv
+    script = words[2] if len(words) > 2 and words[1] == "-c" else ""
+    if "servescope: $1" in script and "test -n" in script:
+        names = re.findall(r'test -n "\$\{([A-Za-z_][A-Za-z0-9_]*)\}"', script)
+        spec["secrets"] = list(dict.fromkeys([*spec.get("secrets", []), *names]))
+        return True
+    if "health" in words and "--wait" in words:
+        _servescope(words, spec)
+        wait = words[words.index("--timeout") + 1] if "--timeout" in words[:-1] else ""
+        if wait.isdigit() and int(wait) > 0:  # render waits load_time_s + start_margin_s: keep the sum
+            margin = int(defaults()["start_margin_s"])
+            spec.update({"load_time_s": int(wait) - margin} if int(wait) > margin
+                        else {"load_time_s": int(wait), "start_margin_s": 0})
+        return True
+    return False
+
+
+def _servescope(words: list[str], spec: dict[str, Any]) -> None:
+    """The servescope a rendered command runs, by absolute path, as the spec's ``servescope``."""
+    if Path(words[0]).name == "servescope" and words[0].startswith("/"):
+        spec["servescope"] = words[0]
 
 
 def _read(entry: UnitEntry, how: str) -> object:
@@ -212,8 +233,8 @@ def _carry(unit: UnitFile, spec: dict[str, Any], replaced: list[str]) -> None:
         if entry.key == "ExecStartPre" and _is_gpu_wait(entry):
             replaced.append(f"{_where(entry)} ExecStartPre: the GPU memory wait: the [guard] table "
                             "(servescope gpu wait-free, which fails naming who holds the memory)")
-            spec["guard"] = _guard(entry)
-        elif _is_render_own(entry):
+            spec["guard"] = _guard(entry, spec)
+        elif _render_own(entry, spec):
             replaced.append(f"{_where(entry)} {entry.key}: written by render itself")
         else:
             extra.setdefault("Service", {}).setdefault(entry.key, []).append(entry.value)
@@ -248,9 +269,10 @@ def import_unit(unit: UnitFile, *, name: str | None = None) -> ImportResult:
     _carry(unit, spec, replaced)
     if secrets.values:  # the rendered unit refuses to start without them (render.py's ExecStartPre check)
         spec.setdefault("env_file", f"{defaults()['env_file_dir']}/{unit_name}.env")
-        spec["secrets"] = list(secrets.values)
-    order = ["name", "description", "engine", "model", "user", "working_directory", "command", "env_file",
-             "secrets", "gpus", "start_timeout_s", "stop_timeout_s", "kill_signal", "limit_nofile", "args"]
+        spec["secrets"] = list(dict.fromkeys([*spec.get("secrets", []), *secrets.values]))
+    order = ["name", "description", "engine", "model", "user", "working_directory", "command", "servescope",
+             "env_file", "secrets", "gpus", "load_time_s", "start_margin_s", "start_timeout_s", "stop_timeout_s",
+             "kill_signal", "limit_nofile", "args"]
     ordered = {k: spec[k] for k in order if k in spec}
     ordered.update({k: v for k, v in spec.items() if k not in ordered})
     result = ImportResult(unit_name, ordered, dict(secrets.values), tuple(replaced))

@@ -63,9 +63,12 @@ def encode_import(result: Any, spec_path: str | None) -> bytes:
 
 def render_import(result: Any, spec_path: str, env_path: str | None, console: Console) -> None:
     console.print(f"wrote {escape(spec_path)}")
-    if result.secret_names:
-        console.print(f"secrets moved to {escape(env_path or '?')}: {escape(', '.join(result.secret_names))}"
-                      " (values not shown); install it as the spec's env_file, mode 0600")
+    if result.secrets:
+        target = str(result.spec.get("env_file", "the spec's env_file"))
+        console.print(f"secrets moved to {escape(env_path or '?')}: {escape(', '.join(result.secrets))}"
+                      f" (values not shown); install them as {escape(target)}, mode 0600")
+    for note in result.replaced:
+        console.print(f"replaced: {escape(note)}", soft_wrap=True)
 
 
 def render_status(status: ServiceStatus, console: Console) -> None:
