@@ -270,9 +270,11 @@ class _Run:
         self.save()
         self.last, reference = self.baseline_knee()
         candidates = self.candidates(self.last, self.config())
-        tried = {t.change.id for t in self.trials}
         while True:
-            left = [c for c in candidates if c.id not in tried]
+            # a change that did not pay is not tried again; one kept may be tried again with a new value
+            spent = {t.change.id for t in self.trials if t.outcome != "kept"}
+            tried = {(t.change.id, t.change.edit.describe()) for t in self.trials}
+            left = [c for c in candidates if c.id not in spent and (c.id, c.edit.describe()) not in tried]
             if not left:
                 self.stopped = "no candidate left"
                 return
@@ -283,7 +285,6 @@ class _Run:
                                                         because=c.because)
                 return
             cand = left[0]
-            tried.add(cand.id)
             trial, measured = self.trial(len(self.trials) + 1, cand, reference)
             self.trials.append(trial)
             self.journal.trying = None

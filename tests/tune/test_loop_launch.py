@@ -1,0 +1,68 @@
+"""The tune loop against a launched server (a real process of tests/tune/toy_server.py, real sockets), measured by
+the toy's knee (tests/tune/toy.py): a start that fails, changes kept while they pay, one rolled back."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from servescope.core.document import decode_as, encode
+from servescope.core.tune import TuneDoc
+from servescope.report.rerender import render_document
+from servescope.tune.api import TuneSetup, tune_server
+from servescope.tune.journal import read_journal
+
+from .toy import CATALOGUE, free_port, toy_command, toy_measure
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def test_launch_loop_fails_keeps_and_rolls_back(tmp_path: Path) -> None:
+    port = free_port()
+    journal = tmp_path / "tune.journal.json"
+    lines: list[str] = []
+    setup = TuneSetup(launch=toy_command(port, "--max-num-seqs", "1"), slo="ttft_p99=2000", catalogue=CATALOGUE,
+                      journal=journal, ready_timeout_s=60)
+    doc = tune_server(setup, say=lambda text, transient: lines.append(text), measure=toy_measure())
+
+    outcomes = [(t.change.id, t.outcome) for t in doc.trials]
+    # the rejected flag first (the most predicted gain), then max-num-seqs doubled while it pays (1 -> 2 -> 4 -> 8),
+    # then at 8 the cause is the step: speculation and more front ends move nothing there
+    assert outcomes[0] == ("toy-bad-flag", "failed_start")
+    assert "unrecognized arguments: --no-such-flag" in doc.trials[0].why
+    kept = [t for t in doc.trials if t.outcome == "kept"]
+    assert [t.change.value for t in kept] == ["2", "4", "8"]
+    assert [t.knee.goodput_tokens_per_s for t in kept if t.knee] == [200.0, 400.0, 800.0]
+    assert {i for i, o in outcomes if o == "rolled_back"} == {"spec-ngram", "toy-front-ends"}
+    assert doc.stopped == "no candidate left"
+    assert "--max-num-seqs 8" in doc.keep.command_line and "--no-such-flag" not in doc.keep.command_line
+    assert doc.baseline[0].goodput_tokens_per_s == 100.0 and doc.final and doc.final.goodput_tokens_per_s == 800.0
+    # predicted vs measured: 1 -> 2 predicted +10%..+70%, measured +100% (outside, and said so)
+    assert kept[0].measured_gain == 1.0 and kept[0].within_prediction is False
+    # nothing left running: the last server tune started is stopped
+    state = read_journal(journal)
+    assert state.state == "done" and state.process is not None and not _alive(state.process.pid)
+    assert any("trial 1" in line and "failed" in line for line in lines)
+    # the document round-trips and renders (report re-renders it)
+    again = decode_as(encode(doc), "doc", TuneDoc)
+    text = render_document(again, "text", width=160)
+    assert "failed_start" in text and "keep:" in text and "--max-num-seqs 8" in text
+    assert "<pre" in render_document(again, "html")
+
+
+def test_a_server_that_does_not_start_as_it_is_fails_at_once(tmp_path: Path) -> None:
+    import pytest
+
+    from servescope.core.errors import InputError
+
+    setup = TuneSetup(launch=toy_command(free_port(), "--bogus"), journal=tmp_path / "j.json", ready_timeout_s=60)
+    with pytest.raises(InputError, match="did not start.*unrecognized arguments: --bogus"):
+        tune_server(setup, measure=toy_measure())
+    assert read_journal(tmp_path / "j.json").state == "restored"
