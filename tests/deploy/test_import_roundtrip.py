@@ -175,6 +175,8 @@ def test_a_secret_given_twice_is_refused_naming_both_places(tmp_path: Path) -> N
     ("ExecStart=/usr/bin/vllm serve m/M\nType=notify", "Type=notify"),
     ("ExecStart=/usr/bin/vllm serve m/M\nKillMode=process", "KillMode=process"),
     ("ExecStart=/usr/bin/vllm serve m/M\nRestartSec=500ms", "RestartSec=500ms: the spec holds whole seconds"),
+    ("ExecStart=/usr/bin/vllm serve m/M\nExecStartPost=/usr/bin/curl -H 'Authorization: Bearer sk-verbatim-31'",
+     "ExecStartPost= holds a secret (value not shown)"),
 ])
 def test_what_a_spec_cannot_carry_is_refused_naming_its_line(tmp_path: Path, line: str, refused: str) -> None:
     unit = tmp_path / "u.service"
@@ -184,6 +186,17 @@ def test_what_a_spec_cannot_carry_is_refused_naming_its_line(tmp_path: Path, lin
     assert result.exit_code == 2 and result.stdout == ""
     (message,) = result.stderr.splitlines()
     assert message.startswith(f"servescope: error: {unit}:{number}: ") and refused in message, message
+    assert "sk-verbatim-31" not in result.output
+
+
+def test_a_reference_to_a_secret_is_carried(tmp_path: Path) -> None:
+    unit = tmp_path / "u.service"
+    unit.write_text("[Service]\nExecStart=/usr/bin/vllm serve m/M\n"
+                    "ExecStartPost=/usr/bin/curl -H 'Authorization: Bearer ${VLLM_API_KEY}' localhost:8000/health\n")
+    result = CliRunner().invoke(app, ["service", "import", str(unit)])
+    assert result.exit_code == 0, result.output
+    assert tomllib.loads(result.stdout)["extra"]["Service"]["ExecStartPost"] == [
+        "/usr/bin/curl -H 'Authorization: Bearer ${VLLM_API_KEY}' localhost:8000/health"]
 
 
 UNCLOSED = '[Service]\nExecStart=vllm serve "unterminated\n'

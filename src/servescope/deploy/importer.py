@@ -18,6 +18,7 @@ from typing import Any
 
 from servescope.core.atomic import write_text_atomic
 from servescope.core.errors import InputError
+from servescope.core.redact import MASK, redact
 from servescope.deploy.lint import exec_command, time_span_s
 from servescope.deploy.render import DEPENDENCIES, WANTED_BY
 from servescope.deploy.spec import defaults, directives, is_secret_name, parse_spec
@@ -186,6 +187,16 @@ def _servescope(words: list[str], spec: dict[str, Any]) -> None:
         spec["servescope"] = words[0]
 
 
+def _verbatim(entry: UnitEntry) -> str:
+    """``entry``'s value, to be carried as written: refused where it holds a credential (a ``$VAR`` reference
+    to one is fine), which the spec would show; the value is never printed."""
+    probe = re.sub(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?", MASK, entry.value)
+    if redact(probe) != probe:
+        raise InputError(_where(entry), f"{entry.key}= holds a secret (value not shown): put it in the "
+                         "EnvironmentFile and refer to it as $NAME, then import again")
+    return entry.value
+
+
 def _read(entry: UnitEntry, how: str) -> object:
     if how == "int":
         if not entry.value.isdigit():
@@ -196,7 +207,7 @@ def _read(entry: UnitEntry, how: str) -> object:
         if span is None or span == float("inf") or span != int(span):
             raise InputError(_where(entry), f"{entry.key}={entry.value}: the spec holds whole seconds here")
         return int(span)
-    return entry.value
+    return _verbatim(entry)
 
 
 def _set(spec: dict[str, Any], key: str, value: object) -> None:
@@ -214,7 +225,7 @@ def _carry(unit: UnitFile, spec: dict[str, Any], replaced: list[str]) -> None:
     for entry in unit.entries:
         rule = known.get(f"{entry.section}.{entry.key}")
         if rule is None:
-            extra.setdefault(entry.section, {}).setdefault(entry.key, []).append(entry.value)
+            extra.setdefault(entry.section, {}).setdefault(entry.key, []).append(_verbatim(entry))
         elif "field" in rule:
             for key in rule["field"]:
                 _set(spec, key, _read(entry, rule.get("as", "text")))
@@ -237,7 +248,7 @@ def _carry(unit: UnitFile, spec: dict[str, Any], replaced: list[str]) -> None:
         elif _render_own(entry, spec):
             replaced.append(f"{_where(entry)} {entry.key}: written by render itself")
         else:
-            extra.setdefault("Service", {}).setdefault(entry.key, []).append(entry.value)
+            extra.setdefault("Service", {}).setdefault(entry.key, []).append(_verbatim(entry))
     files = unit.entries_of("Service", "EnvironmentFile")
     if files:
         spec["env_file"] = files[0].value.removeprefix("-")
