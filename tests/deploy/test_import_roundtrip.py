@@ -214,3 +214,17 @@ def test_a_parse_error_is_one_line_naming_file_and_line(tmp_path: Path, command:
         f"servescope: error: {unit}:2: unbalanced quoting in 'vllm serve \"unterminated'"]
     checked = verify(tmp_path, "q.service")  # systemd, independently, refuses the same line
     assert "q.service:2" in checked.stdout + checked.stderr
+
+
+def test_time_spans_come_back_in_seconds(tmp_path: Path) -> None:
+    """TimeoutSec= sets both timeouts (systemd.service(5)); spans with units are read as systemd does."""
+    unit = tmp_path / "u.service"
+    unit.write_text("[Unit]\nStartLimitIntervalSec=2h\n[Service]\nExecStart=/usr/bin/vllm serve m/M\n"
+                    "TimeoutSec=45min\nRestartSec=1min 30s\n")
+    spec = tmp_path / "u.toml"
+    assert CliRunner().invoke(app, ["service", "import", str(unit), "-o", str(spec)]).exit_code == 0
+    rendered = _directives(CliRunner().invoke(app, ["service", "render", str(spec)]).stdout)
+    assert rendered[("Service", "TimeoutStartSec")] == [str(45 * 60)]
+    assert rendered[("Service", "TimeoutStopSec")] == [str(45 * 60)]
+    assert rendered[("Service", "RestartSec")] == [str(60 + 30)]
+    assert rendered[("Unit", "StartLimitIntervalSec")] == [str(2 * 3600)]

@@ -18,6 +18,12 @@ Example spec::
     max-model-len = 131072
     [env]
     NCCL_PROTO = "LL"
+    [extra.Service]                 # directives render does not write, carried verbatim (service import)
+    Nice = ["-5"]
+
+``start_timeout_s`` and ``restart.interval_s`` set TimeoutStartSec and StartLimitIntervalSec as given (default:
+computed from the guard, the load and the margin); ``[extra.SECTION]`` may add to render's list-valued directives
+(After=, ExecStartPre=...) but not set one it writes itself (``data/deploy/directives.toml``).
 """
 
 from __future__ import annotations
