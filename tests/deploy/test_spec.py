@@ -64,3 +64,23 @@ def test_cli_bad_spec_exit_2(tmp_path: Path) -> None:
 def test_load_spec_missing_file(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="cannot read"):
         load_spec(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize(("table", "problem"), [
+    ('[extra.Service]\nType = ["notify"]\n', "extra.Service.Type: render writes Type= itself"),
+    ('[extra.Service]\nRestartSec = ["5"]\n', "extra.Service.RestartSec: render writes RestartSec= itself (set "
+                                              "restart.delay_s)"),
+    ('[extra.Service]\nEnvironment = ["A=1"]\n', "extra.Service.Environment: render writes Environment= itself"),
+    ('[extra."Bad Section"]\nX = ["1"]\n', "extra.Bad Section.X: not a unit section and directive name"),
+    ('start_timeout_s = 0\n', "start_timeout_s: must be > 0"),
+])
+def test_extra_cannot_set_what_render_writes(table: str, problem: str) -> None:
+    text = BASE.replace('model = "m/M"\n', 'model = "m/M"\n' + (table if not table.startswith("[") else ""))
+    text += table if table.startswith("[") else ""
+    with pytest.raises(InputError, match="^s.toml: " + problem.replace("(", r"\(").replace(")", r"\)")):
+        parse_spec(text, "s.toml")
+
+
+def test_extra_adds_to_list_valued_directives() -> None:
+    spec = parse_spec(BASE + '[extra.Service]\nExecStartPre = ["/bin/true"]\nNice = ["-5"]\n', "s.toml")
+    assert spec.extra == {"Service": {"ExecStartPre": ["/bin/true"], "Nice": ["-5"]}}
