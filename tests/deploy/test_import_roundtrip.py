@@ -228,3 +228,17 @@ def test_time_spans_come_back_in_seconds(tmp_path: Path) -> None:
     assert rendered[("Service", "TimeoutStopSec")] == [str(45 * 60)]
     assert rendered[("Service", "RestartSec")] == [str(60 + 30)]
     assert rendered[("Unit", "StartLimitIntervalSec")] == [str(2 * 3600)]
+
+
+def test_drop_ins_beside_the_unit_are_carried_naming_their_file(tmp_path: Path) -> None:
+    """systemd applies UNIT.d/*.conf after the unit: import does too, and a note names the drop-in's line."""
+    unit = tmp_path / "u.service"
+    unit.write_text("[Service]\nType=simple\nExecStart=/usr/bin/vllm serve m/M\nRestartSec=5\n")
+    dropins = tmp_path / "u.service.d"
+    dropins.mkdir()
+    (dropins / "10-tune.conf").write_text("[Service]\nRestartSec=10\nEnvironment=NCCL_ALGO=Tree\nType=exec\n")
+    result = CliRunner().invoke(app, ["service", "import", str(unit)])
+    assert result.exit_code == 0, result.output
+    spec = tomllib.loads(result.stdout)
+    assert (spec["restart"]["delay_s"], spec["env"]) == (10, {"NCCL_ALGO": "Tree"})
+    assert f"# {dropins / '10-tune.conf'}:4 Type=exec: " in result.stdout

@@ -84,7 +84,8 @@ def service_lint(
 
 @service_app.command("import")
 def service_import(
-    unit_path: Annotated[Path, typer.Argument(metavar="UNIT", help="An existing unit file.")],
+    unit_path: Annotated[Path, typer.Argument(metavar="UNIT", help="An existing unit file (its UNIT.d/*.conf "
+                                              "drop-ins applied).")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the spec here (secrets beside it "
                                                 "as NAME.env, mode 0600); default stdout.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the spec and what moved as JSON.")] = False,
@@ -97,11 +98,11 @@ def service_import(
     unit's own, which the spec's comments name (`Type=exec` with a readiness wait, the GPU memory guard); what a
     spec cannot hold (a value systemd expands at start, a secret given twice) is refused naming its line."""
     from servescope.deploy.importer import import_unit, spec_toml, write_import
-    from servescope.deploy.lint import parse_unit
+    from servescope.deploy.unitfile import load_unit
     from servescope.report.service import encode_import, render_import
 
-    with user_errors():
-        result = import_unit(parse_unit(_read(unit_path), str(unit_path)))
+    with user_errors():  # with its drop-ins (UNIT.d/*.conf), as systemd runs it: each setting is carried
+        result = import_unit(load_unit(unit_path))
         env_path = None
         if output is not None:
             env = write_import(result, output, mkdir=mkdir)
