@@ -41,9 +41,10 @@ def knee_of(seqs: int, seconds: float) -> Measured:
                     {"running_max": float(seqs)})
 
 
-def toy_measure(*, delay_s: float = 0.0, marker: Path | None = None,
+def toy_measure(*, delay_s: float = 0.0, marker: Path | None = None, delay_from: int = 2,
                 seqs_of: Callable[[str], int] | None = None) -> Callable[..., Measured]:
-    """A measurement of the toy server; ``marker`` is written when a load starts, then it takes ``delay_s``."""
+    """A measurement of the toy server; ``marker`` is written when a load starts, then a load at ``delay_from``
+    requests or more (a trial's, not the baseline's) takes ``delay_s``."""
     def measure(url: str, *, start: float, progress: object, server_argv: Sequence[str] | None) -> Measured:
         if seqs_of is not None:
             seqs = seqs_of(url)
@@ -52,6 +53,7 @@ def toy_measure(*, delay_s: float = 0.0, marker: Path | None = None,
                 seqs = int(json.load(answer)["max_num_seqs"])
         if marker is not None:
             marker.write_text(f"measuring {seqs}\n")
-        time.sleep(delay_s)
-        return knee_of(seqs, delay_s)
+        slow = delay_s if seqs >= delay_from else 0.0
+        time.sleep(slow)
+        return knee_of(seqs, slow)
     return measure

@@ -19,7 +19,13 @@ from servescope.core.errors import InputError
 from servescope.core.gpu import GpuSnapshot
 from servescope.deploy.lifecycle import restart_service, unit_name
 from servescope.deploy.systemctl import SystemctlError, run_systemctl
-from servescope.deploy.unitfile import default_dropin_dirs, load_unit, parse_environment, split_command_line
+from servescope.deploy.unitfile import (
+    UnitFile,
+    default_dropin_dirs,
+    load_unit,
+    parse_environment,
+    split_command_line,
+)
 from servescope.gpu.errors import GpuUnavailable
 from servescope.gpu.inventory import WaitResult, wait_until_gpu_memory_free
 from servescope.server.health import HealthRequest, check_health
@@ -68,6 +74,16 @@ def _gpu_wait(max_used_mib: int, timeout_s: float, poll_s: float) -> WaitResult:
         return WaitResult(True, max_used_mib, 0, 0.0, (), empty)
 
 
+def _config(unit: UnitFile, source: str) -> tuple[ServerConfig, str]:
+    """The command line and environment a unit runs, and its ExecStart= prefixes."""
+    exec_start = unit.get("Service", "ExecStart")
+    if not exec_start:
+        raise InputError(source, "no ExecStart= (nothing to tune)")
+    command = split_command_line(exec_start, f"{source}: ExecStart")
+    return ServerConfig(tuple(command.argv), parse_environment(unit.get_all("Service", "Environment"))), \
+        command.prefixes
+
+
 class UnitTarget:
     """The unit ``unit`` (its file at ``unit_path``), serving on ``url``."""
 
@@ -77,16 +93,14 @@ class UnitTarget:
                  ready_timeout_s: float, max_used_mib: int = 1000, gpu_timeout_s: float = 600.0,
                  api_key: str | None = None, dropin_dir: Path | None = None) -> None:
         self.unit = unit_name(unit)
-        loaded = load_unit(unit_path)
-        exec_start = loaded.get("Service", "ExecStart")
-        if not exec_start:
-            raise InputError(str(unit_path), "no ExecStart= (nothing to tune)")
-        command = split_command_line(exec_start, f"{unit_path}: ExecStart")
-        self.prefixes = command.prefixes
-        self.original = ServerConfig(tuple(command.argv),
-                                     parse_environment(loaded.get_all("Service", "Environment")))
         self.unit_path = unit_path
-        self.dropin_path = (dropin_dir or default_dropin_dirs(unit_path)[0]) / DROPIN_NAME
+        dirs = default_dropin_dirs(unit_path)
+        self.dropin_path = (dropin_dir or dirs[0]) / DROPIN_NAME
+        loaded = load_unit(unit_path, dropin_dirs=list(dict.fromkeys([*dirs, self.dropin_path.parent])))
+        # what runs now (every drop-in, tune's own of an earlier run too), and what tune's drop-in is laid over
+        self.original, self.prefixes = _config(loaded, str(unit_path))
+        self.base, _ = _config(UnitFile(loaded.path, tuple(e for e in loaded.entries
+                                                           if e.source != str(self.dropin_path))), str(unit_path))
         self.before: FileState = read_state(self.dropin_path)
         self.url = url
         self.confirm = confirm
@@ -102,7 +116,7 @@ class UnitTarget:
 
     def dropin_text(self, config: ServerConfig) -> str:
         """The drop-in that makes the unit run ``config``."""
-        return render_dropin(self.original, config, prefixes=self.prefixes,
+        return render_dropin(self.base, config, prefixes=self.prefixes,
                              header=f"servescope tune: a trial configuration of {self.unit}; "
                                     f"`servescope tune --restore` removes it")
 
