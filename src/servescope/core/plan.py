@@ -14,11 +14,13 @@ from __future__ import annotations
 import msgspec
 
 from servescope.core.document import Document
+from servescope.core.plan_bands import A2aWhatIf, BatchCall, FigureTerm, Measurement
 
 __all__ = ["PLAN_SCHEMA", "PLAN_SCHEMA_VERSION", "CalibrationPoint", "CapturedPoint", "CollectivePath", "Crossover",
-           "CurveUsed", "EpTpAt", "EpTpCollective", "EpTpCrossing", "EpTpSide", "EpVsTp", "Factor", "Figure",
-           "InputFile", "LayoutMemoryGib", "MessageSize", "OpPerStep", "PcieAllToAllTerms", "PlanCalibration",
-           "PlanDoc", "PlanHardware", "PlanInputs", "PlanLayout", "PlanModel", "PlanPoint", "Recommendation"]
+           "CurveUsed", "BatchCall", "EpTpAt", "FigureTerm", "Measurement", "EpTpCollective", "EpTpCrossing",
+           "EpTpSide", "EpVsTp", "Factor", "Figure", "InputFile", "LayoutMemoryGib", "MessageSize", "OpPerStep",
+           "PcieAllToAllTerms", "PlanCalibration", "PlanDoc", "PlanHardware", "PlanInputs", "PlanLayout",
+           "PlanModel", "PlanPoint", "Recommendation"]
 
 PLAN_SCHEMA = "servescope.plan"
 PLAN_SCHEMA_VERSION = 1
@@ -62,6 +64,7 @@ class PlanDoc(Document, kw_only=True, frozen=True):
     forced: list[str] = msgspec.field(default_factory=list)
     notes: list[str] = msgspec.field(default_factory=list)
     ep_vs_tp: EpVsTp | None = None  # where EP and TP cross over batch, with the reason in numbers (MoE models)
+    ep_all_to_all: A2aWhatIf | None = None  # EP with all-to-all in place of the MoE all-reduce, per batch (what-if)
 
 
 class InputFile(msgspec.Struct, kw_only=True, frozen=True):
@@ -276,6 +279,11 @@ class PlanPoint(msgspec.Struct, kw_only=True, frozen=True):
     kv_read_bytes_per_gpu: float
     compute_bound: bool
     fits_kv: bool
+    step_ms_low: float | None = None  # every figure at the near / far side of its band (null before issue 38)
+    step_ms_high: float | None = None
+    tokens_per_s_low: float | None = None  # batch ÷ the step at the far / near side of its band
+    tokens_per_s_high: float | None = None
+    figures: list[FigureTerm] | None = None  # each figure's share and band
 
 
 class OpPerStep(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
@@ -324,6 +332,9 @@ class CollectivePath(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=Tr
     us_each: float
     wait_us_each: float  # the part of us_each that is the assumed wait for the last rank
     source: str  # the document or file behind the figure
+    band: str | None = None  # the class of its band (plan/bands.py; null in plans written before it)
+    low_us_each: float | None = None  # the call at the near and far side of its band
+    high_us_each: float | None = None
 
 
 class Crossover(msgspec.Struct, kw_only=True, frozen=True):
@@ -343,6 +354,10 @@ class Recommendation(msgspec.Struct, kw_only=True, frozen=True):
 
     layout: str | None
     reasons: list[str]
+    decided: bool | None = None  # the margin over the next layout exceeds the combined band at every batch it wins
+    leading: str | None = None  # the layout fastest at the most batches, decided or not
+    calls: list[BatchCall] | None = None
+    measure: Measurement | None = None  # the one measurement that settles an undecided call
 
 
 class EpVsTp(msgspec.Struct, kw_only=True, frozen=True):
@@ -373,6 +388,7 @@ class EpVsTp(msgspec.Struct, kw_only=True, frozen=True):
     kv_max_batch: dict[str, int]
     sentence: str
     reasons: list[str]
+    crossover_band: list[int | None] | None = None  # the crossover with every figure at one side, then the other
 
 
 class EpTpCrossing(msgspec.Struct, kw_only=True, frozen=True):

@@ -51,6 +51,7 @@ from servescope.core.comm import OPS, CurveDoc, OpCurve, bus_factor, curve_doc_f
 from servescope.core.files import read_json
 from servescope.core.plan import PcieAllToAllTerms
 from servescope.plan.alltoall import on_pcie, pcie_all_to_all
+from servescope.plan.bands import classify_point, extended_by
 from servescope.plan.factors import Factors
 from servescope.plan.hardware import HardwareProfile
 from servescope.plan.paths import (
@@ -88,6 +89,9 @@ class Priced:
         path: the path in a few words, for the screen (``PathChoice.label``, with the unit's NCCL_ALGO /
             NCCL_PROTO on the NCCL path).
         alltoall: the PCIe all-to-all model's terms where it priced the call (:mod:`servescope.plan.alltoall`).
+        band: the class of the figure's band (:mod:`servescope.plan.bands`): ``in_situ``, ``calibrated``,
+            ``published_same_device``, ``published_sibling``, ``assumed``.
+        doublings: how far past its measured sizes the figure was carried (0 within them).
     """
 
     us: float
@@ -98,6 +102,8 @@ class Priced:
     source: str
     path: str
     alltoall: PcieAllToAllTerms | None = None
+    band: str = "assumed"
+    doublings: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,9 +215,11 @@ class CommCosts:
                     return curve, source
         return None
 
-    def _point(self, op: str, impl: str, group: int, origin: str) -> Point | None:
-        return next((p for p in (self.calibrated if origin == CALIBRATED else self.points)
-                     if p.origin == origin and p.is_for(op, impl, group, self.hw.name)), None)
+    def _point(self, op: str, impl: str, group: int, origin: str, nbytes: float = 0.0) -> Point | None:
+        """The point of ``origin`` for the call: of several, the one whose sizes lie nearest ``nbytes``."""
+        found = [p for p in (self.calibrated if origin == CALIBRATED else self.points)
+                 if p.origin == origin and p.is_for(op, impl, group, self.hw.name)]
+        return min(found, key=lambda p: extended_by(nbytes, p.bytes), default=None)
 
     def _bandwidth(self, op: str, impl: str, group: int) -> Bandwidth | None:
         return next((b for b in self.bandwidths if b.is_for(op, impl, group, self.hw.name)), None)
@@ -255,7 +263,8 @@ class CommCosts:
                               why="plain NCCL (no engine path)", source="α-β estimate", path="NCCL")
             return Priced(us=time_us_at(found[0], nbytes) * self.factors.collective_scale, wait_us=0.0,
                           origin=found[1].origin, impl="nccl", why="plain NCCL (no engine path)",
-                          source=found[1].path, path="NCCL")
+                          source=found[1].path, path="NCCL", band=self._curve_band(found[1]),
+                          doublings=extended_by(nbytes, [p.bytes for p in found[0].points]))
         path = (allreduce_path(int(nbytes), group, self.hw, self.env) if op == "all_reduce" else
                 PathChoice(impl="nccl", why="NCCL (pynccl): vLLM 0.26 runs every collective but the TP all-reduce "
                                             "through it (cuda_communicator.py)", label="NCCL"))
@@ -268,22 +277,32 @@ class CommCosts:
         ll = path.impl == "nccl" and self.nccl_env.ll_only and op not in ("send_recv", "all_to_all")
         found = self.curve_for(op, group) if path.impl == "nccl" else None
         why = path.why
-        if (point := self._point(op, path.impl, group, CALIBRATED)) is not None:
+        band, doublings = "assumed", 0.0
+        if (point := self._point(op, path.impl, group, CALIBRATED, nbytes)) is not None:
             return Priced(us=self._from_point(point, op, group, nbytes, found, ll=ll) * scale, wait_us=0.0,
                           origin=CALIBRATED, impl=path.impl, why=why, source=self._beyond(point, group, nbytes),
-                          path=label)
+                          path=label, band="calibrated", doublings=extended_by(nbytes, point.bytes))
         if found is not None and found[1].path == self.user_path:
             t, origin, source = time_us_at(found[0], nbytes), found[1].origin, found[1].path
-        elif (point := self._point(op, path.impl, group, "in-situ")) is not None:
+            band = "in_situ" if origin == MEASURED else "published_same_device"
+            doublings = extended_by(nbytes, [p.bytes for p in found[0].points])
+        elif (point := self._point(op, path.impl, group, "in-situ", nbytes)) is not None:
             return Priced(us=self._from_point(point, op, group, nbytes, found, ll=ll) * scale, wait_us=0.0,
                           origin=IN_SITU, impl=path.impl, why=why, source=self._beyond(point, group, nbytes),
-                          path=label)
-        elif (point := self._point(op, path.impl, group, "published")) is not None:
+                          path=label, band=classify_point("in-situ", point.stands_for, self.hw.name, point.band),
+                          doublings=extended_by(nbytes, point.bytes))
+        elif (point := self._point(op, path.impl, group, "published", nbytes)) is not None:
             t, origin = self._from_point(point, op, group, nbytes, found, ll=ll), PUBLISHED_POINT
             source = self._beyond(point, group, nbytes)
             ll = ll and source == point.source  # past the point the published bandwidth holds the LL term
+            band = classify_point("published", point.stands_for, self.hw.name, point.band)
+            doublings = extended_by(nbytes, point.bytes)
+            bw = self._bandwidth(op, point.impl, group)
+            if bw is not None and nbytes > max(point.bytes) and t > point_time_us(point, max(point.bytes)) + 1e-9:
+                band, doublings = "published_same_device", extended_by(nbytes, [bw.bytes, bw.bytes])
         elif found is not None:
             t, origin, source = time_us_at(found[0], nbytes), found[1].origin, found[1].path
+            band, doublings = self._curve_band(found[1]), extended_by(nbytes, [p.bytes for p in found[0].points])
         elif op == "all_to_all" and on_pcie(self.hw):
             return self._pcie_all_to_all(group, nbytes, senders, path)
         else:
@@ -297,7 +316,11 @@ class CommCosts:
             why += (f"; its bandwidth at most the all-reduce's {bw.bus_gbps:g} GB/s bus bandwidth published for "
                     f"these GPUs ({op}: assumed, nccl-tests' bus bandwidth reflects the same links; {bw.source})")
         return Priced(us=t * scale + wait, wait_us=wait, origin=origin, impl=path.impl, why=why, source=source,
-                      path=label)
+                      path=label, band=band, doublings=doublings)
+
+    def _curve_band(self, source: CurveSource) -> str:
+        """A curve's class: the user's measured curve is in situ on this box; any other, published for the card."""
+        return "in_situ" if source.path == self.user_path and source.origin == MEASURED else "published_same_device"
 
     def _beyond(self, point: Point, group: int, nbytes: float) -> str:
         """The point's source, and the published bandwidth's where it prices ``nbytes`` past the point."""

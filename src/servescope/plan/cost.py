@@ -50,6 +50,7 @@ import math
 from dataclasses import dataclass, field
 
 from servescope.core.plan import CollectivePath
+from servescope.plan.bands import Term, merge, part_term, term_for
 from servescope.plan.collectives import CommCosts
 from servescope.plan.ep_backend import EpBackend, ep_backend
 from servescope.plan.factors import Factors
@@ -99,6 +100,7 @@ class PointCost:
             rank (figures not measured in a real step).
         collective_paths: per collective of the step, the path it takes and its figure (``path``: the
             implementation in a few words, ``PathChoice.label``).
+        terms: each figure's share of the step with its band (:mod:`servescope.plan.bands`).
     """
 
     batch: int
@@ -113,6 +115,7 @@ class PointCost:
     fits_kv: bool
     collective_wait_ms: dict[str, float] = field(default_factory=dict)
     collective_paths: list[CollectivePath] = field(default_factory=list)
+    terms: list[Term] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,14 +256,24 @@ def predict_point(arch: ModelArch, layout: Layout, hw: HardwareProfile, comm: Co
     coll_origins: list[str] = []
     wait_ms: dict[str, float] = {}
     paths: list[CollectivePath] = []
+    terms: list[Term] = []
+    calibrated_scale = f.origins.get("collective_scale") == "calibrated"
     for c in colls:
         priced = comm.price(c.op, c.group, c.bytes_each, senders=c.senders)
         why = f"{c.why}; {priced.why}" if c.why else priced.why
+        band = "calibrated" if calibrated_scale else priced.band
+        figure = (f"{c.op} over {c.group} GPUs, {priced.path or priced.impl}: {priced.origin}, "
+                  f"{_short(priced.source)}")
+        term = term_for(figure, band, c.count * priced.us / 1e3, doublings=priced.doublings, op=c.op, group=c.group,
+                        nbytes=c.bytes_each, calls=c.count)
+        terms.append(term)
         coll_ms[c.op] = coll_ms.get(c.op, 0.0) + c.count * priced.us / 1e3
         wait_ms[c.op] = wait_ms.get(c.op, 0.0) + c.count * priced.wait_us / 1e3
         paths.append(CollectivePath(op=c.op, what=c.what, count=c.count, bytes_each=c.bytes_each, group=c.group,
                                     impl=priced.impl, path=priced.path, why=why, origin=priced.origin,
-                                    us_each=priced.us, wait_us_each=priced.wait_us, source=priced.source))
+                                    us_each=priced.us, wait_us_each=priced.wait_us, source=priced.source,
+                                    band=term.band, low_us_each=priced.us * (1 - term.lo_ms / max(term.ms, 1e-12)),
+                                    high_us_each=priced.us * (1 + term.hi_ms / max(term.ms, 1e-12))))
         if priced.origin not in coll_origins:
             coll_origins.append(priced.origin)
     if colls and f.origins.get("collective_scale") == "calibrated":
@@ -290,8 +303,20 @@ def predict_point(arch: ModelArch, layout: Layout, hw: HardwareProfile, comm: Co
                        *(("step_corrections",) if f.step_corrections else ())),
     }
     per_gpu_requests = math.ceil(batch / layout.dp) if layout.kind == "dp_ep" else batch
+    cal = {k for k, v in f.origins.items() if v == "calibrated"}
+    terms = [part_term("weights", parts["weights"], calibrated="hbm_efficiency" in cal),
+             part_term("attention", parts["attention"], calibrated="attention_efficiency" in cal),
+             *merge(terms),
+             part_term("other", parts["other"], calibrated=bool(cal & {"other_scale", "us_per_request", "host_step_us",
+                                                                         "host_steps", "step_corrections"}))]
     return PointCost(
         batch=batch, step_ms=sum(parts.values()), parts_ms=parts, collectives=colls, collective_ms=coll_ms,
         origins=origins, weight_bytes=read, kv_read_bytes=kv_read, compute_bound=flops_us > bytes_us,
         fits_kv=per_gpu_requests * context <= memory.kv_tokens_per_gpu, collective_wait_ms=wait_ms,
-        collective_paths=paths)
+        collective_paths=paths, terms=terms)
+
+
+def _short(source: str) -> str:
+    """A figure's source in a few words (the document, a pull request), for its name."""
+    head = source.split("; ")[0].split(" (")[0].split(": ")[0].split(", ")[0]
+    return head if len(head) <= 70 else head[:67] + "…"

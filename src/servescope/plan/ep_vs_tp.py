@@ -26,6 +26,7 @@ from servescope.core.plan import (
     PcieAllToAllTerms,
 )
 from servescope.plan.alltoall import ASSUMPTION, pcie_all_to_all
+from servescope.plan.bands import compare
 from servescope.plan.collectives import PCIE_A2A_SOURCE, CommCosts
 from servescope.plan.cost import LayoutMemory, PointCost
 from servescope.plan.layouts import Layout
@@ -59,8 +60,16 @@ class _Sides:
         assert out is not None
         return out
 
-    def ep_faster(self, batch: int) -> bool:
-        return self.best(self.ep, batch)[1].step_ms < self.best(self.tp, batch)[1].step_ms * (1 - TIE)
+    def ep_faster(self, batch: int, side: int = 0) -> bool:
+        """EP's step shorter than TP's: as predicted (``side`` 0), with every figure of EP at the near side of its
+        band and TP's at the far side (−1), or the other way round (+1)."""
+        ep, tp = self.best(self.ep, batch)[1], self.best(self.tp, batch)[1]
+        gap = ep.step_ms - tp.step_ms  # a figure both use moves both alike (bands.compare)
+        if side < 0:
+            gap -= compare("TP", tp.terms, tp.step_ms, "EP", ep.terms, ep.step_ms, batch).band_ms
+        elif side > 0:
+            gap += compare("EP", ep.terms, ep.step_ms, "TP", tp.terms, tp.step_ms, batch).band_ms
+        return gap < -TIE * tp.step_ms
 
     def tied(self, batch: int) -> bool:
         ep, tp = self.best(self.ep, batch)[1].step_ms, self.best(self.tp, batch)[1].step_ms
@@ -148,18 +157,19 @@ def _reasons(at: EpTpAt, kv: dict[str, int], context: int, *, assumption: bool =
     return out
 
 
-def _crossings(sides: _Sides, grid: list[int]) -> list[EpTpCrossing]:
+def _crossings(sides: _Sides, grid: list[int], side: int = 0) -> list[EpTpCrossing]:
     """Each batch at which the faster side changes: between two grid batches whose faster side differs, the
-    integer batch by bisection (the faster side one batch below it is then the other one)."""
+    integer batch by bisection (the faster side one batch below it is then the other one); ``side`` as
+    :meth:`_Sides.ep_faster`."""
     out: list[EpTpCrossing] = []
     for lo, hi in zip(grid, grid[1:], strict=False):
-        first = sides.ep_faster(lo)
-        if sides.ep_faster(hi) == first:
+        first = sides.ep_faster(lo, side)
+        if sides.ep_faster(hi, side) == first:
             continue
         a, c = lo, hi  # invariant: ep_faster(a) == first != ep_faster(c)
         while c - a > 1:
             mid = (a + c) // 2
-            if sides.ep_faster(mid) == first:
+            if sides.ep_faster(mid, side) == first:
                 a = mid
             else:
                 c = mid
@@ -211,6 +221,14 @@ def ep_vs_tp(ep: Sequence[tuple[Layout, LayoutMemory]], tp: Sequence[tuple[Layou
                    *_reasons(end, {}, context, assumption=start.ep.all_to_all is None)]
         reasons += [f"at batch {b:,} they predict the same step, {at(b).tp.step_ms:,.2f} ms: the same "
                     "collectives and weight reads" for b in ties]
+    grid = _grid(last)
+    band = [next(iter(_crossings(sides, grid, s)), None) for s in (-1, 1)]
+    crossover_band = [c.batch if c else None for c in band]
+    if crossings or any(crossover_band):
+        sentence += "; with every figure at one side of its band, then the other: " + ", ".join(
+            f"{'EP' if s < 0 else 'TP'} favoured: " + (f"batch {c.batch:,}" if c else "no crossing")
+            for s, c in zip((-1, 1), band, strict=True))
     return EpVsTp(ep_layouts=[x.name for x, _ in ep], tp_layouts=[x.name for x, _ in tp], searched=[FIRST, last],
                   faster_first=faster_first, crossover_batch=crossings[0].batch if crossings else None,
-                  crossings=crossings, at=points, kv_max_batch=kv, sentence=sentence, reasons=reasons)
+                  crossings=crossings, at=points, kv_max_batch=kv, sentence=sentence, reasons=reasons,
+                  crossover_band=crossover_band)

@@ -292,6 +292,10 @@ def load_model_arch(source: str | Path) -> ModelArch:
         return arch_from_hf_config(_json_object(path), name=str(source), source=str(path))
     name = str(source)
     resource = files("servescope").joinpath(*_PRESET_DIR, f"{name}.toml")
+    if not resource.is_file():  # preset names are case-insensitive: Kimi-K2.5 is kimi-k2.5
+        lower = {n.lower(): n for n in list_model_presets()}.get(name.lower())
+        if lower is not None:
+            resource = files("servescope").joinpath(*_PRESET_DIR, f"{lower}.toml")
     if not resource.is_file():
         if (cached := cached_config(name)) is not None:  # a Hugging Face id the hub cache holds
             return arch_from_hf_config(_json_object(cached), name=name, source=str(cached))

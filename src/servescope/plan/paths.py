@@ -64,6 +64,7 @@ class Point(Figure):
     origin: str
     source: str
     stands_for: str = ""
+    band: str = ""  # the class of its band where not read from origin and stands_for (plan/bands.py)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,7 +216,8 @@ def load_points(*, exclude_sources: tuple[str, ...] = ()) -> list[Point]:
         if any(x in p["source"] for x in exclude_sources):
             continue
         out.append(Point(**_figure(p), bytes=tuple(int(b) for b in p["bytes"]), us=tuple(float(u) for u in p["us"]),
-                         origin=p["origin"], source=p["source"], stands_for=p.get("stands_for", "")))
+                         origin=p["origin"], source=p["source"], stands_for=p.get("stands_for", ""),
+                         band=p.get("band", "")))
     return out
 
 

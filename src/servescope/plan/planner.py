@@ -34,6 +34,7 @@ from servescope.core.plan import (
     Crossover,
     CurveUsed,
     Factor,
+    FigureTerm,
     InputFile,
     LayoutMemoryGib,
     MessageSize,
@@ -47,10 +48,13 @@ from servescope.core.plan import (
     PlanPoint,
     Recommendation,
 )
+from servescope.plan.bands import band_of
 from servescope.plan.calibrate import Calibration, apply_calibration, calibrate
 from servescope.plan.captured import capture_tp, read_capture
 from servescope.plan.collectives import ALL_OPS, PCIE_A2A_SOURCE, CommCosts, CurveSource, bundled_curves, user_curves
 from servescope.plan.cost import LayoutMemory, PointCost, layout_memory, predict_point
+from servescope.plan.decide import batch_calls, measurement
+from servescope.plan.ep_a2a import a2a_what_if
 from servescope.plan.ep_backend import ep_backend
 from servescope.plan.ep_vs_tp import LAST, ep_vs_tp
 from servescope.plan.factors import Factors, default_factors, wait_caveat
@@ -129,8 +133,11 @@ def parse_batches(text: str, option: str = "--batch") -> tuple[int, ...]:
     Raises:
         InputError: ``option`` is not a comma-separated list of positive integers.
     """
+    parts = [part.strip() for part in text.split(",")]
+    if any(not part for part in parts):
+        raise InputError(option, f"an empty value between commas: {text!r}")
     try:
-        values = sorted({int(part) for part in text.split(",") if part.strip()})
+        values = sorted({int(part) for part in parts})
     except ValueError:
         raise InputError(option, f"not a comma-separated list of integers: {text!r}") from None
     if not values or values[0] < 1 or values[-1] > MAX_BATCH:
@@ -204,8 +211,11 @@ def find_crossovers(names: Sequence[str], batches: Sequence[int],
     return sorted(out, key=lambda c: (c.batch, c.layouts))
 
 
-def recommend(layouts: Sequence[PlanLayout], crossovers: Sequence[Crossover]) -> Recommendation:
-    """The layout fastest at the most requested batches (ties: the larger batch), with the reasons."""
+def recommend(layouts: Sequence[PlanLayout], crossovers: Sequence[Crossover], gpus: int = 0) -> Recommendation:
+    """The layout fastest at the most requested batches (ties: the larger batch), with the reasons; recommended only
+    where at every such batch its margin over the next layout exceeds what the figures' bands can take from it
+    (:mod:`servescope.plan.decide`), else ``layout`` is ``null``, ``leading`` names it and ``measure`` the
+    measurement that settles the closest call."""
     feasible = [x for x in layouts if x.feasible]
     if not feasible:
         why = "; ".join(f"{x.name}: {x.reason}" for x in layouts) or "no layout splits the model"
@@ -250,7 +260,21 @@ def recommend(layouts: Sequence[PlanLayout], crossovers: Sequence[Crossover]) ->
                    f"({', '.join(last.origins['collectives']) or 'none'})")
     marked = sorted({o for p in x.points for v in p.origins.values() for o in v})
     reasons.append(f"figures from: {', '.join(marked)}")
-    return Recommendation(layout=chosen, reasons=reasons)
+    calls, compared = batch_calls(layouts)
+    claimed = [call for call in calls if call.fastest == chosen and call.next is not None]
+    close = [call for call in claimed if not call.decided]
+    for n, call in enumerate(claimed):
+        assert call.margin_ms is not None and call.band_ms is not None
+        verdict = "decided" if call.decided else "too close to call on these figures"
+        top = f" (most: {call.deciding.split(',')[0]}, {call.deciding_ms:.2f} ms)" if call.deciding else ""
+        reasons.insert(1 + n, f"batch {call.batch}: {call.margin_ms:.2f} ms ahead of {call.next}; the bands can "
+                       f"take {call.band_ms:.2f} ms{top}: {verdict}")
+    measure = None
+    if close:
+        worst = min(close, key=lambda call: (call.margin_ms or 0.0) - (call.band_ms or 0.0))
+        measure = measurement(compared[worst.batch], gpus, [compared[call.batch] for call in close])
+    return Recommendation(layout=None if close else chosen, reasons=reasons, decided=not close, leading=chosen,
+                          calls=calls, measure=measure)
 
 
 def _point(p: PointCost) -> PlanPoint:
@@ -269,10 +293,15 @@ def _point(p: PointCost) -> PlanPoint:
                             wait_ms=p.collective_wait_ms.get(op, 0.0), paths=paths.get(op, []))
               for op in ALL_OPS if op in messages}
     step = p.step_ms
+    low, high = band_of(step, p.terms)
+    figures = [FigureTerm(figure=t.figure, band=t.band, ms=t.ms, lo_ms=t.lo_ms, hi_ms=t.hi_ms, op=t.op or None,
+                          group=t.group or None, bytes=list(t.bytes) or None, calls=t.calls or None) for t in p.terms]
     return PlanPoint(batch=p.batch, step_ms=step, tokens_per_s=p.batch / step * 1e3 if step else None,
                      parts_ms=p.parts_ms, origins=p.origins, collectives_per_step=per_op,
                      weight_bytes_per_gpu=p.weight_bytes, kv_read_bytes_per_gpu=p.kv_read_bytes,
-                     compute_bound=p.compute_bound, fits_kv=p.fits_kv)
+                     compute_bound=p.compute_bound, fits_kv=p.fits_kv, step_ms_low=low, step_ms_high=high,
+                     tokens_per_s_low=p.batch / high * 1e3 if high else None,
+                     tokens_per_s_high=p.batch / low * 1e3 if low else None, figures=figures)
 
 
 def _layout(layout: Layout, memory: LayoutMemory, points: list[PointCost], memory_origin: list[str]) -> PlanLayout:
@@ -293,12 +322,18 @@ def run_plan(request: PlanRequest) -> PlanDoc:
     """
     if request.gpus < 1:
         raise InputError("--gpus", f"expected 1 or more, got {request.gpus}")
-    if request.context < 0:
-        raise InputError("--context", f"expected 0 or more tokens, got {request.context}")
+    if request.context < 1:
+        raise InputError("--context", f"expected 1 or more tokens a request, got {request.context}")
     if not request.batches or min(request.batches) < 1:
         raise InputError("--batch", f"expected positive batch sizes, got {list(request.batches)}")
-    arch = load_model_arch(request.model)
-    hw = load_hardware(request.hardware)
+    try:  # a bad value says which option it came from
+        arch = load_model_arch(request.model)
+    except InputError as exc:
+        raise InputError("--model", str(exc)) from None
+    try:
+        hw = load_hardware(request.hardware)
+    except InputError as exc:
+        raise InputError("--hardware", str(exc)) from None
     factors = default_factors()
     forced: list[str] = []
 
@@ -382,6 +417,13 @@ def run_plan(request: PlanRequest) -> PlanDoc:
     feasible = [ev for ev in evaluated if ev.memory.feasible]
     if not feasible:
         why = "; ".join(f"{ev.layout.name}: {ev.memory.reason}" for ev in evaluated[:3])
+        # the weights fit somewhere but no KV cache holds one request: the context is what is too large
+        fits_weights = [ev for ev in evaluated if ev.memory.kv_tokens_per_gpu > 0]
+        if fits_weights:
+            most = max(ev.memory.kv_tokens_per_gpu for ev in fits_weights)
+            raise InputError("--context", f"{request.context:,} tokens a request: no layout of {arch.name} on "
+                             f"{request.gpus} × {hw.gpu or hw.name} holds one request's KV cache (the most any "
+                             f"holds: {most:,} tokens a GPU)")
         raise InputError("--gpus", f"no layout of {arch.name} fits on {request.gpus} × {hw.gpu or hw.name} at "
                          f"context {request.context:,}: {why}{'; …' if len(evaluated) > 3 else ''}")
 
@@ -398,6 +440,11 @@ def run_plan(request: PlanRequest) -> PlanDoc:
     versus = ep_vs_tp([(ev.layout, ev.memory) for ev in feasible if ev.layout.ep > 1],
                       [(ev.layout, ev.memory) for ev in feasible if ev.layout.kind == "tp" and ev.layout.tp > 1],
                       predict, comm, context=request.context, last=max(LAST, *request.batches))
+    tp_ep = [(ev.layout, ev.memory) for ev in feasible if ev.layout.kind != "dp_ep" and ev.layout.ep > 1
+             and ev.layout.pp == 1]
+    tp_all = [(ev.layout, ev.memory) for ev in feasible if ev.layout.kind == "tp" and ev.layout.ep == 1
+              and ev.layout.tp == request.gpus]
+    what_if = a2a_what_if(arch, tp_ep[0], tp_all[0], predict, comm, request.batches) if tp_ep and tp_all else None
     return PlanDoc(
         servescope_version=__version__, created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         platform={"python": sys.version.split()[0], "system": platform.platform()},
@@ -411,5 +458,6 @@ def run_plan(request: PlanRequest) -> PlanDoc:
         curves=[CurveUsed(path=s.path, origin=s.origin, device=s.doc.device, world_size=s.doc.world_size,
                           interconnect=s.doc.interconnect) for s in sources],
         calibration=msgspec.convert(calibration, PlanCalibration, from_attributes=True) if calibration else None,
-        layouts=planned, skipped=skipped, crossovers=crossovers, recommendation=recommend(planned, crossovers),
-        forced=forced, notes=forced + notes, ep_vs_tp=versus)
+        layouts=planned, skipped=skipped, crossovers=crossovers,
+        recommendation=recommend(planned, crossovers, request.gpus),
+        forced=forced, notes=forced + notes, ep_vs_tp=versus, ep_all_to_all=what_if)

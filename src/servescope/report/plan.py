@@ -127,6 +127,48 @@ def render_plan_headline(doc: PlanDoc, console: Console) -> None:
         console.print(f"[bold red]FORCED[/] {line.removeprefix('forced: ')}", soft_wrap=True)
 
 
+def _what_if_lines(doc: PlanDoc) -> list[str]:
+    """EP with all-to-all against TP per batch (:mod:`servescope.plan.ep_a2a`), one line a batch."""
+    w = doc.ep_all_to_all
+    if not w:
+        return []
+    moe = w.rows[0].all_reduce_calls if w.rows else 0
+    out = [f"EP with all-to-all in place of the {moe} MoE all-reduces (what-if; vLLM 0.26 runs it only under DP "
+           f"attention): {w.sentence}"]
+    for r in w.rows:
+        out.append(f"batch {r.batch}: {w.versus} {r.tp_ms:.2f} ({r.tp_low_ms:.1f}–{r.tp_high_ms:.1f}) vs EP "
+                   f"{r.ep_ms:.2f} ({r.ep_low_ms:.1f}–{r.ep_high_ms:.1f}) ms a step; out {r.all_reduce_calls} × "
+                   f"{r.all_reduce_us_each:.1f} µs all-reduce, in {r.all_to_all_calls} × {r.all_to_all_us_each:.1f} "
+                   f"µs all-to-all of {size_text(r.all_to_all_bytes)} ({r.all_to_all_origin}"
+                   f"{f', the {r.bound} binds' if r.bound else ''}): {'decided' if r.decided else 'too close to call'}")
+    if w.measure:
+        out.append(f"what decides it at batch {w.rows[0].batch}: {w.measure.figure} ({w.measure.band}); measure it "
+                   f"here (about {w.measure.seconds:.0f} s): {w.measure.command}")
+    return out
+
+
+def _what_if_text(doc: PlanDoc, console: Console, width: int) -> None:
+    for i, line in enumerate(_what_if_lines(doc)):
+        line = re.sub(r" (?=(?:[KMG]iB|µs|ms)\b)", _NBSP, line)
+        for out in textwrap.wrap(line, width=width, initial_indent="" if i == 0 else "  - ",
+                                 subsequent_indent="    " if i == 0 else "      ", break_long_words=False,
+                                 break_on_hyphens=False):
+            console.print(out.replace(_NBSP, " "), markup=False)
+
+
+def _step_band(point: PlanPoint) -> str:
+    """The step's band as the table shows it: ``15.1–19.9`` (empty for a plan written before bands)."""
+    if point.step_ms_low is None or point.step_ms_high is None:
+        return ""
+    return f"{point.step_ms_low:.1f}–{point.step_ms_high:.1f}"
+
+
+def _tps_band(point: PlanPoint) -> str:
+    if point.tokens_per_s_low is None or point.tokens_per_s_high is None:
+        return ""
+    return f"{point.tokens_per_s_low:,.0f}–{point.tokens_per_s_high:,.0f}"
+
+
 def _origins(point: PlanPoint) -> str:
     marks = sorted({_SHORT.get(o, o) for v in point.origins.values() for o in v})
     return ", ".join(marks)
@@ -145,15 +187,16 @@ def _name(layout: PlanLayout) -> str:
 def render_plan(doc: PlanDoc, console: Console) -> None:
     """One table of every layout × batch (step and its parts in ms), then memory, crossovers, the choice."""
     console.print(_header(doc), markup=False)
-    table = Table(box=box.SIMPLE_HEAD, title="predicted decode step (ms)")
-    for col in ("layout", "batch", "step", "weights", "attn", "comm", "other", "tok/s"):
+    table = Table(box=box.SIMPLE_HEAD, title="predicted decode step (ms)", pad_edge=False, show_edge=False)
+    heads = ("batch", "step", "band", "weights", "attn", "comm", "other", "tok/s", "tok/s band")
+    for col in ("layout", *heads):
         table.add_column(col, justify="left" if col == "layout" else "right", no_wrap=True)
     marks: set[str] = set()
     rows: list[tuple[str, list[str]]] = []
     for layout in doc.layouts:
         for p in layout.points:
-            rows.append((_name(layout), [str(p.batch), f"{p.step_ms:.2f}", *(f"{p.parts_ms[k]:.2f}" for k in _PARTS),
-                                         _tokens_per_s(p)]))
+            rows.append((_name(layout), [str(p.batch), f"{p.step_ms:.2f}", _step_band(p),
+                                         *(f"{p.parts_ms[k]:.2f}" for k in _PARTS), _tokens_per_s(p), _tps_band(p)]))
             marks.update(o for v in p.origins.values() for o in v)
     for i, (name, cells) in enumerate(rows):
         table.add_row(name if i == 0 or rows[i - 1][0] != name else "", *cells)
@@ -161,7 +204,6 @@ def render_plan(doc: PlanDoc, console: Console) -> None:
         console.print(table)
     else:  # narrow: one table a layout, named above it, without the layout column; numbers are never cut
         console.print(Text("predicted decode step (ms)", style="italic"))
-        heads = ("batch", "step", "weights", "attn", "comm", "other", "tok/s")
         widths = [max(len(h), *(len(cells[i]) for _, cells in rows)) for i, h in enumerate(heads)]
         for name in dict.fromkeys(name for name, _ in rows):
             part = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=False)
@@ -172,7 +214,8 @@ def render_plan(doc: PlanDoc, console: Console) -> None:
                     part.add_row(*cells)
             console.print(Text(name, style="bold"))
             console.print(part)
-    console.print(f"✗ does not fit; !kv the KV cache cannot hold batch × context. Figures from: "
+    console.print(f"✗ does not fit; !kv the KV cache cannot hold batch × context; band: the step with every figure "
+                  f"at the near and the far side of its band (data/bands.toml). Figures from: "
                   f"{', '.join(sorted(marks))}", markup=False)
     entries = _collective_entries(doc)
     if entries:
@@ -196,9 +239,23 @@ def render_plan(doc: PlanDoc, console: Console) -> None:
         console.print(f"crossover at batch {c.batch}: {c.faster_below} faster below, {c.faster_above} "
                       f"from there on", markup=False)
     rec = doc.recommendation
-    console.print(f"recommended: {rec.layout or 'none'}", markup=False)
+    width = max(40, console.width - 1)
+    if rec.layout is None and rec.leading and rec.decided is False:
+        head = f"recommended: none: too close to call on these figures ({rec.leading} leads)"
+    else:
+        head = f"recommended: {rec.layout or 'none'}" + (" (its margin exceeds the bands)" if rec.decided else "")
+    console.print(head, markup=False)
     for reason in rec.reasons:
-        console.print(f"  - {reason}", markup=False)
+        for out in textwrap.wrap(reason, width=width, initial_indent="  - ", subsequent_indent="      ",
+                                 break_long_words=False, break_on_hyphens=False):
+            console.print(out, markup=False)
+    if rec.measure:
+        m = rec.measure
+        for i, line in enumerate([f"what decides it: {m.figure} ({m.band})",
+                                  f"measure it here (about {m.seconds:.0f} s): {m.command}", f"then: {m.then}"]):
+            for out in textwrap.wrap(line, width=width, initial_indent="  " if i else "", subsequent_indent="      ",
+                                     break_long_words=False, break_on_hyphens=False):
+                console.print(out, markup=False)
     versus = doc.ep_vs_tp  # a plan saved before 2026-12 has none
     if versus:
         width = max(40, console.width - 1)
@@ -209,6 +266,7 @@ def render_plan(doc: PlanDoc, console: Console) -> None:
                                      subsequent_indent="    " if i == 0 else "      ", break_long_words=False,
                                      break_on_hyphens=False):
                 console.print(out.replace(_NBSP, " "), markup=False)
+    _what_if_text(doc, console, max(40, console.width - 1))
     cal = doc.calibration
     if cal:
         fitted = ", ".join(f"{k} {v:.3g}" for k, v in cal.fitted.items()) or "nothing"
@@ -280,15 +338,31 @@ def _ep_vs_tp_html(versus: EpVsTp | None) -> list[str]:
     ]
 
 
+def _measure_html(doc: PlanDoc) -> list[str]:
+    """The call at each batch, and the measurement that settles a close one."""
+    rec = doc.recommendation
+    out = []
+    if rec.calls:
+        out.append(_table(["batch", "fastest", "next", "margin ms", "band ms", "decided", "figure that can take most"],
+                          [[str(c.batch), c.fastest, c.next or "", "" if c.margin_ms is None else f"{c.margin_ms:.2f}",
+                            "" if c.band_ms is None else f"{c.band_ms:.2f}", "yes" if c.decided else "no",
+                            c.deciding or ""] for c in rec.calls]))
+    if rec.measure:
+        m = rec.measure
+        out.append(f"<p><b>What decides it</b>: {_e(m.figure)} ({_e(m.band)}). Measure it here (about "
+                   f"{m.seconds:.0f} s): <code>{_e(m.command)}</code>; then {_e(m.then)}.</p>")
+    return out
+
+
 def render_plan_html(doc: PlanDoc) -> str:
     """A self-contained HTML page: the step-vs-batch chart (plotly.js inlined) and the plan's tables."""
     import plotly.io as pio
 
     chart = str(pio.to_html(_figure(doc), full_html=False, include_plotlyjs=True, div_id="chart-plan-steps",
                             default_height="480px", config={"displaylogo": False, "responsive": True}))
-    rows = [[_name(layout), str(p.batch), f"{p.step_ms:.3f}", *(f"{p.parts_ms[k]:.3f}" for k in _PARTS),
-             _tokens_per_s(p), ", ".join(f"{op} ×{c.count}" for op, c in p.collectives_per_step.items()) or "none",
-             _origins(p)]
+    rows = [[_name(layout), str(p.batch), f"{p.step_ms:.3f}", _step_band(p),
+             *(f"{p.parts_ms[k]:.3f}" for k in _PARTS), _tokens_per_s(p), _tps_band(p),
+             ", ".join(f"{op} ×{c.count}" for op, c in p.collectives_per_step.items()) or "none", _origins(p)]
             for layout in doc.layouts for p in layout.points]
     mem = [[x.name, "yes" if x.feasible else "no", f"{x.memory_gib_per_gpu.weights:.1f}",
             f"{x.memory_gib_per_gpu.kv_cache:.1f}", f"{x.kv_tokens_per_gpu:,}", x.reason] for x in doc.layouts]
@@ -302,13 +376,17 @@ def render_plan_html(doc: PlanDoc) -> str:
         *(f'<p class="warn"><b>FORCED</b> {_e(line.removeprefix("forced: "))}</p>' for line in doc.forced),
         f'<p class="meta">servescope {_e(doc.servescope_version)} · {_e(doc.created_at)} · {_e(_header(doc))}'
         "</p>",
-        f"<h2>Recommended: {_e(rec.layout or 'none')}</h2>",
+        f"<h2>Recommended: {_e(rec.layout or 'none')}"
+        f"{_e(f' (too close to call on these figures: {rec.leading} leads)') if rec.decided is False else ''}</h2>",
         "<ul>" + "".join(f"<li>{_e(r)}</li>" for r in rec.reasons) + "</ul>",
+        *_measure_html(doc),
         *_ep_vs_tp_html(doc.ep_vs_tp),
+        *(["<h2>EP with all-to-all (what-if)</h2>",
+           "<ul>" + "".join(f"<li>{_e(x)}</li>" for x in _what_if_lines(doc)) + "</ul>"] if doc.ep_all_to_all else []),
         "<h2>Step time vs batch</h2>", chart,
         "<h2>Layouts</h2>",
-        _table(["layout", "batch", "step ms", *(f"{k} ms" for k in _PARTS), "tok/s", "collectives per step", "from"],
-               rows),
+        _table(["layout", "batch", "step ms", "band ms", *(f"{k} ms" for k in _PARTS), "tok/s", "tok/s band",
+                "collectives per step", "from"], rows),
         '<p class="meta">✗ does not fit; !kv the KV cache cannot hold batch × context.</p>',
         f"<h2>{_e(_COLLECTIVES_TITLE.capitalize())}</h2>",
         _table(["collective", "GPUs", "layouts", "message", "µs a call", "wait µs", "path", "origin", "source",
