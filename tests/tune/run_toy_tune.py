@@ -13,11 +13,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tune.toy import toy_command, toy_measure  # noqa: E402
-
 from servescope.core.document import encode  # noqa: E402
 from servescope.deploy.unitfile import load_unit, split_command_line  # noqa: E402
 from servescope.tune.api import TuneSetup, resume_tune, tune_server  # noqa: E402
+from tune.toy import toy_command, toy_measure  # noqa: E402
 
 
 def main() -> int:

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 from children import default_signals
-
 from servescope.core.document import decode_as
 from servescope.core.tune import TuneDoc
 from servescope.tune.journal import read_journal
