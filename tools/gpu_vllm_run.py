@@ -111,6 +111,9 @@ def cmd_stage(args: argparse.Namespace) -> None:
     extra = sum(p.stat().st_size for p in wheels.iterdir()) + sum((SHARED / s).stat().st_size for s in SCRIPTS)
     tree = tree_bytes()
     room = CALL_LIMIT - tree - MARGIN
+    if room - extra <= MIB:
+        raise SystemExit(f"the tree ({tree / MIB:.1f} MiB) leaves no room for a payload part beside it in a "
+                         f"{CALL_LIMIT / MIB:.0f} MiB call: carry less (untrack large test data for the staging calls)")
     if args.parts:
         n = args.parts
     else:

@@ -58,7 +58,7 @@ def _load(point: ServePoint) -> float:
 
 
 def knee_figures(point: ServePoint, *, knee: ServePoint | None, first: ServePoint | None,
-                 prompt_tokens: int, flags: Mapping[str, str]) -> dict[str, float]:
+                 prompt_tokens: int, flags: Mapping[str, str], client_explains: bool = False) -> dict[str, float]:
     """The figures the rules test (``data/knee.toml`` lists them), for ``point``; missing ones left out."""
     s = point.server
     fig: dict[str, float | None] = {
@@ -68,6 +68,7 @@ def knee_figures(point: ServePoint, *, knee: ServePoint | None, first: ServePoin
         "decode_ms": s.decode_ms_mean, "step_tokens": s.step_tokens_mean, "prompt_tokens": float(prompt_tokens),
         "itl_server_ms": s.itl_ms_mean, "lag_p99_ms": point.client_lag.p99_ms,
         "client_bound": float(point.client_lag.client_bound or any(f.id == "client_bound" for f in point.findings)),
+        "client_explains": float(client_explains),
         "front_end_bound": float(any(f.id == "front_end_bound" for f in point.findings)),
     }
     missed = point.slo.missed_by if point.slo else []
@@ -105,10 +106,11 @@ def _holds(rule: Mapping[str, Any], fig: Mapping[str, float]) -> bool:
 
 
 def judge_knee(point: ServePoint, *, knee: ServePoint | None, first: ServePoint | None, prompt_tokens: int,
-               server_argv: Sequence[str] | None = None) -> KneeCause | None:
+               server_argv: Sequence[str] | None = None, client_explains: bool = False) -> KneeCause | None:
     """The cause that bounds the knee at ``point`` (the least load that missed the targets), or ``None``."""
     flags = engine_flags(server_argv) if server_argv is not None else {}
-    fig = knee_figures(point, knee=knee, first=first, prompt_tokens=prompt_tokens, flags=flags)
+    fig = knee_figures(point, knee=knee, first=first, prompt_tokens=prompt_tokens, flags=flags,
+                       client_explains=client_explains)
     held = [rule for rule in load_knee_rules() if _holds(rule, fig)]
     if not held:
         return None

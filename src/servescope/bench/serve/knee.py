@@ -30,9 +30,9 @@ import msgspec
 from servescope.bench.serve.cause import judge_knee
 from servescope.bench.serve.point import LoadSpec, PointProgress
 from servescope.bench.serve.session import ServeSession
-from servescope.core.serve import Knee, KneeSearch, ServePoint, ServeResult, SloTarget
+from servescope.core.serve import Knee, KneeCause, KneeSearch, ServePoint, ServeResult, SloTarget
 
-__all__ = ["KneeSpec", "find_knee", "find_knee_async", "knee_of", "next_load"]
+__all__ = ["KneeSpec", "client_explains", "find_knee", "find_knee_async", "knee_of", "next_load"]
 
 _MAX_STREAMS = 1024
 _MAX_RATE = 4096.0
@@ -67,6 +67,21 @@ def _load_of(point: ServePoint) -> float:
 
 def _met(point: ServePoint) -> bool:
     return bool(point.slo and point.slo.met)
+
+
+def client_explains(point: ServePoint) -> bool:
+    """Whether the client's own lateness could account for a point's miss: it ran late (client-bound) and every
+    target it missed would be met with the client's lag p99 taken off (a late client adds at most that to a TTFT
+    or a gap). A miss larger than the client's lag is the server's, whatever the client's state; a point that
+    met the targets with the client's delays inside its figures met them."""
+    lag = point.client_lag
+    if not lag.client_bound or point.slo is None or point.slo.met:
+        return False
+    late = lag.p99_ms or 0.0
+    missed = [c for c in point.slo.checks if not c.met]
+    if "errors" in point.slo.missed_by:
+        return False
+    return all(c.value_ms is not None and c.value_ms - late <= c.limit_ms for c in missed)
 
 
 def next_load(met: float | None, missed: float | None, *, mode: str, start: float, max_load: float,
@@ -142,7 +157,7 @@ class _Search:
         load = _load_of(point)
         if point.stopped is not None:
             return f"the server stopped answering at {load:g}: {point.stopped}"
-        if point.client_lag.client_bound:
+        if client_explains(point):
             self.missed = load if self.missed is None else min(self.missed, load)
             return (f"the client ran late at {load:g} (lag p99 {point.client_lag.p99_ms or 0:.1f} ms over "
                     f"{point.workers} process(es)): it cannot load this server further from here; raise --workers "
@@ -177,7 +192,8 @@ async def find_knee_async(spec: KneeSpec, *, progress: PointProgress | None = No
 
         async def run(load: float, step: str) -> str | None:
             concurrency, rate = (None, load) if rate_mode else (int(load), None)
-            measured = await session.measure(concurrency, rate, progress=progress, step=step)
+            measured = await session.measure(concurrency, rate, progress=progress, step=step,
+                                             requests=_requests(spec.load, load, rate_mode))
             reason = search.record(measured.point)
             if checkpoint is not None:
                 checkpoint(document(reason or "running"))
@@ -201,6 +217,14 @@ async def find_knee_async(spec: KneeSpec, *, progress: PointProgress | None = No
         return document(stop)
 
 
+def _requests(load: LoadSpec, level: float, rate_mode: bool) -> int | None:
+    """Requests of a search's point: the user's (``--requests``, ``--duration``), else at least 16 — a p99 of
+    8 requests is their maximum — and 4 per stream (8 s of arrivals at a rate)."""
+    if load.requests is not None or load.duration_s is not None:
+        return None
+    return max(16, math.ceil((8 if rate_mode else 4) * level))
+
+
 def _closed(search: _Search, max_load: float, unit: str) -> str:
     if search.met is None:
         return f"the first load ({search.spec.start:g} {unit}) already missed the targets"
@@ -209,9 +233,9 @@ def _closed(search: _Search, max_load: float, unit: str) -> str:
     return f"the bracket closed: {search.met:g} met, {search.missed:g} missed (tolerance {search.spec.tolerance:.0%})"
 
 
-def _cause(spec: KneeSpec, points: list[ServePoint], knee: Knee | None) -> object:
+def _cause(spec: KneeSpec, points: list[ServePoint], knee: Knee | None) -> KneeCause | None:
     """The cause judged on the least load that missed the targets (beside the knee's point and the first)."""
-    missed = [p for p in points if p.slo is not None and (not p.slo.met or p.client_lag.client_bound)
+    missed = [p for p in points if p.slo is not None and (not p.slo.met or client_explains(p))
               and (knee is None or _load_of(p) > knee.load)]
     if not missed:
         return None
@@ -219,7 +243,8 @@ def _cause(spec: KneeSpec, points: list[ServePoint], knee: Knee | None) -> objec
     at = [p for p in missed if _load_of(p) == least][0]
     at_knee = next((p for p in points if knee is not None and _load_of(p) == knee.load), None)
     return judge_knee(at, knee=at_knee, first=points[0] if points else None,
-                      prompt_tokens=spec.load.input_tokens, server_argv=spec.server_argv)
+                      prompt_tokens=spec.load.input_tokens, server_argv=spec.server_argv,
+                      client_explains=client_explains(at))
 
 
 def find_knee(spec: KneeSpec, *, progress: PointProgress | None = None,
