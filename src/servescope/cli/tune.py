@@ -119,7 +119,8 @@ def tune(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Restart the unit without asking each time.")] = False,
     ready_timeout: Annotated[float, typer.Option("--ready-timeout", min=1.0, help="Seconds a start may take.")]
     = 1800.0,
-    journal: Annotated[Path, typer.Option("--journal", help="The journal (resume / restore read it).")]
+    journal: Annotated[Path, typer.Option("--journal", show_default=False, help="The journal (resume / restore "
+                                          "read it); default servescope-tune.journal.json here.")]
     = Path("servescope-tune.journal.json"),
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run the journal records.")] = False,
     restore: Annotated[bool, typer.Option("--restore", help="Undo the run the journal records (a unit: with "
@@ -147,6 +148,8 @@ def tune(
             for line in restore_tune(journal, restart=yes):
                 typer.echo(line)
             return
+        if not resume and (launch is None) == (unit is None):
+            raise InputError("--launch/--unit", "give exactly one: the command servescope runs, or the systemd unit")
         confirm = _confirm(yes, unit is not None or resume)
         screen = _Screen(quiet or as_json)
         try:
