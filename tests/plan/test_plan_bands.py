@@ -163,3 +163,34 @@ def test_ep_with_all_to_all_against_tp_per_batch(seed: PlanDoc) -> None:
     c = w.crossover_batch
     assert c is not None and c > 64
     assert "do not place the crossover" in w.sentence or all(w.crossover_band)
+
+
+TOPO = ROOT / "tests" / "data" / "plan" / "topo"
+PLAN = tomllib.loads((DATA / "plan.toml").read_text(encoding="utf-8"))
+PRO = tomllib.loads((DATA / "hardware" / "rtx-pro-6000.toml").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize(("topology", "bound"), [("8x-rtx-pro-6000-switches.txt", "uplink"),
+                                                  ("8x-rtx-pro-6000-dual-cpu.txt", "bridge"), (None, "bridge")])
+def test_the_all_to_all_follows_the_boxs_pcie_topology(topology: str | None, bound: str) -> None:
+    """DP=8 EP=8 with DeepEP at batch 64 on 8 RTX PRO 6000: behind two switches of 4 GPUs (published topo -m), what
+    leaves a switch takes its x16 uplink; direct attach (PHB/SYS) crosses the host bridge, as without a topology."""
+    doc = run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=8, batches=(64,),
+                               env={"VLLM_ALL2ALL_BACKEND": "deepep_low_latency"},
+                               topology=None if topology is None else str(TOPO / topology)))
+    path = _path(doc, "DP=8 EP=8", 64, "all_to_all", 8)
+    send = 8 * 8 * 7168 * 2  # 8 requests a rank, 8 routed copies of a bf16 hidden vector each
+    link_rate = PRO["p2p_gbps"] * PLAN["efficiency"]["link"] * 1e3  # bytes/µs
+    link = 7 / 8 * send / link_rate
+    alpha = PLAN["comm"]["pcie"]["base_us"] + PLAN["comm"]["pcie"]["hop_us"]
+    if bound == "uplink":  # 4 senders a switch, each sending 4/8 of its buffer to the other switch's GPUs
+        far = 4 * 4 / 8 * send / link_rate
+    else:
+        far = 8 * 7 / 8 * send / (PLAN["all_to_all_pcie"]["bridge_gbps"]["8"] * 1e3)
+    assert far > link
+    assert path.us_each == pytest.approx(alpha + far + WAIT)
+    assert path.path is not None and path.path.endswith(
+        "the switch uplink binds" if bound == "uplink" else "the host bridge binds")
+    if topology:
+        assert any(n.startswith("topology ") and topology in n for n in doc.notes)
+        assert doc.inputs.topology is not None

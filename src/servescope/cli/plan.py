@@ -39,6 +39,9 @@ def plan(
                                                   "repeatable (NCCL_PROTO, NCCL_ALGO, NCCL_P2P_LEVEL, "
                                                   "VLLM_ALLREDUCE_USE_SYMM_MEM, …): the all-reduce path vLLM "
                                                   "takes and the NCCL curve used.")] = None,
+    topology: Annotated[Path | None, typer.Option("--topology", help="An `nvidia-smi topo -m` file of this box: "
+                                                  "which GPUs share a PCIe switch, for the all-to-all's bounds.")]
+        = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan document as JSON.")] = False,
     output: JsonDocumentOut = None,
     html_out: Annotated[Path | None, typer.Option("--html", help="Write an HTML report with a chart here.")] = None,
@@ -49,7 +52,7 @@ def plan(
     from servescope.report.plan import plan_to_json, render_plan, render_plan_headline, render_plan_html
 
     with user_errors():
-        for flag, path in (("--comm", comm), ("--calibrate", calibrate)):
+        for flag, path in (("--comm", comm), ("--calibrate", calibrate), ("--topology", topology)):
             if path is not None and not path.is_file():
                 raise InputError(str(path), _not_a_file(path, flag))
         pairs: dict[str, str] = {}
@@ -61,7 +64,7 @@ def plan(
         request = PlanRequest(model=model, hardware=hardware, gpus=gpus, batches=parse_batches(",".join(batch)),
                               context=context, comm=None if comm is None else str(comm),
                               calibrate=None if calibrate is None else str(calibrate), graph=not eager,
-                              force=force, env=pairs)
+                              force=force, env=pairs, topology=None if topology is None else str(topology))
         doc = run_plan(request)
         text = plan_to_json(doc)
         if output is not None:
@@ -82,5 +85,6 @@ def _not_a_file(path: Path, flag: str) -> str:
         return f"no such file ({flag})"
     found = sorted(p.name for p in path.glob("*.json"))
     hint = f"; it holds {', '.join(found[:4])}{', …' if len(found) > 4 else ''}" if found else ""
-    kind = "an analyze --json or profile --json document" if flag == "--calibrate" else "a bench comm --json curve"
+    kind = {"--calibrate": "an analyze --json or profile --json document",
+            "--topology": "an `nvidia-smi topo -m` text file"}.get(flag, "a bench comm --json curve")
     return f"a folder, not a file ({flag} takes {kind}{hint})"

@@ -88,6 +88,7 @@ class PlanInputs(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     calibrate: InputFile | None
     graph: bool
     env: dict[str, str] | None = None
+    topology: InputFile | None = None  # an `nvidia-smi topo -m` file (plan --topology)
 
 
 class PlanModel(msgspec.Struct, kw_only=True, frozen=True):
@@ -466,6 +467,8 @@ class PcieAllToAllTerms(msgspec.Struct, kw_only=True, frozen=True):
     bound: str  # link or bridge, whichever is longer
     us: float  # the latency plus the longer bound
     assumption: str  # what the model assumes about the links, in words
+    uplink_us: float | None = None  # behind PCIe switches: the busiest switch's uplink (null: no topology given)
+    topology: str | None = None  # the topology read (plan --topology), in words
 
 
 class Figure(msgspec.Struct, kw_only=True, frozen=True):

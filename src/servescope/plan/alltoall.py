@@ -10,7 +10,11 @@ What it assumes about the links, in one place:
   through the CPU's root complex (and, between sockets, the inter-socket link): every sender's (G − 1)/G · S
   crosses it at once, ``senders`` × (G − 1)/G · S in all, at the aggregate rate a host was measured to sustain
   with every GPU reading from every other at once (``data/plan.toml`` ``[all_to_all_pcie]``, with its source).
-- The call takes ``latency + max(link, bridge)``: the larger bound applies, and it is named (``bound``). The
+- **Behind PCIe switches** (``plan --topology``, :mod:`servescope.plan.topology`): GPUs sharing a switch exchange
+  inside it; what each switch's GPUs send to peers outside it goes through the switch's one x16 uplink (the
+  profile's ``p2p_gbps`` × ``link_efficiency``): ``uplink`` = the busiest switch's senders × the share of peers
+  outside it × S. The host bridge's figure (measured without switches) is then not used.
+- The call takes ``latency + max(link, bridge or uplink)``: the larger bound applies, and it is named (``bound``). The
   latency is the α of the PCIe α-β estimate for one step (``base_us`` + one ``hop_us``, ``data/plan.toml``
   ``[comm.pcie]``, read off the 8-GPU PCIe nccl-tests all-reduce latency).
 - ``NCCL_PROTO`` does not reach it: NCCL runs an all-to-all as grouped sends and receives, whose protocol it picks
@@ -28,10 +32,11 @@ from typing import Any
 from servescope.core.plan import Figure, PcieAllToAllTerms
 from servescope.plan.factors import Factors, plan_data
 from servescope.plan.hardware import HardwareProfile
+from servescope.plan.topology import PcieTopology
 
 __all__ = ["ASSUMPTION", "BOUNDS", "bridge_figure", "on_pcie", "pcie_all_to_all"]
 
-BOUNDS = ("link", "bridge")
+BOUNDS = ("link", "bridge", "uplink")
 ASSUMPTION = ("PCIe without NVLink, so no multicast: each GPU's sends serialised through its own x16 link, the "
               "host bridge shared by every sender")
 
@@ -61,7 +66,7 @@ def bridge_figure(group: int, hw: HardwareProfile) -> Figure:
 
 
 def pcie_all_to_all(group: int, nbytes: float, hw: HardwareProfile, factors: Factors, *,
-                    senders: int | None = None) -> PcieAllToAllTerms:
+                    senders: int | None = None, topology: PcieTopology | None = None) -> PcieAllToAllTerms:
     """One all-to-all of ``nbytes`` a rank over ``group`` PCIe GPUs, ``senders`` of them holding tokens (default
     all), priced as the module doc says: every term with its inputs' provenance, as the plan document records it
     (:class:`~servescope.core.plan.PcieAllToAllTerms`: ``link_bytes`` = (G − 1)/G of the send buffer,
@@ -82,7 +87,18 @@ def pcie_all_to_all(group: int, nbytes: float, hw: HardwareProfile, factors: Fac
     link_us = link_bytes / (link.value * eff.value * 1e3)  # GB/s = 1e3 bytes/µs
     bridge_us = bridge_bytes / (bridge.value * 1e3)
     bound = "bridge" if bridge_us > link_us else "link"
+    uplink_us = None
+    where = None
+    if topology is not None and group <= topology.gpus:
+        where = topology.summary(group)
+        if topology.behind_switches(group):  # the uplinks, not the host bridge, carry what leaves a switch
+            out = max(senders * len(s) / group * (group - len(s)) / group * nbytes for s in topology.switches(group))
+            uplink_us = out / (link.value * eff.value * 1e3)
+            bridge_us = 0.0
+            bound = "uplink" if uplink_us > link_us else "link"
+    far = max(link_us, bridge_us, uplink_us or 0.0)
     return PcieAllToAllTerms(group=group, senders=senders, bytes_each=round(nbytes), link_bytes=link_bytes,
-                             bridge_bytes=bridge_bytes, link_gbps=link, link_efficiency=eff, bridge_gbps=bridge,
-                             latency_us=latency, link_us=link_us, bridge_us=bridge_us, bound=bound,
-                             us=latency.value + max(link_us, bridge_us), assumption=ASSUMPTION)
+                             bridge_bytes=bridge_bytes if uplink_us is None else 0.0, link_gbps=link,
+                             link_efficiency=eff, bridge_gbps=bridge, latency_us=latency, link_us=link_us,
+                             bridge_us=bridge_us, bound=bound, us=latency.value + far, assumption=ASSUMPTION,
+                             uplink_us=uplink_us, topology=where)

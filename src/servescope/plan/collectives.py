@@ -64,6 +64,7 @@ from servescope.plan.paths import (
     nccl_env_effects,
     point_time_us,
 )
+from servescope.plan.topology import PcieTopology
 
 __all__ = ["ALL_OPS", "PCIE_A2A_SOURCE", "CommCosts", "CurveSource", "Priced", "bundled_curves", "estimate_us",
            "user_curves"]
@@ -188,7 +189,8 @@ class CommCosts:
     def __init__(self, hw: HardwareProfile, factors: Factors, sources: list[CurveSource], *,
                  graph: bool = True, env: dict[str, str] | None = None, points: list[Point] | None = None,
                  user_path: str | None = None, engine: str | None = "vllm",
-                 calibrated: list[Point] | None = None, bandwidths: list[Bandwidth] | None = None) -> None:
+                 calibrated: list[Point] | None = None, bandwidths: list[Bandwidth] | None = None,
+                 topology: PcieTopology | None = None) -> None:
         self.hw, self.factors, self.sources, self.graph = hw, factors, sources, graph
         self.user_path, self.engine = user_path, engine
         self.calibrated = list(calibrated or [])
@@ -196,6 +198,7 @@ class CommCosts:
         self.points = load_points() if points is None else points
         self.bandwidths = load_bandwidths() if bandwidths is None else bandwidths
         self.nccl_env = nccl_env_effects(self.env)
+        self.topology = topology
 
     def curve_for(self, op: str, group: int) -> tuple[OpCurve, CurveSource] | None:
         """The curve used for ``op`` over ``group`` GPUs and its source, ``None`` when the estimate is used."""
@@ -332,16 +335,22 @@ class CommCosts:
 
     def _pcie_all_to_all(self, group: int, nbytes: float, senders: int | None, path: PathChoice) -> Priced:
         """An all-to-all between PCIe GPUs by :func:`~servescope.plan.alltoall.pcie_all_to_all`, the bound named."""
-        m = pcie_all_to_all(group, nbytes, self.hw, self.factors, senders=senders)
+        m = pcie_all_to_all(group, nbytes, self.hw, self.factors, senders=senders, topology=self.topology)
+        binds = {"bridge": "host bridge", "uplink": "switch uplink"}.get(m.bound, "link")
+        if m.uplink_us is None:
+            shared = (f"the host bridge shared by {m.senders} sender{'s' if m.senders != 1 else ''} "
+                      f"({m.bridge_bytes:,.0f} B at {m.bridge_gbps.value:g} GB/s {m.bridge_gbps.origin} = "
+                      f"{m.bridge_us:.1f} µs)")
+        else:
+            shared = (f"behind PCIe switches, what leaves the busiest switch through its x16 uplink: "
+                      f"{m.uplink_us:.1f} µs")
         why = (f"{path.why}; all-to-all over PCIe without NVLink, so no multicast: each GPU's sends serialised "
                f"through its own x16 link ({group - 1}/{group} of {nbytes:,.0f} B at {m.link_gbps.value:g} GB/s "
                f"{m.link_gbps.origin} × {m.link_efficiency.value:g} {m.link_efficiency.origin} = {m.link_us:.1f} µs), "
-               f"the host bridge shared by {m.senders} sender{'s' if m.senders != 1 else ''} "
-               f"({m.bridge_bytes:,.0f} B at {m.bridge_gbps.value:g} GB/s {m.bridge_gbps.origin} = "
-               f"{m.bridge_us:.1f} µs): the {'host bridge' if m.bound == 'bridge' else 'link'} binds, + "
-               f"{m.latency_us.value:g} µs latency ({m.latency_us.origin})")
-        label = ("NCCL all-to-all over PCIe, no multicast: sends serialised through each GPU's x16 link, host bridge "
-                 f"shared; the {'host bridge' if m.bound == 'bridge' else 'link'} binds")
+               f"{shared}: the {binds} binds, + {m.latency_us.value:g} µs latency ({m.latency_us.origin})"
+               + (f"; topology {m.topology}" if m.topology else ""))
+        label = ("NCCL all-to-all over PCIe, no multicast: sends serialised through each GPU's x16 link, "
+                 + ("host bridge shared" if m.uplink_us is None else "switch uplinks shared") + f"; the {binds} binds")
         source = (f"{PCIE_A2A_SOURCE} (plan/alltoall.py): link {m.link_gbps.value:g} GB/s ({m.link_gbps.origin}) × "
                   f"{m.link_efficiency.value:g} ({m.link_efficiency.origin}); bridge {m.bridge_gbps.value:g} GB/s "
                   f"({m.bridge_gbps.origin}: {m.bridge_gbps.source}); latency {m.latency_us.value:g} µs "
@@ -359,9 +368,10 @@ class CommCosts:
         """The same sources under other factors."""
         return CommCosts(self.hw, factors, self.sources, graph=self.graph, env=self.env, points=self.points,
                          user_path=self.user_path, engine=self.engine, calibrated=self.calibrated,
-                         bandwidths=self.bandwidths)
+                         bandwidths=self.bandwidths, topology=self.topology)
 
     def with_calibrated(self, points: list[Point]) -> CommCosts:
         """The same sources and factors, with the user's capture's per-call points first."""
         return CommCosts(self.hw, self.factors, self.sources, graph=self.graph, env=self.env, points=self.points,
-                         user_path=self.user_path, engine=self.engine, calibrated=points, bandwidths=self.bandwidths)
+                         user_path=self.user_path, engine=self.engine, calibrated=points, bandwidths=self.bandwidths,
+                         topology=self.topology)

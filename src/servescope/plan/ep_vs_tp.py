@@ -88,7 +88,8 @@ def _model_of(point: PointCost, path: CollectivePath, comm: CommCosts) -> PcieAl
     if path.op != "all_to_all" or not path.source.startswith(PCIE_A2A_SOURCE):
         return None
     coll = next(c for c in point.collectives if c.op == "all_to_all")
-    return pcie_all_to_all(coll.group, coll.bytes_each, comm.hw, comm.factors, senders=coll.senders)
+    return pcie_all_to_all(coll.group, coll.bytes_each, comm.hw, comm.factors, senders=coll.senders,
+                           topology=comm.topology)
 
 
 def _side(layout: Layout, point: PointCost, comm: CommCosts) -> EpTpSide:
@@ -118,7 +119,7 @@ def _a2a_text(side: EpTpSide, batch: int, *, assumption: bool) -> str:
     link, eff, bridge, lat = m.link_gbps, m.link_efficiency, m.bridge_gbps, m.latency_us
     a2a = next(c for c in side.collectives if c.op == "all_to_all")
     g = m.group
-    binds = "the host bridge binds" if m.bound == "bridge" else "the link binds"
+    binds = f"the {({'bridge': 'host bridge', 'uplink': 'switch uplink'}).get(m.bound, 'link')} binds"
     said = f"{ASSUMPTION}; " if assumption else ""
     whose = "1 sender's" if m.senders == 1 else f"{m.senders} senders'"
     return (f"{side.layout}'s all_to_all at batch {batch:,}: {said}each GPU sends {g - 1}/{g} of "

@@ -63,6 +63,7 @@ from servescope.plan.host_cycle import check_notes, corrections
 from servescope.plan.layouts import Layout, candidate_layouts
 from servescope.plan.model import ModelArch, load_model_arch
 from servescope.plan.provenance import calibration_differences, curve_differences
+from servescope.plan.topology import read_topology
 
 __all__ = ["PlanRequest", "find_crossovers", "parse_batches", "recommend", "run_plan"]
 
@@ -89,6 +90,8 @@ class PlanRequest:
             ``VLLM_ALLREDUCE_USE_SYMM_MEM``, …): the all-reduce path and the NCCL curve variant
             (:mod:`servescope.plan.paths`); ``VLLM_ALL2ALL_BACKEND``: the all2all backend of a DP > 1 EP layout
             (:mod:`servescope.plan.ep_backend`).
+        topology: an ``nvidia-smi topo -m`` file: which GPUs share a PCIe switch, for the all-to-all model
+            (:mod:`servescope.plan.topology`).
     """
 
     model: str
@@ -101,6 +104,7 @@ class PlanRequest:
     graph: bool = True
     force: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    topology: str | None = None
 
 
 @dataclass
@@ -358,8 +362,11 @@ def run_plan(request: PlanRequest) -> PlanDoc:
     if not layouts:
         raise InputError("--gpus", f"no layout splits {arch.name} over {request.gpus} GPUs: "
                          f"{'; '.join(skipped[:3])}{'; …' if len(skipped) > 3 else ''}")
+    topology = read_topology(request.topology, request.gpus) if request.topology is not None else None
     comm = CommCosts(hw, factors, sources, graph=request.graph, env=request.env,
-                     user_path=sources[0].path if request.comm is not None else None)
+                     user_path=sources[0].path if request.comm is not None else None, topology=topology)
+    if topology is not None:
+        notes.append(f"topology {topology.summary(request.gpus)}")
     notes += comm.nccl_env.notes
     if arch.experts:
         backend = ep_backend(request.env)
@@ -450,7 +457,8 @@ def run_plan(request: PlanRequest) -> PlanDoc:
         platform={"python": sys.version.split()[0], "system": platform.platform()},
         inputs=PlanInputs(model=request.model, hardware=request.hardware, gpus=request.gpus,
                           batches=list(request.batches), context=request.context, comm=_file_info(request.comm),
-                          calibrate=_file_info(request.calibrate), graph=request.graph, env=dict(request.env)),
+                          calibrate=_file_info(request.calibrate), graph=request.graph, env=dict(request.env),
+                          topology=_file_info(request.topology)),
         model=msgspec.convert(arch, PlanModel, from_attributes=True),
         hardware=msgspec.convert(hw, PlanHardware, from_attributes=True), gpus=request.gpus,
         context=request.context, batches=list(request.batches),
