@@ -111,9 +111,15 @@ def analyze(
         return
     from rich.console import Console
 
+    from servescope.core.changes import analysis_next_steps
     from servescope.report.tables import render_analysis
+    from servescope.report.tune import render_next_steps
+    from servescope.tune.evidence import log_lines_beside
 
-    render_analysis(doc, Console(highlight=False), top=top)
+    console = Console(highlight=False)
+    render_analysis(doc, console, top=top)
+    argv = next((s.argv for s in evidence.settings if s.argv), [])
+    render_next_steps(analysis_next_steps(doc, argv=argv, log_lines=log_lines_beside(found)), console)
 
 
 @app.command()

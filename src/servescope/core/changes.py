@@ -33,7 +33,8 @@ from servescope.core.errors import InputError
 from servescope.core.messages import format_message
 
 __all__ = ["Candidate", "ChangeEdit", "ChangeEvidence", "Matched", "NotCandidate", "SeenFinding",
-           "evidence_of_analysis", "flag_values", "load_catalogue", "match_changes", "moe_log_facts", "next_steps"]
+           "analysis_next_steps", "evidence_of_analysis", "flag_values", "load_catalogue", "match_changes",
+           "moe_log_facts", "next_steps"]
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt, "==": operator.eq}
@@ -452,6 +453,12 @@ def match_changes(ev: ChangeEvidence, *, allow: Sequence[str] = (),
     order = {cid: i for i, cid in enumerate(entries)}
     candidates.sort(key=lambda c: (-(c.gain_low + c.gain_high) / 2, order[c.id]))
     return Matched(candidates=candidates, ruled_out=ruled)
+
+
+def analysis_next_steps(doc: AnalysisDoc, *, argv: Sequence[str] = (),
+                        log_lines: Sequence[str] = ()) -> list[str]:
+    """:func:`next_steps` of an analysis, with the server's command line and log lines where known."""
+    return next_steps(evidence_of_analysis(doc, argv=list(argv), log_lines=list(log_lines)))
 
 
 def next_steps(ev: ChangeEvidence, *, limit: int = 3) -> list[str]:

@@ -12,7 +12,7 @@ from rich.text import Text
 from servescope.core.tune import KneeFigure, TuneDoc
 from servescope.report.page import escape, page, text_block
 
-__all__ = ["render_tune", "render_tune_html"]
+__all__ = ["render_next_steps", "render_tune", "render_tune_html"]
 
 _STYLE = {"kept": "green", "rolled_back": "yellow", "failed_start": "red", "measure_failed": "red",
           "interrupted": "red"}
@@ -107,3 +107,13 @@ def render_tune_html(doc: TuneDoc) -> str:
     return page("servescope tune", [f"<h1>servescope tune: {escape(doc.target.name)}</h1>",
                                     f'<p class="meta">written by <code>servescope tune</code> '
                                     f"{escape(doc.created_at)}</p>", text_block(out.getvalue())])
+
+
+def render_next_steps(lines: list[str], console: Console) -> None:
+    """The catalogue's candidates for an analysis (analyze, profile, bench serve): what ``tune`` would try."""
+    if not lines:
+        return
+    console.print(Text("next steps (the catalogue of changes; `servescope tune` tries them and keeps what pays):",
+                       style="bold"), overflow="fold")
+    for line in lines:
+        console.print(Text(f"  {line}"), overflow="fold")

@@ -17,7 +17,7 @@ from servescope.core.errors import ServescopeError
 from servescope.tune.edit import ServerConfig
 from servescope.tune.measure import Measured
 
-__all__ = ["deployment_of", "gather_evidence", "model_facts", "platform_here", "profile_findings",
+__all__ = ["deployment_of", "gather_evidence", "log_lines_beside", "model_facts", "platform_here", "profile_findings",
            "server_version"]
 
 _MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules")
@@ -106,3 +106,15 @@ def gather_evidence(measured: Measured, config: ServerConfig, *, log_lines: Sequ
                           findings=list(findings), log_lines=list(log_lines), load=measured.figure.load,
                           argv=list(config.argv), env=dict(config.env), settings=deployment_of(config, version),
                           platform=platform, facts=model_facts(config.argv), inputs=more)
+
+
+def log_lines_beside(traces: Sequence[Path]) -> list[str]:
+    """The server log lines saved beside traces (``server-log-lines.txt``, ``server.log``), for the catalogue."""
+    lines: list[str] = []
+    for folder in dict.fromkeys(p.parent for p in traces):
+        for name in ("server-log-lines.txt", "server.log"):
+            try:
+                lines += (folder / name).read_text(encoding="utf-8", errors="replace").splitlines()
+            except OSError:
+                continue
+    return lines
