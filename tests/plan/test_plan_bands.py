@@ -194,3 +194,29 @@ def test_the_all_to_all_follows_the_boxs_pcie_topology(topology: str | None, bou
     if topology:
         assert any(n.startswith("topology ") and topology in n for n in doc.notes)
         assert doc.inputs.topology is not None
+
+
+def _gap_favouring_ep(doc: PlanDoc, batch: int) -> float:
+    """EP's step less TP's with every figure at the side that favours EP, a figure both use counted once, by hand:
+    the fastest EP layout against TP=8 at ``batch``."""
+    k = doc.batches.index(batch)
+    ep = min((x for x in doc.layouts if x.feasible and x.ep > 1), key=lambda x: x.points[k].step_ms).points[k]
+    tp = next(x for x in doc.layouts if x.name == "TP=8").points[k]
+    fe, ft = {f.figure: f for f in ep.figures or []}, {f.figure: f for f in tp.figures or []}
+    take = 0.0
+    for name in set(fe) | set(ft):
+        e, t = fe.get(name), ft.get(name)
+        take += max(0.0, (t.hi_ms if t else 0) - (e.hi_ms if e else 0), (e.lo_ms if e else 0) - (t.lo_ms if t else 0))
+    return ep.step_ms - tp.step_ms - take
+
+
+def test_the_ep_tp_crossover_moves_within_its_band() -> None:
+    """DeepSeek-V3 on 8 H200 with DeepEP: the crossover as predicted lies between the crossovers with every figure at
+    the side that favours EP, then TP; at the EP-favoured one the sign of the gap, computed here, changes."""
+    env = {"VLLM_ALL2ALL_BACKEND": "deepep_low_latency"}
+    v = run_plan(PlanRequest(model="deepseek-v3", hardware="h200", gpus=8, batches=(1, 64), env=env)).ep_vs_tp
+    assert v is not None and v.crossover_batch is not None and v.crossover_band is not None
+    lo, hi = v.crossover_band
+    assert lo is not None and hi is not None and lo <= v.crossover_batch <= hi
+    doc = run_plan(PlanRequest(model="deepseek-v3", hardware="h200", gpus=8, batches=(lo - 1, lo), env=env))
+    assert _gap_favouring_ep(doc, lo - 1) >= 0 > _gap_favouring_ep(doc, lo)
