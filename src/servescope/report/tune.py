@@ -57,12 +57,19 @@ def _trials(doc: TuneDoc, console: Console) -> None:
     if not doc.trials:
         return
     table = Table(show_edge=False, pad_edge=False, box=None)
-    for name in ("#", "change", "predicted", "measured", "knee", "outcome", "load s", "knee s"):
-        table.add_column(name, justify="right" if name in ("#", "load s", "knee s") else "left")
+    table.add_column("#", justify="right")
+    table.add_column("change", overflow="fold", ratio=3)
+    table.add_column("outcome", no_wrap=True)
+    table.add_column("predicted", no_wrap=True)
+    table.add_column("measured", justify="right", no_wrap=True)
+    table.add_column("tok/s", justify="right", no_wrap=True)
+    table.add_column("start s", justify="right", no_wrap=True)
+    table.add_column("knee s", justify="right", no_wrap=True)
     for t in doc.trials:
         c = t.change
-        table.add_row(str(t.number), c.edit.describe(), f"{c.gain_low:+.0%}..{c.gain_high:+.0%}",
-                      _pct(t.measured_gain), _knee(t.knee), Text(t.outcome, style=_STYLE.get(t.outcome, "")),
+        table.add_row(str(t.number), c.edit.describe(), Text(t.outcome, style=_STYLE.get(t.outcome, "")),
+                      f"{c.gain_low:+.0%}..{c.gain_high:+.0%}", _pct(t.measured_gain),
+                      "N/A" if t.knee is None else f"{t.knee.goodput_tokens_per_s:.1f}",
                       f"{t.restart_s:.0f}", f"{t.measure_s:.0f}")
     console.print(table)
     for t in doc.trials:
@@ -74,8 +81,8 @@ def _trials(doc: TuneDoc, console: Console) -> None:
                                f"({t.change.gain_basis}); measured {_pct(t.measured_gain)}"
                                f"{'' if t.within_prediction else ', outside the prediction'}", style="dim"),
                           overflow="fold")
-        for line in t.log_tail[-3:]:
-            console.print(Text(f"     log: {line}", style="red"), overflow="fold")
+        for line in t.log_tail[-1:]:
+            console.print(Text(f"     log: {line.strip()}", style="red"), overflow="fold")
 
 
 def render_tune(doc: TuneDoc, console: Console) -> None:

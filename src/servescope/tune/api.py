@@ -87,7 +87,8 @@ def _comm_env(path: Path) -> str:
         doc = decode_as(path.read_bytes(), str(path), CommResultDoc)
     except OSError as exc:
         raise InputError(str(path), f"cannot read ({exc.strerror or exc})") from None
-    pairs = [line.removeprefix("Environment=").strip('"') for line in doc.environment]
+    pairs = [line.removeprefix("Environment=").strip('"') for line in doc.environment
+             if line.startswith("Environment=")]
     return " ".join(p for p in pairs if "=" in p)
 
 

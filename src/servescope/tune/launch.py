@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from servescope.core.changes import flag_values
 from servescope.core.errors import InputError
 from servescope.server.health import HealthRequest, check_health
 from servescope.server.process import process_start_ticks, read_log_tail
@@ -105,7 +106,11 @@ class LaunchTarget:
 
     @property
     def name(self) -> str:
-        return Path(self.original.argv[0]).name
+        """The served model (``--model``, or the word after ``serve``), else the program."""
+        argv = self.original.argv
+        model = flag_values(argv).get("--model", [None])[-1] or next(
+            (argv[i + 1] for i in range(len(argv) - 1) if argv[i] == "serve"), None)
+        return Path(model).name if model else Path(argv[0]).name
 
     def running(self) -> bool:
         return self._popen is not None and self._popen.poll() is None
