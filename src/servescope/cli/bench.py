@@ -306,6 +306,8 @@ def bench_serve(
                  "interrupted (give -o FILE to keep the points of a run)", code=130)
         finally:
             signal.signal(signal.SIGTERM, previous)
+        if output is not None:   # the finished document (the checkpoints wrote it as it grew)
+            save(output, encode(result))
         if png is not None:
             save(png, render_serve_png(result))
         if html is not None:

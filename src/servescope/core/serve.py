@@ -58,6 +58,11 @@ class ServerSide(msgspec.Struct, kw_only=True, frozen=True):
     """The server's own view of one point: histogram means and counter deltas from ``/metrics``.
 
     ``*_metric`` names the Prometheus series each mean came from (names drift across vLLM versions).
+    ``mean_running`` / ``mean_waiting`` average the gauges sampled while the point ran; ``kv_cache_usage_max``
+    the highest KV-cache usage sampled (0..1); ``preemptions`` the requests preempted; ``queue_ms_mean`` /
+    ``prefill_ms_mean`` / ``decode_ms_mean`` the engine's per-request phase means; ``step_tokens_mean`` the mean
+    tokens per engine step over ``steps`` steps; ``prefix_cache_hit_rate`` the share of prompt tokens the
+    prefix cache answered (near 0 when every request brings a prompt of its own).
     """
 
     ttft_ms_mean: float | None = None
@@ -83,6 +88,7 @@ class ServerSide(msgspec.Struct, kw_only=True, frozen=True):
     decode_ms_mean: float | None = None
     step_tokens_mean: float | None = None
     steps: float | None = None
+    prefix_cache_hit_rate: float | None = None
 
 
 class TokenCounts(msgspec.Struct, kw_only=True, frozen=True):

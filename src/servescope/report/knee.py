@@ -77,7 +77,7 @@ def slo_table(result: ServeResult) -> Table:
     table.add_column("met")
     for target in result.slo:
         table.add_column(f"{target.name} ms", justify="right")
-    for name in ("attain", "goodput tok/s", "running", "waiting", "KV %"):
+    for name in ("attain", "goodput tok/s", "running", "waiting", "KV %", "cached %"):
         table.add_column(name, justify="right")
     for p in result.points:
         s = p.server
@@ -88,7 +88,8 @@ def slo_table(result: ServeResult) -> Table:
             "N/A" if not p.slo or p.slo.goodput_tokens_per_s is None else f"{p.slo.goodput_tokens_per_s:.1f}",
             "N/A" if s.max_running is None else f"{s.max_running:.0f}",
             "N/A" if s.max_waiting is None else f"{s.max_waiting:.0f}",
-            "N/A" if s.kv_cache_usage_max is None else f"{s.kv_cache_usage_max * 100:.0f}")
+            "N/A" if s.kv_cache_usage_max is None else f"{s.kv_cache_usage_max * 100:.0f}",
+            "N/A" if s.prefix_cache_hit_rate is None else f"{s.prefix_cache_hit_rate * 100:.0f}")
     return table
 
 

@@ -56,6 +56,8 @@ QUEUE_SERIES = ("vllm:request_queue_time_seconds", "sglang:queue_time_seconds")
 PREFILL_SERIES = ("vllm:request_prefill_time_seconds",)
 DECODE_SERIES = ("vllm:request_decode_time_seconds",)
 STEP_TOKENS_SERIES = ("vllm:iteration_tokens_total",)
+PREFIX_HITS_SERIES = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
+PREFIX_QUERIES_SERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,8 @@ def server_side(before: Snapshot | None, after: Snapshot | None, during: list[Sn
         return sum(values) / len(values) if values else None
 
     steps_total, _ = _hist_sum_count(before, after, STEP_TOKENS_SERIES)
+    hits = _first_delta(before, after, PREFIX_HITS_SERIES)
+    queries = _first_delta(before, after, PREFIX_QUERIES_SERIES)
     queue, _ = _hist_mean_ms(before, after, QUEUE_SERIES)
     prefill, _ = _hist_mean_ms(before, after, PREFILL_SERIES)
     decode, _ = _hist_mean_ms(before, after, DECODE_SERIES)
@@ -169,6 +173,7 @@ def server_side(before: Snapshot | None, after: Snapshot | None, during: list[Sn
         preemptions=_first_delta(before, after, PREEMPTION_SERIES), queue_ms_mean=queue, prefill_ms_mean=prefill,
         decode_ms_mean=decode, step_tokens_mean=(steps_total[0] / steps_total[1]) if steps_total else None,
         steps=steps_total[1] if steps_total else None,
+        prefix_cache_hit_rate=hits / queries if hits is not None and queries else None,
     )
 
 

@@ -8,11 +8,12 @@ and the result says which (``prompt_source``).
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 from servescope.server.client import ServerClient
 from servescope.server.errors import EndpointNotFound, NotOpenAICompatible
 
-__all__ = ["make_prompts"]
+__all__ = ["PromptIds", "make_prompts", "prompt_ids"]
 
 _WORDS = ("the time people year way day thing man world life hand part child eye woman place work week case "
           "point number group problem fact water room mother area money story month lot right study book job "
@@ -65,3 +66,41 @@ async def make_prompts(client: ServerClient, model: str, *, tokens: int, count: 
         rng = random.Random(seed)
         return [_words(rng, tokens) for _ in range(count)], _FALLBACK_SOURCE
     return prompts, _SERVER_SOURCE
+
+
+@dataclass(frozen=True)
+class PromptIds:
+    """The prompts as the server's token ids, to send each request a prompt of its own.
+
+    ``pool``: each prompt's ids (its special tokens first, ``special`` of them); ``vocab``: the ordinary ids the
+    pool holds. :meth:`fresh` gives a prompt of the same length whose first ``FRESH`` ordinary tokens are drawn
+    anew, so no two requests share a prefix and a prefix cache (vLLM's is on by default) cannot answer a
+    prefill from an earlier request: reusing a pool of prompts had made 99% of a point's prompt tokens cache
+    hits on an H100 (2026-12-06).
+    """
+
+    pool: list[list[int]]
+    special: int
+    vocab: list[int]
+
+    FRESH = 4
+
+    def fresh(self, index: int, rng: random.Random) -> list[int]:
+        ids = list(self.pool[index % len(self.pool)])
+        for j in range(self.special, min(len(ids), self.special + self.FRESH)):
+            ids[j] = rng.choice(self.vocab)
+        return ids
+
+
+async def prompt_ids(client: ServerClient, model: str, prompts: list[str]) -> PromptIds | None:
+    """``prompts`` as token ids by the server's ``/tokenize`` (``None`` where it has none)."""
+    try:
+        special = await _count_tokens(client, model, "")
+        pool = []
+        for text in prompts:
+            answer = await client.post_json("/tokenize", {"model": model, "prompt": text, "add_special_tokens": True})
+            pool.append([int(t) for t in answer["tokens"]])
+    except (EndpointNotFound, NotOpenAICompatible, KeyError, TypeError, ValueError):
+        return None
+    vocab = sorted({t for ids in pool for t in ids[special:]})
+    return PromptIds(pool=pool, special=special, vocab=vocab) if vocab else None

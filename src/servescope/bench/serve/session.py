@@ -38,11 +38,12 @@ from servescope.core.errors import InputError
 from servescope.core.serve import DEFINITIONS, ServeOptions, ServePoint, ServeResult, SloTarget
 from servescope.server.client import ServerClient
 from servescope.server.metrics import Snapshot, scrape_metrics, server_side
-from servescope.server.prompts import make_prompts
+from servescope.server.prompts import PromptIds, make_prompts, prompt_ids
 
 __all__ = ["Measured", "ServeSession", "point_label"]
 
 _PROMPT_POOL_MAX = 256
+_SERVER_PROMPTS = "server /tokenize + /detokenize"
 
 
 def point_label(concurrency: int | None, rate: float | None) -> str:
@@ -71,6 +72,7 @@ class ServeSession:
                                     max_connections=max_streams + 8)
         self._body: dict[str, Any] = {}
         self._prompts: list[str] = []
+        self._ids: PromptIds | None = None
         self._warm_e2e_s: float | None = None
         self._metrics_seen = False
         self._index = 0
@@ -97,6 +99,9 @@ class ServeSession:
                              f"exceed the server's max_model_len {max_len}")
         pool = min(_PROMPT_POOL_MAX, max(self._pool_hint, max(spec.concurrency or (1,))) + spec.warmup_requests)
         self._prompts, source = await make_prompts(client, model, tokens=spec.input_tokens, count=pool, seed=spec.seed)
+        self._ids = await prompt_ids(client, model, self._prompts) if source == _SERVER_PROMPTS else None
+        if self._ids is not None:
+            source += "; each request's first tokens drawn anew (no shared prefix)"
         self._body = {"model": model, "max_tokens": spec.output_tokens, "min_tokens": spec.output_tokens,
                       "ignore_eos": True, "temperature": 0.0,
                       "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
@@ -133,7 +138,7 @@ class ServeSession:
         job = PointJob(url=spec.url, api_key=spec.api_key, timeout_s=spec.timeout_s, body=self._body,
                        prompts=self._prompts, first_prompt=0, concurrency=concurrency, rate=rate, requests=planned,
                        duration_s=spec.duration_s, max_concurrency=spec.max_concurrency,
-                       seed=spec.seed + self._index)
+                       seed=spec.seed + self._index, ids=self._ids)
         self._index += 1
         workers = workers_for(spec, concurrency, rate, self._warm_e2e_s, self.result.options.cpus)
         before = await scrape_metrics(client)

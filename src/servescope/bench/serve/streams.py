@@ -20,6 +20,7 @@ from typing import Any
 
 from servescope.server.client import ApiKey, ServerClient
 from servescope.server.errors import ServerError
+from servescope.server.prompts import PromptIds
 
 __all__ = ["PointJob", "PointRun", "Sample", "closed_loop", "lag_ticker", "poisson", "run_point_here"]
 
@@ -44,19 +45,25 @@ class Point:
     """The shared state of one running point: the client, the body, the server-down flag, the samples."""
 
     def __init__(self, client: ServerClient, body: dict[str, Any], prompts: list[str], *,
-                 first_prompt: int = 0) -> None:
+                 first_prompt: int = 0, ids: PromptIds | None = None, seed: int = 0) -> None:
         self.client = client
         self.body = body
         self.prompts = prompts
+        self.ids = ids
+        self._rng = random.Random(seed)
         self.samples: list[Sample] = []
         self.down: str | None = None
         self._probe = asyncio.Lock()
         self.next_prompt = first_prompt
 
-    def prompt(self) -> str:
-        text = self.prompts[self.next_prompt % len(self.prompts)]
+    def prompt(self) -> str | list[int]:
+        """The next request's prompt: as token ids of its own where the server gave ids (no shared prefix),
+        else the next text of the pool."""
+        index = self.next_prompt
         self.next_prompt += 1
-        return text
+        if self.ids is not None:
+            return self.ids.fresh(index, self._rng)
+        return self.prompts[index % len(self.prompts)]
 
     async def one(self) -> Sample:
         sample = Sample(sent_at=time.perf_counter())
@@ -162,6 +169,7 @@ class PointJob:
     duration_s: float | None
     max_concurrency: int | None
     seed: int
+    ids: PromptIds | None = None
 
 
 @dataclass
@@ -181,7 +189,7 @@ async def run_point_here(job: PointJob, *, client: ServerClient | None = None,
         async with ServerClient(job.url, api_key=job.api_key, read_timeout_s=job.timeout_s,
                                 max_connections=streams + 8) as own:
             return await run_point_here(job, client=own, tick=tick)
-    point = Point(client, job.body, job.prompts, first_prompt=job.first_prompt)
+    point = Point(client, job.body, job.prompts, first_prompt=job.first_prompt, ids=job.ids, seed=job.seed)
     lags: list[float] = []
     stop = asyncio.Event()
     ticker = asyncio.create_task(lag_ticker(lags, stop))
