@@ -16,14 +16,13 @@ from servescope.core.changes import (
     Candidate,
     ChangeEvidence,
     SeenFinding,
-    evidence_of_analysis,
     load_catalogue,
     match_changes,
     moe_log_facts,
-    next_steps,
 )
 from servescope.core.document import read_document
 from servescope.core.errors import InputError
+from servescope.core.next_steps import evidence_of_analysis, next_steps
 from servescope.trace.analyze import AnalyzeRequest, analyze
 from servescope.trace.deployment import from_settings_doc
 from servescope.tune.edit import ServerConfig

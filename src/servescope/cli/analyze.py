@@ -111,7 +111,7 @@ def analyze(
         return
     from rich.console import Console
 
-    from servescope.core.changes import analysis_next_steps
+    from servescope.core.next_steps import analysis_next_steps
     from servescope.report.tables import render_analysis
     from servescope.report.tune import render_next_steps
     from servescope.tune.evidence import log_lines_beside

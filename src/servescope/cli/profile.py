@@ -94,7 +94,7 @@ def profile(
                    other_batches_ms={s.batch: s.step_us / 1e3 for s in (doc.unprofiled.other_batches
                                                                          if doc.unprofiled else ())})
     render_analysis(doc, console, top=top)
-    from servescope.core.changes import analysis_next_steps
+    from servescope.core.next_steps import analysis_next_steps
     from servescope.report.tune import render_next_steps
 
     render_next_steps(analysis_next_steps(doc, argv=capture.process.argv if capture.process else ()), console)

@@ -5,7 +5,8 @@ place already, not allowed or waiting on an input.
 figures, findings of ``analyze``/``profile``/``bench serve``, server log lines, the command line and environment,
 the deployment settings as evidence) and returns the candidates ranked by predicted gain, and the changes the
 evidence called for that are ruled out, each with its reason. ``tune`` tries the candidates; ``analyze``,
-``profile`` and ``bench serve`` name them (:func:`next_steps`). Lives in core so that every feature can import it.
+``profile`` and ``bench serve`` name them (:mod:`servescope.core.next_steps`). Lives in core so that every
+feature can import it.
 
 Example:
     >>> matched = match_changes(ChangeEvidence(knee_cause="scheduler_cap", argv=["vllm", "serve", "m",
@@ -28,18 +29,16 @@ from typing import Any
 
 import msgspec
 
-from servescope.core.analysis import AnalysisDoc, SettingEvidence
+from servescope.core.analysis import SettingEvidence
 from servescope.core.errors import InputError
 from servescope.core.messages import format_message
 
 __all__ = ["Candidate", "ChangeEdit", "ChangeEvidence", "Matched", "NotCandidate", "SeenFinding",
-           "analysis_next_steps", "evidence_of_analysis", "flag_values", "load_catalogue", "match_changes",
-           "moe_log_facts", "next_steps"]
+           "flag_values", "load_catalogue", "match_changes", "moe_log_facts"]
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt, "==": operator.eq}
 _ADVISED = ("medium", "high")  # a finding's severities that call for a change (info reports, never advises)
-_STEADY_STEPS = 3  # a phase finding about fewer steps (an admission step or two) is context, not advice
 _MOE_RE = re.compile(r"(?P<path>/\S*?fused_moe/configs/)?(?P<file>E=(?P<E>\d+),N=(?P<N>\d+),device_name="
                      r"(?P<device>[^,\s]+?)(?:,dtype=(?P<dtype>[^,\s.]+))?(?:,block_shape=\[[^\]]*\])?\.json)")
 
@@ -453,41 +452,3 @@ def match_changes(ev: ChangeEvidence, *, allow: Sequence[str] = (),
     order = {cid: i for i, cid in enumerate(entries)}
     candidates.sort(key=lambda c: (-(c.gain_low + c.gain_high) / 2, order[c.id]))
     return Matched(candidates=candidates, ruled_out=ruled)
-
-
-def analysis_next_steps(doc: AnalysisDoc, *, argv: Sequence[str] = (),
-                        log_lines: Sequence[str] = ()) -> list[str]:
-    """:func:`next_steps` of an analysis, with the server's command line and log lines where known."""
-    return next_steps(evidence_of_analysis(doc, argv=list(argv), log_lines=list(log_lines)))
-
-
-def next_steps(ev: ChangeEvidence, *, limit: int = 3) -> list[str]:
-    """The catalogue's answer in sentences, for analyze / profile / bench serve: the top candidates
-    (``--max-num-seqs 8: let more requests run at once (+10-70%)``), then what waits on an input."""
-    matched = match_changes(ev)
-    lines = [f"{c.edit.describe()}: {c.label} (predicted {c.gain_low:+.0%} to {c.gain_high:+.0%} goodput; "
-             f"`servescope tune` tries it)" for c in matched.candidates[:limit]]
-    lines += [f"{n.label}: {n.detail}" for n in matched.ruled_out if n.reason == "needs_input"]
-    return lines
-
-
-def evidence_of_analysis(doc: AnalysisDoc, **more: Any) -> ChangeEvidence:
-    """An analysis (``analyze``, ``profile``) as evidence: its findings about steady state (a phase finding about
-    fewer than three steps, such as one admission step, is left out), the saving its advice predicts as a share of
-    the step, and the deployment settings it checked; ``more`` sets other fields (``log_lines``, ``argv``, ...)."""
-    seen: list[SeenFinding] = []
-    for finding in doc.findings:
-        if finding.steps and len(finding.steps) < _STEADY_STEPS:
-            continue
-        gains = {a.setting or "": [a.gain.low_us / a.gain.step_us, a.gain.high_us / a.gain.step_us]
-                 for a in finding.advice if a.gain is not None and a.gain.step_us > 0}
-        facts = {k: float(v) for k, v in finding.evidence.items() if isinstance(v, int | float)}
-        seen.append(SeenFinding(id=finding.id, severity=finding.severity, gains=gains, facts=facts,
-                                advice_settings=[a.setting for a in finding.advice if a.setting]))
-    platform = doc.deployment.get("platform")
-    batches = [p.tokens_per_step for r in doc.ranks for name, p in r.phases.items()
-               if name == "decode" and p.tokens_per_step]
-    fields: dict[str, Any] = {"findings": seen, "settings": dict(doc.deployment),
-                              "platform": platform.value if platform else None,
-                              "load": max(batches) if batches else None, **more}
-    return ChangeEvidence(**fields)

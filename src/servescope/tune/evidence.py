@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from servescope.core.analysis import SettingEvidence
-from servescope.core.changes import ChangeEvidence, SeenFinding, evidence_of_analysis, flag_values
+from servescope.core.changes import ChangeEvidence, SeenFinding, flag_values
 from servescope.core.errors import ServescopeError
+from servescope.core.next_steps import evidence_of_analysis
 from servescope.tune.edit import ServerConfig
 from servescope.tune.measure import Measured
 

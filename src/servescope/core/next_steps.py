@@ -1,0 +1,56 @@
+"""The catalogue of changes speaking where findings are printed: ``analyze``, ``profile``, ``bench serve``.
+
+:func:`evidence_of_analysis` turns an analysis into :class:`~servescope.core.changes.ChangeEvidence`;
+:func:`next_steps` says the catalogue's first candidates for any evidence in sentences (``bench serve`` builds its
+evidence from the knee's cause: ``ChangeEvidence(knee_cause=..., cause_figures=..., load=..., argv=...)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from servescope.core.analysis import AnalysisDoc
+from servescope.core.changes import ChangeEvidence, SeenFinding, match_changes
+
+__all__ = ["analysis_next_steps", "evidence_of_analysis", "next_steps"]
+
+_STEADY_STEPS = 3  # a phase finding about fewer steps (an admission step or two) is context, not advice
+
+
+def analysis_next_steps(doc: AnalysisDoc, *, argv: Sequence[str] = (),
+                        log_lines: Sequence[str] = ()) -> list[str]:
+    """:func:`next_steps` of an analysis, with the server's command line and log lines where known."""
+    return next_steps(evidence_of_analysis(doc, argv=list(argv), log_lines=list(log_lines)))
+
+
+def next_steps(ev: ChangeEvidence, *, limit: int = 3) -> list[str]:
+    """The catalogue's answer in sentences, for analyze / profile / bench serve: the top candidates
+    (``--max-num-seqs 8: let more requests run at once (+10-70%)``), then what waits on an input."""
+    matched = match_changes(ev)
+    lines = [f"{c.edit.describe()}: {c.label} (predicted {c.gain_low:+.0%} to {c.gain_high:+.0%} goodput; "
+             f"`servescope tune` tries it)" for c in matched.candidates[:limit]]
+    lines += [f"{n.label}: {n.detail}" for n in matched.ruled_out if n.reason == "needs_input"]
+    return lines
+
+
+def evidence_of_analysis(doc: AnalysisDoc, **more: Any) -> ChangeEvidence:
+    """An analysis (``analyze``, ``profile``) as evidence: its findings about steady state (a phase finding about
+    fewer than three steps, such as one admission step, is left out), the saving its advice predicts as a share of
+    the step, and the deployment settings it checked; ``more`` sets other fields (``log_lines``, ``argv``, ...)."""
+    seen: list[SeenFinding] = []
+    for finding in doc.findings:
+        if finding.steps and len(finding.steps) < _STEADY_STEPS:
+            continue
+        gains = {a.setting or "": [a.gain.low_us / a.gain.step_us, a.gain.high_us / a.gain.step_us]
+                 for a in finding.advice if a.gain is not None and a.gain.step_us > 0}
+        facts = {k: float(v) for k, v in finding.evidence.items() if isinstance(v, int | float)}
+        seen.append(SeenFinding(id=finding.id, severity=finding.severity, gains=gains, facts=facts,
+                                advice_settings=[a.setting for a in finding.advice if a.setting]))
+    platform = doc.deployment.get("platform")
+    batches = [p.tokens_per_step for r in doc.ranks for name, p in r.phases.items()
+               if name == "decode" and p.tokens_per_step]
+    fields: dict[str, Any] = {"findings": seen, "settings": dict(doc.deployment),
+                              "platform": platform.value if platform else None,
+                              "load": max(batches) if batches else None, **more}
+    return ChangeEvidence(**fields)
