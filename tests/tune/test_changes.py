@@ -332,3 +332,17 @@ def test_next_steps_speak_in_sentences() -> None:
     ev, _ = _captured("dense-eager-b16")
     lines = next_steps(ev)
     assert lines and lines[0].startswith("--enforce-eager removed: CUDA graphs on")
+
+
+def test_bench_serves_front_end_finding_names_more_api_servers() -> None:
+    from servescope.core.document import decode_as
+    from servescope.core.next_steps import serve_next_steps
+    from servescope.core.serve import ServeResult
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200-vllm-bench-2026-12-03" / "bench.json"
+    result = decode_as(path.read_bytes(), str(path), ServeResult)
+    assert any(f.id == "front_end_bound" for p in result.points for f in p.findings)
+    lines = serve_next_steps(result, argv=["vllm", "serve", "m"])
+    assert lines and lines[0].startswith("--api-server-count 2: more API front-end processes")
+    # at its cap (8 front ends) it is in place, not named again
+    assert serve_next_steps(result, argv=["vllm", "serve", "m", "--api-server-count", "8"]) == []

@@ -12,8 +12,9 @@ from typing import Any
 
 from servescope.core.analysis import AnalysisDoc
 from servescope.core.changes import ChangeEvidence, SeenFinding, match_changes
+from servescope.core.serve import ServeResult
 
-__all__ = ["analysis_next_steps", "evidence_of_analysis", "next_steps"]
+__all__ = ["analysis_next_steps", "evidence_of_analysis", "next_steps", "serve_next_steps"]
 
 _STEADY_STEPS = 3  # a phase finding about fewer steps (an admission step or two) is context, not advice
 
@@ -54,3 +55,13 @@ def evidence_of_analysis(doc: AnalysisDoc, **more: Any) -> ChangeEvidence:
                               "platform": platform.value if platform else None,
                               "load": max(batches) if batches else None, **more}
     return ChangeEvidence(**fields)
+
+
+def serve_next_steps(result: ServeResult, *, argv: Sequence[str] = ()) -> list[str]:
+    """:func:`next_steps` of a ``bench serve`` result: the knee's cause and its figures at the knee's load, and
+    the points' findings (``front_end_bound``), with the server's command line where known."""
+    seen = {f.id: SeenFinding(id=f.id, severity=f.severity) for p in result.points for f in p.findings}
+    cause = result.cause
+    return next_steps(ChangeEvidence(
+        knee_cause=cause.id if cause else None, cause_figures=dict(cause.evidence) if cause else {},
+        load=result.knee.load if result.knee else None, findings=list(seen.values()), argv=list(argv)))
