@@ -100,11 +100,13 @@ def test_restore_after_kill_9_puts_the_unit_back(toy_unit: ToyUnit, tmp_path: Pa
     proc.wait(timeout=30)
     assert toy_unit.files() != before  # the trial's drop-in is left behind: servescope had no chance to undo
     assert read_journal(tmp_path / "j.json").state == "running"
-    done = subprocess.run([sys.executable, "-m", "servescope", "tune", "--restore", "--journal",
+    done = subprocess.run([sys.executable, "-m", "servescope", "tune", "--restore", "--yes", "--journal",
                            str(tmp_path / "j.json")], capture_output=True, text=True, timeout=120,
                           env={**os.environ, **toy_unit.env})
     assert done.returncode == 0, done.stderr
     assert toy_unit.files() == before
+    # with --yes the unit is restarted on its files, by service restart's path (stop, then start)
+    assert toy_unit.systemctl.calls()[-3:] == [["daemon-reload"], ["stop", "toy.service"], ["start", "toy.service"]]
     assert (toy_unit.dropin_dir / "zz-servescope-tune.conf").read_bytes() == OLD_DROPIN
     assert "put back as it was" in done.stdout and "systemd reloaded" in done.stdout
     assert read_journal(tmp_path / "j.json").state == "restored"

@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from servescope.deploy.lifecycle import restart_service
 from servescope.deploy.systemctl import SystemctlError, run_systemctl
 from servescope.tune.edit import ServerConfig
 from servescope.tune.journal import Journal, read_journal, write_journal
 from servescope.tune.launch import LaunchTarget, stop_session
 from servescope.tune.target import Target
-from servescope.tune.unit import UnitTarget, restore_file
+from servescope.tune.unit import UnitTarget, gpu_wait, restore_file
 
 __all__ = ["restore_from_journal", "stop_leftover", "target_from_journal"]
 
@@ -51,9 +52,10 @@ def restore_from_journal(path: Path, *, restart: bool = False) -> list[str]:
         try:
             run_systemctl(["daemon-reload"])
             done.append("systemd reloaded")
-            if restart and journal.unit:
-                run_systemctl(["restart", journal.unit])
-                done.append(f"{journal.unit} restarted on its original configuration")
+            if restart and journal.unit:  # service restart's safe path: stop, wait for free GPU memory, start
+                result = restart_service(journal.unit, max_used_mib=1000, gpu_timeout_s=600.0, gpu_wait=gpu_wait)
+                done.append(f"{journal.unit} restarted on its original configuration" if result.started
+                            else f"{journal.unit} not started: {result.detail}")
         except SystemctlError as exc:
             done.append(f"systemd not reloaded ({exc}): run `systemctl daemon-reload` and restart the unit")
     elif journal.kind == "launch":

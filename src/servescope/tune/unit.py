@@ -33,7 +33,7 @@ from servescope.server.process import read_unit_log_tail
 from servescope.tune.edit import ServerConfig, render_dropin
 from servescope.tune.target import Started
 
-__all__ = ["DROPIN_NAME", "FileState", "NotConfirmed", "UnitTarget", "restore_file"]
+__all__ = ["DROPIN_NAME", "FileState", "NotConfirmed", "UnitTarget", "gpu_wait", "restore_file"]
 
 DROPIN_NAME = "zz-servescope-tune.conf"
 
@@ -65,7 +65,7 @@ def restore_file(path: Path, state: FileState) -> None:
         write_bytes_atomic(path, state[0], mode=state[1])
 
 
-def _gpu_wait(max_used_mib: int, timeout_s: float, poll_s: float) -> WaitResult:
+def gpu_wait(max_used_mib: int, timeout_s: float, poll_s: float) -> WaitResult:
     """``gpu wait-free``; a machine without a GPU stack (a CPU server) has nothing to wait for."""
     try:
         return wait_until_gpu_memory_free(max_used_mib, timeout_s, poll_s)
@@ -144,7 +144,7 @@ class UnitTarget:
 
             self.restarted = True
             result = restart_service(self.unit, max_used_mib=self.max_used_mib, gpu_timeout_s=self.gpu_timeout_s,
-                                     gpu_wait=_gpu_wait, wait_ready=ready)
+                                     gpu_wait=gpu_wait, wait_ready=ready)
         except (SystemctlError, InputError) as exc:
             return Started(ok=False, reason=str(exc), seconds=time.monotonic() - began, log_tail=self._tail())
         seconds = time.monotonic() - began
@@ -170,6 +170,6 @@ class UnitTarget:
             run_systemctl(["daemon-reload"])
             if self.restarted:
                 restart_service(self.unit, max_used_mib=self.max_used_mib, gpu_timeout_s=self.gpu_timeout_s,
-                                gpu_wait=_gpu_wait, wait_ready=None)
+                                gpu_wait=gpu_wait, wait_ready=None)
         except SystemctlError:
             pass  # the files are back; the document says to restart it by hand
