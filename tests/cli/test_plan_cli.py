@@ -95,7 +95,11 @@ def test_real_subprocess() -> None:
     proc = subprocess.run([sys.executable, "-m", "servescope", *BASE, "--batch", "1", "--json"],
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["recommendation"]["layout"] is not None
+    rec = json.loads(proc.stdout)["recommendation"]
+    # a layout where its lead exceeds the bands; else none, and the measurement that settles it (issue 38): TP=8 leads
+    # TP=4 PP=2 by 0.33 ms at batch 1 on 8 H200, and its 8-GPU custom all-reduce is an assumed figure
+    assert rec["layout"] is not None or (rec["decided"] is False and rec["leading"]
+                                         and rec["measure"]["command"].startswith("servescope bench comm"))
 
 
 def test_report_re_renders_a_saved_plan_without_recomputing(tmp_path: Path) -> None:

@@ -204,16 +204,25 @@ def render_plan(doc: PlanDoc, console: Console) -> None:
         console.print(table)
     else:  # narrow: one table a layout, named above it, without the layout column; numbers are never cut
         console.print(Text("predicted decode step (ms)", style="italic"))
+        cols = list(range(len(heads)))
         widths = [max(len(h), *(len(cells[i]) for _, cells in rows)) for i, h in enumerate(heads)]
+        while sum(widths[i] + 1 for i in cols) > console.width and len(cols) > 7:  # bands below, not cut
+            cols.remove(max(i for i in cols if heads[i].endswith("band")))
         for name in dict.fromkeys(name for name, _ in rows):
-            part = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=False)
-            for head, width in zip(heads, widths, strict=True):  # the same columns in every layout's table
-                part.add_column(head, justify="right", no_wrap=True, min_width=width)
-            for row_name, cells in rows:
-                if row_name == name:
-                    part.add_row(*cells)
+            part = Table(box=box.SIMPLE_HEAD, padding=0, pad_edge=False, show_edge=False)
+            for i in cols:  # the same columns in every layout's table
+                part.add_column(heads[i], justify="right", no_wrap=True, min_width=widths[i])
+            mine = [cells for row_name, cells in rows if row_name == name]
+            for cells in mine:
+                part.add_row(*(cells[i] for i in cols))
             console.print(Text(name, style="bold"))
             console.print(part)
+            for i in (i for i in range(len(heads)) if i not in cols):
+                line = f"{heads[i]}  " + "  ".join(f"batch{_NBSP}{cells[0]}{_NBSP}{cells[i]}" for cells in mine
+                                                   if cells[i])  # the table's own words: it reads as a row
+                for out in textwrap.wrap(line, width=max(40, console.width - 1), initial_indent="  ",
+                                         subsequent_indent="    ", break_long_words=False, break_on_hyphens=False):
+                    console.print(out.replace(_NBSP, " "), markup=False)
     console.print(f"✗ does not fit; !kv the KV cache cannot hold batch × context; band: the step with every figure "
                   f"at the near and the far side of its band (data/bands.toml). Figures from: "
                   f"{', '.join(sorted(marks))}", markup=False)
