@@ -168,8 +168,9 @@ class _Run:
         return started.ok, started.reason, started.seconds, started.log_tail
 
     def knee(self, what: str, argv: Sequence[str]) -> Measured:
-        start = max(1.0, (self.last.figure.load or 2.0) / 2) if self.last is not None else 1.0
-        measured = self.measure(self.target.url, start=start, progress=lambda s: self.say(f"{what}: {s}", True),
+        # the search never goes below its first load (a first miss ends it with no knee): a change that lowers the
+        # knee must be measured from the bottom too, so every search starts at 1
+        measured = self.measure(self.target.url, start=1.0, progress=lambda s: self.say(f"{what}: {s}", True),
                                 server_argv=list(argv))
         f = measured.figure
         knee = "no load met the targets" if f.load is None else f"{f.goodput_tokens_per_s:.1f} tok/s at {f.load:g}"
