@@ -220,3 +220,37 @@ def test_the_ep_tp_crossover_moves_within_its_band() -> None:
     assert lo is not None and hi is not None and lo <= v.crossover_batch <= hi
     doc = run_plan(PlanRequest(model="deepseek-v3", hardware="h200", gpus=8, batches=(lo - 1, lo), env=env))
     assert _gap_favouring_ep(doc, lo - 1) >= 0 > _gap_favouring_ep(doc, lo)
+
+
+def test_p2p_off_in_the_topology_turns_custom_all_reduce_off(tmp_path: Path) -> None:
+    """2 RTX 5090 whose `topo -p2p rw` says GNS (a public rig report, tests/data/gpu/topo): given as the box's
+    topology, the plan takes P2P as off: the 2-GPU all-reduce leaves vLLM's custom kernel (it needs P2P) for NCCL."""
+    rig = ROOT / "tests" / "data" / "gpu" / "topo" / "2x5090-phb-p2p-gns"
+    topo = tmp_path / "topo.txt"
+    topo.write_text((rig / "topo-m.txt").read_text() + "\n" + (rig / "topo-p2p-rw.txt").read_text(), encoding="utf-8")
+    kw = dict(model="llama-3-70b", hardware="rtx-pro-6000", gpus=2, batches=(1,), context=1000)
+    on = run_plan(PlanRequest(**kw))  # type: ignore[arg-type]
+    off = run_plan(PlanRequest(**kw, topology=str(topo)))  # type: ignore[arg-type]
+    assert _path(on, "TP=2", 1, "all_reduce", 2).impl == "custom_1stage"
+    path = _path(off, "TP=2", 1, "all_reduce", 2)
+    assert path.impl == "nccl" and "no GPU P2P" in (path.path or "")
+    assert off.hardware.p2p is False and any("P2P off between them (topo -p2p: GNS)" in n for n in off.notes)
+
+
+@pytest.mark.parametrize("nbytes", [1 << 20, 16 << 20, 128 << 20])
+def test_an_all_to_all_without_p2p_pays_the_host_memory_staging(nbytes: int) -> None:
+    """8 RTX 4090 (stock driver, P2P off): the all-to-all's bounds times what P2P off cost the same box's nccl-tests
+    all-reduce at that size, read here from the bundled curve's two variants."""
+    from servescope.plan.collectives import CommCosts
+    from servescope.plan.factors import default_factors
+    from servescope.plan.hardware import load_hardware
+
+    curves = json.loads((DATA / "comm" / "rtx4090_x8_pcie.json").read_text(encoding="utf-8"))["curves"]
+    t = {c["variant"]: {p["bytes"]: p["time_us"] for p in c["points"]} for c in curves if c["op"] == "all_reduce"}
+    ratio = t["default"][nbytes] / t["tinygrad-p2p-driver"][nbytes]
+    hw = load_hardware("rtx4090")
+    m = CommCosts(hw, default_factors(), []).price("all_to_all", 8, nbytes).alltoall
+    assert m is not None and m.p2p_off_factor == pytest.approx(max(1.0, ratio), rel=0.01)
+    bound = max(m.link_bytes / (m.link_gbps.value * m.link_efficiency.value * 1e3),
+                m.bridge_bytes / (m.bridge_gbps.value * 1e3))
+    assert m.us == pytest.approx(m.latency_us.value + bound * m.p2p_off_factor)

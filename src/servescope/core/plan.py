@@ -469,6 +469,7 @@ class PcieAllToAllTerms(msgspec.Struct, kw_only=True, frozen=True):
     assumption: str  # what the model assumes about the links, in words
     uplink_us: float | None = None  # behind PCIe switches: the busiest switch's uplink (null: no topology given)
     topology: str | None = None  # the topology read (plan --topology), in words
+    p2p_off_factor: float | None = None  # without P2P: what staging through host memory multiplied the bounds by
 
 
 class Figure(msgspec.Struct, kw_only=True, frozen=True):

@@ -14,6 +14,9 @@ What it assumes about the links, in one place:
   inside it; what each switch's GPUs send to peers outside it goes through the switch's one x16 uplink (the
   profile's ``p2p_gbps`` × ``link_efficiency``): ``uplink`` = the busiest switch's senders × the share of peers
   outside it × S. The host bridge's figure (measured without switches) is then not used.
+- **Without P2P** (the profile's ``p2p = false``, or ``topo -p2p r`` not OK in ``plan --topology``) NCCL stages the
+  transfers through host memory: both bounds are multiplied by what that cost on the one box measured both ways
+  (``data/plan.toml`` ``[all_to_all_pcie] p2p_off``, by message size, never below 1).
 - The call takes ``latency + max(link, bridge or uplink)``: the larger bound applies, and it is named (``bound``). The
   latency is the α of the PCIe α-β estimate for one step (``base_us`` + one ``hop_us``, ``data/plan.toml``
   ``[comm.pcie]``, read off the 8-GPU PCIe nccl-tests all-reduce latency).
@@ -27,6 +30,7 @@ profiles it was measured with and ``assumed`` for any other (another host's figu
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from servescope.core.plan import Figure, PcieAllToAllTerms
@@ -34,7 +38,7 @@ from servescope.plan.factors import Factors, plan_data
 from servescope.plan.hardware import HardwareProfile
 from servescope.plan.topology import PcieTopology
 
-__all__ = ["ASSUMPTION", "BOUNDS", "bridge_figure", "on_pcie", "pcie_all_to_all"]
+__all__ = ["ASSUMPTION", "BOUNDS", "bridge_figure", "on_pcie", "p2p_off_factor", "pcie_all_to_all"]
 
 BOUNDS = ("link", "bridge", "uplink")
 ASSUMPTION = ("PCIe without NVLink, so no multicast: each GPU's sends serialised through its own x16 link, the "
@@ -96,9 +100,25 @@ def pcie_all_to_all(group: int, nbytes: float, hw: HardwareProfile, factors: Fac
             uplink_us = out / (link.value * eff.value * 1e3)
             bridge_us = 0.0
             bound = "uplink" if uplink_us > link_us else "link"
+    staged = 1.0 if hw.p2p else p2p_off_factor(nbytes)
+    link_us, bridge_us = link_us * staged, bridge_us * staged
+    uplink_us = None if uplink_us is None else uplink_us * staged
     far = max(link_us, bridge_us, uplink_us or 0.0)
     return PcieAllToAllTerms(group=group, senders=senders, bytes_each=round(nbytes), link_bytes=link_bytes,
                              bridge_bytes=bridge_bytes if uplink_us is None else 0.0, link_gbps=link,
                              link_efficiency=eff, bridge_gbps=bridge, latency_us=latency, link_us=link_us,
                              bridge_us=bridge_us, bound=bound, us=latency.value + far, assumption=ASSUMPTION,
-                             uplink_us=uplink_us, topology=where)
+                             uplink_us=uplink_us, topology=where, p2p_off_factor=None if hw.p2p else staged)
+
+
+def p2p_off_factor(nbytes: float) -> float:
+    """What staging through host memory multiplies a transfer by at ``nbytes`` (``[all_to_all_pcie] p2p_off``:
+    log-linear between the sizes measured, the largest one's beyond them, never below 1)."""
+    points = sorted((int(k), float(v)) for k, v in _table()["p2p_off"].items())
+    if nbytes <= points[0][0]:
+        return max(1.0, points[0][1])
+    for (b0, v0), (b1, v1) in zip(points, points[1:], strict=False):
+        if nbytes <= b1:
+            f = (math.log(nbytes) - math.log(b0)) / (math.log(b1) - math.log(b0))
+            return max(1.0, v0 + f * (v1 - v0))
+    return max(1.0, points[-1][1])

@@ -363,6 +363,8 @@ def run_plan(request: PlanRequest) -> PlanDoc:
         raise InputError("--gpus", f"no layout splits {arch.name} over {request.gpus} GPUs: "
                          f"{'; '.join(skipped[:3])}{'; …' if len(skipped) > 3 else ''}")
     topology = read_topology(request.topology, request.gpus) if request.topology is not None else None
+    if topology is not None and topology.p2p_ok(request.gpus) is False and hw.p2p:
+        hw = dataclasses.replace(hw, p2p=False)  # the box's own statuses over the profile's
     comm = CommCosts(hw, factors, sources, graph=request.graph, env=request.env,
                      user_path=sources[0].path if request.comm is not None else None, topology=topology)
     if topology is not None:

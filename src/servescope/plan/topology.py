@@ -5,6 +5,12 @@ Read from ``nvidia-smi topo -m`` (``servescope gpu topo`` shows the same matrix)
 root complex (and, for ``SYS``, the link between sockets); ``NV#`` is NVLink. An all-to-all's group is the first
 ``group`` GPUs of the matrix (CUDA's order, as a server started without ``CUDA_VISIBLE_DEVICES`` uses them).
 
+The same file may go on with ``nvidia-smi topo -p2p r`` (``{ nvidia-smi topo -m; nvidia-smi topo -p2p r; } >
+topo.txt``): where any two of the group's GPUs cannot read each other's memory (a status other than ``OK``: ``GNS``
+on GeForce cards, ``CNS``, ``DR``, …), the plan takes P2P as off whatever the hardware profile says: vLLM's custom
+all-reduce needs it (:mod:`servescope.plan.paths`), and NCCL moves the data through host memory instead
+(:func:`servescope.plan.alltoall.pcie_all_to_all`'s P2P-off factor).
+
 What :func:`servescope.plan.alltoall.pcie_all_to_all` does with it: GPUs in switches send to the peers outside their
 switch through the switch's one x16 uplink (the "uplink" bound); without switches every sender's traffic crosses the
 host bridge (the "bridge" bound, the aggregate rate a direct-attach host was measured to sustain).
@@ -17,7 +23,7 @@ from pathlib import Path
 
 from servescope.core.errors import InputError
 from servescope.gpu.errors import GpuQueryError
-from servescope.gpu.smi import parse_topo_matrix
+from servescope.gpu.smi import parse_topo_matrix, parse_topo_p2p
 
 __all__ = ["SWITCH_PATHS", "PcieTopology", "read_topology"]
 
@@ -31,10 +37,12 @@ class PcieTopology:
     Attributes:
         path: the file read.
         links: the GPU part of the matrix (``X`` on the diagonal).
+        p2p: the ``topo -p2p r`` statuses between the GPUs, where the file holds them.
     """
 
     path: str
     links: tuple[tuple[str, ...], ...]
+    p2p: tuple[tuple[str, ...], ...] | None = None  # topo -p2p r statuses (None: not in the file)
 
     @property
     def gpus(self) -> int:
@@ -62,6 +70,12 @@ class PcieTopology:
         """Whether any two of the first ``group`` GPUs share a switch."""
         return any(len(s) > 1 for s in self.switches(group))
 
+    def p2p_ok(self, group: int) -> bool | None:
+        """Whether every two of the first ``group`` GPUs can read each other's memory (``None``: not known)."""
+        if self.p2p is None or len(self.p2p) < group:
+            return None
+        return all(self.p2p[a][b] == "OK" for a in range(group) for b in range(group) if a != b)
+
     def kinds(self, group: int) -> dict[str, int]:
         """Pairs of the first ``group`` GPUs by path kind."""
         out: dict[str, int] = {}
@@ -77,7 +91,12 @@ class PcieTopology:
                  + "; ".join("GPU " + ",".join(map(str, s)) for s in parts) + "): transfers between switches take "
                  "their x16 uplinks" if parts else "no two GPUs behind one switch: every transfer crosses the host "
                  "bridge")
-        return f"{self.path}: the first {group} GPUs, pairs {kinds}; {where}"
+        ok = self.p2p_ok(group)
+        statuses = sorted({self.p2p[a][b] for a in range(group) for b in range(group) if a != b}) if self.p2p else []
+        p2p = ("" if ok is None else "; P2P on between them (topo -p2p: OK)" if ok else
+               f"; P2P off between them (topo -p2p: {', '.join(statuses)}): no custom all-reduce, NCCL through host "
+               f"memory")
+        return f"{self.path}: the first {group} GPUs, pairs {kinds}; {where}{p2p}"
 
 
 def read_topology(path: str | Path, group: int) -> PcieTopology:
@@ -99,4 +118,14 @@ def read_topology(path: str | Path, group: int) -> PcieTopology:
     links = tuple(tuple(topo.links[a][b].strip() for b in gpus) for a in gpus)
     if len(links) < group:
         raise InputError(str(p), f"{len(links)} GPUs in the matrix, fewer than the plan's {group} (--topology)")
-    return PcieTopology(path=str(p), links=links)
+    lines = text.splitlines()
+    heads = [i for i, line in enumerate(lines) if line[:1].isspace() and "GPU0" in line]
+    p2p = None
+    if len(heads) > 1:  # topo -p2p r after topo -m
+        try:
+            labels, p2p = parse_topo_p2p("\n".join(lines[heads[1]:]))
+        except GpuQueryError as exc:
+            raise InputError(str(p), f"its second matrix is not `nvidia-smi topo -p2p r` (--topology): {exc}") from None
+        if len(labels) != len(links):
+            raise InputError(str(p), f"topo -p2p has {len(labels)} GPUs, topo -m {len(links)} (--topology)")
+    return PcieTopology(path=str(p), links=links, p2p=p2p)
