@@ -110,3 +110,20 @@ def test_every_change_as_a_drop_in_systemd_accepts(cid: str, tmp_path: Path) -> 
     assert parse_environment(again.get_all("Service", "Environment")) == dict(wanted.env)
     assert json.dumps(list(wanted.argv)) != json.dumps(list(original.argv)) or wanted.env != original.env
     assert sys.executable  # the fake python3 is only for verify's executable check
+
+
+def test_no_restart_without_a_yes(toy_unit: ToyUnit, tmp_path: Path) -> None:
+    before = toy_unit.files()
+    asked: list[str] = []
+    setup = TuneSetup(unit="toy", unit_file=toy_unit.unit_file, url=f"http://127.0.0.1:{toy_unit.port}",
+                      journal=tmp_path / "j.json", ready_timeout_s=30)
+
+    def seqs_of(url: str) -> int:
+        argv = _exec_argv(toy_unit.unit_file, toy_unit.dropin_dir)
+        return int(argv[argv.index("--max-num-seqs") + 1])
+
+    doc = tune_server(setup, measure=toy_measure(seqs_of=seqs_of), confirm=lambda text: bool(asked.append(text)))
+    assert doc.stopped == "not confirmed" and doc.trials == []
+    assert len(asked) == 1 and "--max-num-seqs 2" in asked[0]  # the change was shown, then refused
+    assert toy_unit.files() == before
+    assert [c for c in toy_unit.systemctl.calls() if c[0] in ("start", "stop", "restart")] == []

@@ -364,11 +364,12 @@ def run_tune(request: TuneRequest, target: Target, measure: Measure, *, journal_
     """Tune ``target`` (see the module). ``journal``: a journal read back (``--resume``), else a fresh one is made;
     ``say`` gets one line per step (progress); ``profiler`` profiles the server at the knee's load (``--profile``).
 
-    Returns the document; ``stopped == "interrupted"`` after ctrl-c or SIGTERM (the original put back).
+    Returns the document; ``stopped == "interrupted"`` after ctrl-c or SIGTERM (the original put back), ``"not
+    confirmed"`` when the user refused a restart (nothing restarted then; what ran stays).
 
     Raises:
         InputError: the server did not start with its original configuration, or a rollback failed (the original
-            was put back first). NotConfirmed: the user refused a restart (nothing was restarted).
+            was put back first).
     """
     run = _Run(request, target, measure, journal_path=journal_path, journal=journal or new_journal(target, {}),
                say=say or (lambda text, transient: None), profiler=profiler)
@@ -387,9 +388,10 @@ def run_tune(request: TuneRequest, target: Target, measure: Measure, *, journal_
                                         reference_tokens_per_s=0.0, measured_gain=None, within_prediction=None,
                                         restart_s=0.0, measure_s=0.0, seconds=0.0))
             run.restore()
-        except NotConfirmed:
+        except NotConfirmed:  # asked before anything was written: what runs is what is installed; no restart
             run.stopped = "not confirmed"
-            run.restore()
+            run.journal.trying = None
+            run.finish()
         except BaseException:
             run.stopped = "error"
             run.restore()
