@@ -127,3 +127,24 @@ def test_no_restart_without_a_yes(toy_unit: ToyUnit, tmp_path: Path) -> None:
     assert len(asked) == 1 and "--max-num-seqs 2" in asked[0]  # the change was shown, then refused
     assert toy_unit.files() == before
     assert [c for c in toy_unit.systemctl.calls() if c[0] in ("start", "stop", "restart")] == []
+
+
+def test_a_unit_that_fails_to_start_is_put_back_byte_for_byte(toy_unit: ToyUnit, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from servescope.core.errors import InputError
+    from servescope.tune.journal import read_journal
+
+    before = toy_unit.files()
+    monkeypatch.setenv("FAKE_SYSTEMCTL_FAIL", "start")  # systemctl start fails, as a unit that cannot start does
+    setup = TuneSetup(unit="toy", unit_file=toy_unit.unit_file, url=f"http://127.0.0.1:{toy_unit.port}",
+                      journal=tmp_path / "j.json", ready_timeout_s=30)
+
+    def seqs_of(url: str) -> int:
+        argv = _exec_argv(toy_unit.unit_file, toy_unit.dropin_dir)
+        return int(argv[argv.index("--max-num-seqs") + 1])
+
+    with pytest.raises(InputError, match="did not start again"):
+        tune_server(setup, measure=toy_measure(seqs_of=seqs_of), confirm=lambda text: True)
+    assert toy_unit.files() == before
+    assert read_journal(tmp_path / "j.json").state == "restored"
+    assert ["start", "toy.service"] in toy_unit.systemctl.calls()
