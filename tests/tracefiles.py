@@ -29,9 +29,12 @@ SPLIT_ENV = "SERVESCOPE_CI_SPLIT"
 # whether or not the corpus is here, so a clone without it collects (and skips) the same tests;
 # test_corpus.py checks the list against the folder when it is there.
 CORPUS = (
+    "hta/a100_16rank_rank0_training_overlapping_steps.json.gz",
     "hta/a100_8rank_rank3_nccl.json.gz",
     "hta/cpu_only.pt.trace.json.gz",
     "hta/nccl_allreduce_2rank_rank0.json.gz",
+    "hta/sampled_128rank_rank0.json.gz",
+    "hta/sampled_128rank_rank1.json.gz",
     "public/hf_qwen1.5-0.5b_mi300x_eager_profilerstep.json.gz",
     "public/vllm_llama80L_tp4_h100_1p9d_rank0.pt.trace.json.gz",
     "public/xdit_sd35_mi300x_compiled.json.gz",

@@ -99,12 +99,17 @@ def test_empty_trace(tmp_path: Path) -> None:
     _user_error(_analyze(empty), str(empty), "empty")
 
 
-def test_bad_file_inside_a_directory_is_named(tmp_path: Path) -> None:
+def test_bad_file_inside_a_directory_is_left_out_and_named(tmp_path: Path) -> None:
+    """Issue 37: the rest of the folder is analysed; the damaged file is named with why; alone it is an error."""
     raw = SMALL.read_bytes()
     (tmp_path / "rank0.json.gz").write_bytes(raw)
     bad = tmp_path / "rank1.json.gz"
     bad.write_bytes(raw[:1000])
-    _user_error(_analyze(tmp_path), str(bad), "truncated gzip")
+    result = _analyze(tmp_path)
+    assert result.exit_code == 0 and "Traceback" not in result.output
+    assert "left out " in result.stdout and f"{bad.name}: truncated gzip" in result.stdout  # its path cut at the start
+    assert "rank 0" in result.stdout
+    _user_error(_analyze(bad), str(bad), "truncated gzip")
 
 
 def test_directory_without_traces(tmp_path: Path) -> None:

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from servescope.report import kernel_names
-from servescope.report.kernel_names import demangle, demangle_all
+from servescope.core import kernel_names
+from servescope.core.kernel_names import demangle, demangle_all
 from servescope.report.tables import render_analysis
 from servescope.trace.analyze import AnalyzeRequest, analyze
 from tracefiles import ROOT, TRACES, load_events

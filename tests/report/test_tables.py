@@ -175,7 +175,7 @@ decode: 3 steps · 4.20 ms/step · 8 tokens/step · 525 µs/token · slowest ran
   device time: allreduce 50% (2.00 ms) · gemm 38% (1.50 ms) · attention 12% (500 µs)
   idle 14% of the step (600 µs)
   bottleneck: Communication bounds the decode step on rank 0: collectives take 50.0% of its device time (2.00 ms a
-step).
+    step).
 findings: none
 
 details

@@ -359,10 +359,16 @@ def test_analyze_missing_path(tmp_path: Path) -> None:
 
 
 @pytest.mark.needs_shared
-def test_analyze_names_the_bad_file_inside_a_directory(tmp_path: Path) -> None:
+def test_a_bad_file_inside_a_directory_is_left_out_with_its_reason(tmp_path: Path) -> None:
+    """Issue 37: the damaged file of a folder is left out, named with why, and the rest analysed; a folder whose
+    every file is damaged is an error naming the file."""
     (tmp_path / "rank0.json.gz").write_bytes(GZ_BYTES)
     bad = tmp_path / "rank1.json.gz"
     bad.write_bytes(GZ_BYTES[: len(GZ_BYTES) // 3])
+    doc = analyze(AnalyzeRequest(paths=[tmp_path]))
+    assert doc.left_out == {str(bad): "truncated gzip"}
+    assert [i.path for i in doc.inputs] == [str(tmp_path / "rank0.json.gz")]
+    (tmp_path / "rank0.json.gz").unlink()
     with pytest.raises(InputError) as info:
         analyze(AnalyzeRequest(paths=[tmp_path]))
     assert info.value.source == str(bad)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import shutil
@@ -80,8 +81,30 @@ def test_findings_that_appear_and_go(tp2_dir: Path) -> None:
 @pytest.mark.needs_shared
 def test_phase_missing_on_both_is_an_input_error(tp2_dir: Path) -> None:
     doc = analyze(AnalyzeRequest(paths=[tp2_dir]))
-    with pytest.raises(InputError, match="no rank has unknown steps"):
+    have = sorted({p for r in doc.ranks for p in r.phases})
+    assert "unknown" not in have
+    with pytest.raises(InputError, match=rf"neither side has unknown steps \(both have {have[0]}"):
         diff_analyses(doc, doc, phase="unknown")
+
+
+@pytest.mark.needs_shared
+def test_one_rank_traces_of_different_ranks_name_the_ranks_and_the_phase() -> None:
+    """HTA's rank 3 of 8 against its rank 0 of 2: diff says which ranks each side holds and which phase they share
+    (their distributedInfo, read with json), not "no rank has … steps in both"."""
+    before = TRACES / "hta" / "a100_8rank_rank3_nccl.json.gz"
+    after = TRACES / "hta" / "nccl_allreduce_2rank_rank0.json.gz"
+    ranks = []
+    for path in (before, after):
+        with gzip.open(path, "rt", encoding="utf-8") as handle:
+            ranks.append(json.load(handle)["distributedInfo"]["rank"])
+    assert ranks[0] != ranks[1]
+    result = CliRunner().invoke(app, ["diff", str(before), str(after)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    (line,) = result.output.strip().splitlines()
+    assert f"before holds rank {ranks[0]} (unknown steps), after rank {ranks[1]} (unknown steps)" in line
+    assert f"different ranks ({ranks[0]} against {ranks[1]})" in line
+    assert "neither side has decode steps (both have unknown: --phase unknown)" in line
+    assert "no rank has" not in line
 
 
 def test_bogus_phase_names_the_phases_before_reading_anything(tmp_path: Path) -> None:

@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from servescope.core.analysis import AnalysisDoc, Finding
+from servescope.core.analysis import AnalysisDoc, Finding, SettingEvidence
+from servescope.core.kernel_names import shorten_kernel_name
 from servescope.trace.analyze import AnalyzeRequest, analyze, example_trace_dir
 from servescope.trace.findings import find_bottlenecks, load_rules
 from tracefiles import TRACES, load_events
@@ -238,15 +239,22 @@ _DTYPE_BYTES = {"Float": 4, "float": 4, "BFloat16": 2, "Half": 2, "Double": 8, "
 
 
 @pytest.mark.needs_shared
-def test_communication_bound_fires_on_the_hta_nccl_trace_with_custom_ar_advice() -> None:
+def test_communication_bound_fires_on_the_hta_nccl_trace_with_training_advice() -> None:
+    """HTA's NCCL trace is a training run (backward ops, ProfilerSteps, no engine's marks): the collectives are
+    named with their base (device time) and the advice is for data-parallel gradients, never a serving flag."""
     steps = _device_steps(HTA_NCCL)
     comm = sum(e - s for _, ops in steps for s, e, name in ops if _NCCL.search(name))
     total = sum(e - s for _, ops in steps for s, e, _ in ops)
     assert comm / total >= RULES["communication_bound"]["medium"]
     assert not any("cross_device_reduce" in e["name"] for e in _device(HTA_NCCL))
-    (f,) = _found(_doc(HTA_NCCL), "communication_bound")
+    assert any(str(e.get("name", "")).startswith("autograd::engine::evaluate_function: ") for e in _events(HTA_NCCL))
+    doc = _doc(HTA_NCCL)
+    assert doc.deployment["engine"].value == "training"
+    (f,) = _found(doc, "communication_bound")
     assert f.evidence["comm_share"] == pytest.approx(comm / total, abs=0.01)
-    assert CUSTOM_AR_ADVICE in f.message
+    assert f"{100 * comm / total:.1f}% of the step's device time" in f.message
+    assert CUSTOM_AR_ADVICE not in f.message and "--" not in f.message and "vLLM" not in f.message
+    assert "data-parallel gradients" in f.message
     sizes = [e["args"]["In msg nelems"] * _DTYPE_BYTES[e["args"]["dtype"]] for e in _device(HTA_NCCL)
              if "In msg nelems" in e.get("args", {})]
     small = statistics.median(sizes) < load_rules()["conditions"]["large_messages"]["at_least"]
@@ -259,13 +267,16 @@ def _lowered(rule: str, medium: float) -> dict[str, Any]:
     return data
 
 
-def _refind(doc: AnalysisDoc, data: dict[str, Any]) -> list[Finding]:
-    """Findings of ``doc`` under other thresholds (the same facts; servescope's own call, other data)."""
+def _refind(doc: AnalysisDoc, data: dict[str, Any],
+            deployment: dict[str, SettingEvidence] | None = None) -> list[Finding]:
+    """Findings of ``doc`` under other thresholds (the same facts; servescope's own call, other data), with the
+    document's own deployment evidence unless ``deployment`` is given."""
     comm = [c for c, g in doc.categories.items() if g == "communication"]
     from servescope.trace.decode import decode_trace
     from servescope.trace.facts import rank_facts
     facts = {r.rank: rank_facts(decode_trace(r.path), r.rank, r.steps) for r in doc.ranks}
-    return find_bottlenecks(doc.ranks, doc.across_ranks, doc.kernels, comm, {}, facts, data)
+    return find_bottlenecks(doc.ranks, doc.across_ranks, doc.kernels, comm, {}, facts, data,
+                            deployment=doc.deployment if deployment is None else deployment)
 
 
 @pytest.mark.needs_shared
@@ -281,7 +292,11 @@ def test_a_trace_running_cross_device_reduce_gets_no_custom_all_reduce_advice() 
     assert CUSTOM_AR_ADVICE not in f.message
     assert CUDA_GRAPHS_ADVICE not in f.message and "CUDA graphs" not in f.message  # it replays graphs
     (other,) = [f for f in _refind(_doc(HTA_NCCL), data) if f.id == "communication_bound"]
-    assert CUSTOM_AR_ADVICE in other.message
+    assert CUSTOM_AR_ADVICE not in other.message  # a training run: no serving engine's flag
+    # the same trace, where a settings document says vLLM serves it: NCCL all-reduce only, so the advice comes
+    served = {"engine": SettingEvidence(value="vllm", source="settings", detail="a settings document")}
+    (told,) = [f for f in _refind(_doc(HTA_NCCL), data, served) if f.id == "communication_bound"]
+    assert CUSTOM_AR_ADVICE in told.message and "--disable-custom-all-reduce" in told.message
 
 
 def _self_times(path: Path) -> list[tuple[str, float, float]]:
@@ -441,7 +456,7 @@ def test_cast_bound_counts_real_dtype_conversions_only(path: Path) -> None:
             if _is_cast(e):
                 casts[e["name"]] += e["dur"]
         top = max(casts, key=lambda n: casts[n])
-        assert str(found[0].evidence["top_cast"]) == top[:100]
+        assert str(found[0].evidence["top_cast"]) == shorten_kernel_name(top, max_chars=100)  # shown short
         assert "Memcpy" not in str(found[0].evidence["top_cast"])
 
 

@@ -51,8 +51,17 @@ def _inductor_parts(name: str) -> set[str] | None:
 _LAYER_WORDS = {"rms", "norm", "silu", "gelu", "mm", "addmm", "layer", "softmax", "rotary", "embedding"}
 
 
+# the Itanium ABI's codes of the wide floating types (std::bfloat16_t, _Float16, float, double), and a kernel's
+# template whose first two arguments are such types: ``…kernelIDF16bDF16b…`` = kernel<bf16, bf16, …>
+_WIDE = r"(?:DF16b|DF16_|f|d)"
+_WIDE_IN_OUT = re.compile(rf"quant_kernelI{_WIDE}{_WIDE}")
+
+
 def _by_name(name: str) -> tuple[str | None, bool]:
-    """(role, fused) from the kernel's name alone."""
+    """(role, fused) from the kernel's name alone (a quant kernel whose template says it reads and writes wide
+    types quantizes nothing: aiter's add_rmsnorm_quant_kernel<bf16, bf16, …>)."""
+    if name.startswith("_Z") and _WIDE_IN_OUT.search(name):
+        return None, False
     parts = _inductor_parts(name)
     if parts is not None:
         if {"abs", "clamp", "copy"} <= parts:
@@ -202,18 +211,25 @@ def test_casts_on_public_traces_match_independent_labels(name: str) -> None:
 
 
 @pytest.mark.needs_shared
-def test_a_norm_with_quantization_fused_on_sglang_mi300x_is_norm_and_fused() -> None:
-    """SGLang on an MI300X replays aiter's add_rmsnorm_quant_kernel (fp8 activation scales fused into RMSNorm)."""
+def test_aiters_bf16_rmsnorm_quant_on_sglang_mi300x_is_a_norm_that_quantizes_nothing() -> None:
+    """SGLang on an MI300X replays aiter's add_rmsnorm_quant_kernel<bf16, bf16, 256, 16, true, false, …> (its
+    template: <DTYPE_I, DTYPE_O, …, ADD_RESIDUAL, FUSE_QUANT, …>): bf16 in and out, no quantization. It stays a
+    norm with no precision role; the trace's quantization share is what the other kernels hold (7% before)."""
     replay = TRACES / "tracelens" / "sglang_qwen3-8b_decode_graph_replay.json.gz"
     capture = TRACES / "tracelens" / "sglang_qwen3-8b_decode_graph_capture_bs32.json.gz"
+    events = _events(replay)
+    norms = {e["name"] for e in events if e.get("cat") == "kernel" and "add_rmsnorm_quant_kernel" in e["name"]}
+    assert norms and all(_WIDE_IN_OUT.search(n) for n in norms)  # every one states bf16 in, bf16 out
+    norm_us = sum(float(e["dur"]) for e in events if e.get("cat") == "kernel" and e["name"] in norms)
     role_of, quant_us, total_us = independent_roles(replay)
-    fused = {n for n, (role, is_fused) in role_of.items() if role == "quantize" and is_fused}
-    assert fused and all("rmsnorm" in n for n in fused)
+    assert not norms & set(role_of)
+    assert norm_us / total_us > 0.05  # what was counted as fused quantization before
     doc = analyze(AnalyzeRequest(paths=[replay, capture]))
     std, fused_us, device = _whole(doc)
     assert (std + fused_us) / device == pytest.approx(quant_us / total_us, abs=SHARE_TOL)
-    assert fused_us > 0.9 * (std + fused_us)  # the quantization is all in the norm kernels
-    assert {k.category for k in doc.kernels if k.name in fused} == {"norm"}
+    assert fused_us < 0.1 * norm_us
+    assert {k.category for k in doc.kernels if k.name in norms} == {"norm"}
+    assert not [f for f in doc.findings if f.id == "quantization_overhead"]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -366,3 +382,92 @@ def test_user_precision_rules_are_tried_first_and_checked(tmp_path: Path) -> Non
     with pytest.raises(InputError, match="precision_standalone"):
         load_taxonomy(bad)
 
+
+
+# ------------------------------------------------------------------------------------------------------------
+# roles from the evidence a name holds (issue 37): operation words, stated types
+
+# Real kernel names. The ck_tile symbol: aiter's CK-tile batch-prefill attention as SGLang's aiter backend runs it
+# for prefill on MI300X (ROCm/composable_kernel's ck_tile::FmhaBatchPrefillWithPagedKVCacheKernel, bf16, no
+# quant scale), as a public C loader records it verbatim (kAttentionKernelSymbol, 867 characters). The aiter norm
+# and the sgl_hip activation: ../shared/traces/tracelens/sglang_qwen3-8b_decode_graph_replay.json.gz (TraceLens,
+# MIT). The Cijk GEMM: the head of that trace's hipBLASLt kernel name.
+CK_FMHA_PREFILL = (
+    "_ZN7ck_tile6kentryILi2ENS_38FmhaBatchPrefillWithPagedKVCacheKernelINS_40BlockFmhaBatchPrefillPipelineQRKSVSAsyncIN"
+    "S_36BlockFmhaBatchPrefillPipelineProblemIDF16bDF16bDF16bffDF16bhfDF16bfDF16bNS_13TileFmhaShapeINS_8sequenceIJLi128"
+    "ELi128ELi32ELi128ELi32ELi128EEEENS5_IJLi4ELi1ELi1EEEENS5_IJLi32ELi32ELi16EEEES7_S8_Lb1EEELb1ENS_17ComposedAttentio"
+    "nILj0ELb1EEENS_30SimplifiedGenericAttentionMaskILb1EEELb0ELi1ENS_26TileFmhaBatchPrefillTraitsILb1ELb1ELb1ELb1ELb0E"
+    "LNS_22BlockAttentionBiasEnumE0ELb0ELb0ELb0ELNS_28BlockAttentionQuantScaleEnumE0ELin1ELb0ELb0ELi1ELNS_37BlockAttent"
+    "ionKVCacheMemoryLayoutEnumE1ELNS_36BlockAttentionKVCacheLookupTableEnumE1ELNS_33BlockAttentionKVCacheLoadModeEnumE"
+    "0EEEEENS_53BlockFmhaBatchPrefillPipelineQRKSVSAsyncDefaultPolicyEEENS_17Default2DEpilogueINS_24Default2DEpilogueP"
+    "roblemIfDF16bLb1ELb1ELb1EEEvEEEEJNSS_21FmhaFwdGroupModeKargsEEEEvDpT1_")
+AITER_NORM_BF16 = ("_ZN5aiter24add_rmsnorm_quant_kernelIDF16bDF16bLi256ELi16ELb1ELb0ELb1ELi1EEEvPT0_PT_PfS4_S4_S4_"
+                   "diiiiiiib")
+SGL_ACT = "_ZN7sgl_hip10activation18act_and_mul_kernelI14__hip_bfloat16TnPFT_RKS3_EXadL_Z4siluIS2_ES3_S5_EEEEvPS3_PS4_i"
+CIJK_GEMM = "Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT256x32x64_MI16x16x1_SN_LDSB1_AFC1_AFEM1_AFEM1_ASEM1_CLR1"
+
+
+@pytest.mark.parametrize(("name", "category", "role"), [
+    (CK_FMHA_PREFILL, "attention", None),  # QuantScaleEnum and an `unsigned char` among its template parameters
+    (AITER_NORM_BF16, "norm", None),  # <bf16, bf16, …>: writes bf16
+    ("_ZN5aiter24add_rmsnorm_quant_kernelIDF16bN3c1013Float8_e4m3fnELi256ELi16ELb1ELb1ELb1ELi1EEEvPT0_PT_PfS4_S4_S4_"
+     "diiiiiiib", "norm", "quantize"),  # the same kernel writing fp8: it quantizes
+    ("void vllm::dynamic_per_token_scaled_fp8_quant_kernel<c10::BFloat16, c10::Float8_e4m3fn>(...)", "quantize",
+     "quantize"),
+    ("void vllm::segmented_max_reduction_strided<c10::BFloat16, c10::Float8_e4m3fn>(float*, c10::BFloat16 const*, "
+     "int, long, long)", "quantize", "quantize"),
+    ("void vllm::rms_norm_dynamic_per_token_quant_kernel<c10::BFloat16, signed char, false>(...)", "norm", "quantize"),
+    ("void per_token_group_quant_8bit_kernel<__nv_bfloat16>(...)", "quantize", "quantize"),  # its words say 8-bit
+    ("triton_red_fused__to_copy_abs_clamp_div_fused_add_rms_norm_mul_reciprocal_0", "norm", "quantize"),
+    ("void cutlass::device_kernel<vllm::cutlass_3x_gemm_sm90_fp8<cutlass::float_e4m3_t>>", "gemm", None),
+])
+def test_name_roles_read_the_evidence_a_name_holds(name: str, category: str, role: str | None) -> None:
+    from servescope.trace.kernel_types import name_role
+
+    taxonomy = load_taxonomy()
+    assert taxonomy.classify(name, "kernel") == category
+    assert name_role(taxonomy, name, category) == role
+
+
+def _sglang_prefill(tmp_path: Path) -> Path:
+    """A small SGLang prefill trace on MI300X from the real names above: two step[EXTEND] steps, each launching
+    attention, GEMM, the bf16 norm and the activation (µs as in the issue's report: the norm 9.4% of device)."""
+    kernels = [(CK_FMHA_PREFILL, 400.0), (CIJK_GEMM, 450.0), (AITER_NORM_BF16, 94.0), (SGL_ACT, 56.0)]
+    events: list[dict[str, Any]] = [{"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "GPU 0"}}]
+    t, corr = 1000.0, 0
+    for _ in range(2):
+        events.append({"ph": "X", "cat": "user_annotation", "name": "step[EXTEND bs=4]", "pid": 1, "tid": 1,
+                       "ts": t, "dur": 100.0})
+        gpu = t + 50.0
+        for i, (name, dur) in enumerate(kernels):
+            corr += 1
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "hipLaunchKernel", "pid": 1, "tid": 1,
+                           "ts": t + 5 + 10 * i, "dur": 5.0, "args": {"correlation": corr}})
+            events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 1, "ts": gpu, "dur": dur,
+                           "args": {"correlation": corr, "device": 0, "stream": 1}})
+            gpu += dur + 1.0
+        t += 2000.0
+    path = tmp_path / "rank0.pt.trace.json.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        json.dump({"traceEvents": events, "deviceProperties": [{"name": "AMD Instinct MI300X"}]}, handle)
+    return path
+
+
+def test_a_bf16_sglang_prefill_gets_no_precision_finding_and_names_its_kernels_demangled(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from servescope.report.tables import render_analysis
+
+    doc = analyze(AnalyzeRequest(paths=[_sglang_prefill(tmp_path)]))
+    (rank,) = doc.ranks
+    (stats,) = rank.phases.values()
+    assert stats.quant_standalone_share == 0 and stats.quant_fused_share == 0
+    assert not [f for f in doc.findings if f.id == "quantization_overhead"]
+    assert {k.name: k.category for k in doc.kernels}[CK_FMHA_PREFILL] == "attention"
+    assert doc.deployment["engine"].value == "sglang"
+    assert not any("vLLM" in f.message for f in doc.findings)
+    console = Console(width=80, record=True, color_system=None)
+    render_analysis(doc, console)
+    text = console.export_text()
+    assert "_ZN" not in text and "ck_tile::kentry" in text  # demangled
+    assert all(len(line) <= 80 for line in text.splitlines())

@@ -31,6 +31,7 @@ __all__ = [
     "PhaseStats",
     "RankAnalysis",
     "StepRow",
+    "StepOverlap",
     "Summary",
     "TraceInfo",
     "decode_analysis",
@@ -106,6 +107,19 @@ class StepRow(msgspec.Struct, kw_only=True, frozen=True):
     gap_before_us: float | None = None
 
 
+class StepOverlap(msgspec.Struct, kw_only=True, frozen=True):
+    """Steps whose device work overlaps the next step's: the device ran behind the marks (a queue the host
+    filled ahead, a copy stream on time while the compute stream lags). Their work spans are not the step time;
+    the steps' windows follow the cadence instead, from each step's first device operation to the next one's
+    (the last step: the longer of its mark and the median window, within its own work's span), and busy time is
+    the union of all device work in each window."""
+
+    pairs: int  # consecutive steps whose work spans overlap (beyond steps.toml's overlap tolerance)
+    max_overlap_us: float  # the largest overlap: a step's work still running after the next one's began
+    work_span_us: float  # mean of the steps' work spans (first to last operation each step launched)
+    cadence_us: float  # mean of the windows the steps now have
+
+
 class RankAnalysis(msgspec.Struct, kw_only=True, frozen=True):
     rank: int
     path: str
@@ -122,6 +136,8 @@ class RankAnalysis(msgspec.Struct, kw_only=True, frozen=True):
     # start to the last one's end: how much of the captured window the engine spent outside its steps.
     between_steps_us: float = 0.0
     steps_window_us: float = 0.0
+    # The steps' device work overlapped the next step's: their windows follow the cadence (None: no overlap).
+    steps_overlap: StepOverlap | None = None
 
 
 BASES = ("op", "graph", "peer", "name", "unknown")
@@ -244,6 +260,9 @@ class Verdict(msgspec.Struct, kw_only=True, frozen=True):
     finding: str | None = None
     steps: int = 0
     unprofiled: str | None = None
+    # a host verdict where python stacks were recorded and nothing timed the step without the profiler: the
+    # profiler's measured stretch and the command that measures the reference (findings.toml [verdict])
+    caveat: str | None = None
 
 
 class BatchStep(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
@@ -312,6 +331,8 @@ class AnalysisDoc(Document, kw_only=True, frozen=True):
     deployment: dict[str, SettingEvidence] = msgspec.field(default_factory=dict)
     # The step time without the profiler, where profile measured it (the server's own /metrics).
     unprofiled: StepReference | None = None
+    # Files found in a named directory that could not be read (path -> why): left out, the rest analysed.
+    left_out: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 def decode_analysis(data: bytes, source: str) -> AnalysisDoc:

@@ -12,17 +12,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich.console import Console
-from rich.text import Text
 
 from servescope.core.analysis import AnalysisDoc, Finding, PhaseStats, RankAnalysis, Verdict
 from servescope.core.categories import CategoryTable, categories_of
 from servescope.core.messages import step_time
+from servescope.report.wrap import hang, path_tail
 
 __all__ = ["bottleneck", "render_summary"]
 
 _PHASE_ORDER = ("decode", "mixed", "prefill", "unknown", "empty")
 _TOP_CATEGORIES = 4
 _TOP_FINDINGS = 3
+_CYCLE_SAID = 0.05  # the cycle is said beside the step where the host gaps add more than this share to it
 _SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "info": "dim"}
 
 
@@ -38,8 +39,19 @@ def bottleneck(doc: AnalysisDoc, phase: str) -> Verdict | None:
     return next((v for v in doc.verdicts if v.phase == phase), None)
 
 
+def _cycle_us(rank: RankAnalysis, phase: str) -> float:
+    """The phase's step cycle on ``rank``: its mean step plus the mean host gap before each (0 without steps)."""
+    rows = [r for r in rank.steps if r.phase == phase]
+    gaps = [r.gap_before_us for r in rows if r.gap_before_us is not None]
+    return (sum(r.span_us for r in rows) / len(rows) + (sum(gaps) / len(gaps) if gaps else 0.0)) if rows else 0.0
+
+
 def _phase_line(phase: str, rank: RankAnalysis, stats: PhaseStats, many_ranks: bool) -> str:
-    parts = [f"{phase}: {stats.steps} step{'s' if stats.steps != 1 else ''}", f"{step_time(stats.step_us.mean)}/step"]
+    step = f"{step_time(stats.step_us.mean)}/step"
+    cycle = _cycle_us(rank, phase)
+    if cycle > stats.step_us.mean * (1 + _CYCLE_SAID):  # one step time: the traced step; the cycle named as such
+        step += f" ({step_time(cycle)} cycle with the host gap)"
+    parts = [f"{phase}: {stats.steps} step{'s' if stats.steps != 1 else ''}", step]
     if stats.tokens_per_step is not None:
         tokens = f"{stats.tokens_per_step:.1f}".removesuffix(".0")
         if stats.prompt_tokens_per_step is not None:  # a step with prompt work: the tokens in, and out
@@ -72,12 +84,12 @@ def _categories_line(stats: PhaseStats, categories: CategoryTable) -> str:
     return "\n".join(lines)
 
 
-def _finding_line(finding: Finding) -> Text:
-    line = Text("  ")
-    line.append(f"{finding.severity:<6}", style=_SEVERITY_STYLE.get(finding.severity, ""))
-    line.append(f" {finding.id}: ", style="bold")
-    line.append(finding.message)
-    return line
+def _finding_line(console: Console, finding: Finding) -> None:
+    severity = f"{finding.severity:<6}"
+    head = f"  {severity} {finding.id}: "
+    hang(console, head + finding.message, indent=3 + len(severity),
+         spans=[(2, 2 + len(severity), _SEVERITY_STYLE.get(finding.severity, "")),
+                (2 + len(severity), len(head), "bold")])
 
 
 def render_summary(doc: AnalysisDoc, console: Console, phases: Sequence[str] | None = None) -> None:
@@ -88,12 +100,16 @@ def render_summary(doc: AnalysisDoc, console: Console, phases: Sequence[str] | N
     ranks = sorted(r.rank for r in doc.ranks)
     head = f"servescope: {len(doc.inputs)} trace file{'s' if len(doc.inputs) != 1 else ''}"
     head += f", rank{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))}" if ranks else ""
-    console.print(Text(head, style="bold"))
+    hang(console, head, style="bold")
+    room = max(24, console.width // 2)
+    for path, why in doc.left_out.items():  # found in a named folder, not readable: the rest were analysed
+        shown = path_tail(path, max(24, console.width - len(f"  left out : {why}")))
+        hang(console, f"  left out {shown}: {why}", style="yellow")
     for trace in doc.traces:
         if trace.malformed_events:
-            console.print(Text(f"  {trace.path}: {trace.malformed_events} malformed event"
-                               f"{'s' if trace.malformed_events != 1 else ''} of {trace.events:,} left out (first: "
-                               f"{'; '.join(trace.malformed_examples)})", style="yellow"))
+            hang(console, f"  {path_tail(trace.path, room)}: {trace.malformed_events} malformed event"
+                          f"{'s' if trace.malformed_events != 1 else ''} of {trace.events:,} left out (first: "
+                          f"{'; '.join(trace.malformed_examples)})", style="yellow")
     categories = categories_of(doc)
     shown_phases = [p for p in _PHASE_ORDER if any(p in r.phases for r in doc.ranks) and p != "empty"
                     and (phases is None or p in phases)]
@@ -102,23 +118,28 @@ def render_summary(doc: AnalysisDoc, console: Console, phases: Sequence[str] | N
         if found is None:
             continue
         rank, stats = found
-        console.print(Text(_phase_line(phase, rank, stats, len(doc.ranks) > 1), style="bold"))
-        console.print(Text(_categories_line(stats, categories)))
+        hang(console, _phase_line(phase, rank, stats, len(doc.ranks) > 1), style="bold")
+        for line in _categories_line(stats, categories).split("\n"):
+            hang(console, line)
+        if rank.steps_overlap is not None:
+            o = rank.steps_overlap
+            hang(console, f"  the steps overlap: each step's work spans {step_time(o.work_span_us)}, the steps start "
+                          f"{step_time(o.cadence_us)} apart: step time and idle follow that cadence", style="yellow")
         neck = bottleneck(doc, phase)
         if neck is not None:
-            console.print(Text("  bottleneck: " + neck.sentence, style="bold"))
+            hang(console, "  bottleneck: " + neck.sentence, style="bold")
         elif not doc.verdicts and doc.findings:
-            console.print(Text("  bottleneck: not in this document (written before verdicts were stored; "
-                               "analyze the traces again)", style="dim"))
+            hang(console, "  bottleneck: not in this document (written before verdicts were stored; "
+                          "analyze the traces again)", style="dim")
     if not shown_phases:
-        console.print(Text("no steps: nothing to summarise"))
+        hang(console, "no steps: nothing to summarise")
     order = {"high": 0, "medium": 1, "info": 2}
     findings = sorted(doc.findings, key=lambda f: order.get(f.severity, 3))
     if findings:
         shown = findings[:_TOP_FINDINGS]
         more = f" (top {len(shown)} of {len(findings)})" if len(findings) > len(shown) else ""
-        console.print(Text(f"findings{more}", style="bold"))
+        hang(console, f"findings{more}", style="bold")
         for finding in shown:
-            console.print(_finding_line(finding))
+            _finding_line(console, finding)
     else:
-        console.print(Text("findings: none"))
+        hang(console, "findings: none")

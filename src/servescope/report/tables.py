@@ -25,6 +25,7 @@ from servescope.core.analysis import (
 )
 from servescope.core.categories import COMMUNICATION, CategoryTable, categories_of
 from servescope.report.kernel_names import distinct_kernel_names, shorten_kernel_name
+from servescope.report.wrap import hang, path_tail
 
 __all__ = [
     "KNOWN_PHASES",
@@ -135,7 +136,7 @@ def _group(doc: AnalysisDoc, category: str) -> str:
 
 
 def _line(console: Console, text: str, style: str = "") -> None:
-    console.print(Text(text, style=style))
+    hang(console, text, style=style)
 
 
 def _render_traces(doc: AnalysisDoc, console: Console) -> None:
@@ -154,18 +155,6 @@ def _render_traces(doc: AnalysisDoc, console: Console) -> None:
     if doc.inputs:
         total_bytes = sum(f.size_bytes for f in doc.inputs)
         _line(console, f"inputs: {len(doc.inputs)} file(s), {total_bytes / 1e6:.1f} MB")
-
-
-def path_tail(path: str, width: int) -> str:
-    """``path`` in at most ``width`` characters: its end kept (the file and the folders just above it tell two
-    traces apart; their common start does not), cut at a ``/`` where one is near, marked ``…``."""
-    if len(path) <= width:
-        return path
-    tail = path[len(path) - width + 1 :]
-    cut = tail.find("/")
-    if 0 <= cut < width // 3 and len(tail) - cut > 1:
-        tail = tail[cut:]
-    return "…" + tail
 
 
 def phase_summary(stats: PhaseStats) -> tuple[str, str]:
@@ -224,8 +213,15 @@ def _render_phase(doc: AnalysisDoc, categories: CategoryTable, console: Console,
 def _render_rank(doc: AnalysisDoc, categories: CategoryTable, console: Console, rank: RankAnalysis,
                  phases: Sequence[str] | None) -> None:
     console.print()
-    _line(console, f"rank {rank.rank}: {rank.path} (work: {rank.work_kind}, steps from {rank.step_source}, "
-                   f"unattributed {format_ms(rank.unattributed_us)} ms)", "bold underline")
+    head = f"rank {rank.rank}: "
+    _line(console, f"{head}{path_tail(rank.path, max(24, console.width - len(head)))} (work: {rank.work_kind}, "
+                   f"steps from {rank.step_source}, unattributed {format_ms(rank.unattributed_us)} ms)",
+          "bold underline")
+    if rank.steps_overlap is not None:
+        o = rank.steps_overlap
+        _line(console, f"  steps overlap: {o.pairs} consecutive pair(s), by up to {format_ms(o.max_overlap_us)} ms; "
+                       f"work spans {format_ms(o.work_span_us)} ms a step, the steps {format_ms(o.cadence_us)} ms "
+                       "apart: step time and idle follow the cadence")
     if rank.basis_share:
         _line(console, "  " + decided_by(rank))
     if rank.steps_window_us > 0:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
@@ -22,6 +22,7 @@ from servescope.core.errors import InputError
 from servescope.trace.breakdown import RankBreakdown, break_down
 from servescope.trace.classify import CaptureReference, capture_reference, is_capture
 from servescope.trace.deployment import DeploymentInput, deployment_settings
+from servescope.trace.engine import ENGINE_SETTING, engine_evidence
 from servescope.trace.facts import RankFacts, rank_facts
 from servescope.trace.files import EXAMPLE_NAME, EXAMPLES, Discovery, example_trace_dir, find_traces
 from servescope.trace.findings import find_bottlenecks, load_rules
@@ -55,17 +56,32 @@ class AnalyzeRequest(msgspec.Struct, frozen=True, kw_only=True):
     reference: StepReference | None = None
 
 
-def _read_all(paths: Sequence[Path], progress: Progress | None, read_ahead: ReadAhead | None) -> list[TraceData]:
+def _read_all(paths: Sequence[Path], progress: Progress | None, read_ahead: ReadAhead | None,
+              named: Collection[Path] | None = None, left_out: dict[str, str] | None = None) -> list[TraceData]:
     """Every file's tables, read by ``read_ahead`` when given (else by a new one: several files are decoded in
-    parallel processes)."""
+    parallel processes). A file found in a directory (not among ``named``; None: every file is named) that
+    cannot be read goes into ``left_out`` with its reason, unless no file at all could be read.
+
+    Raises:
+        InputError: a named file cannot be read, or no file can.
+    """
     if read_ahead is None:
         with ReadAhead(paths) as own:
-            return _read_all(paths, progress, own)
+            return _read_all(paths, progress, own, named, left_out)
     out = []
+    first: InputError | None = None
     for path in paths:
         if progress is not None:
             progress.advance(f"reading {path.name}")
-        out.append(read_ahead.take(path))
+        try:
+            out.append(read_ahead.take(path))
+        except InputError as exc:
+            if named is None or path in named or left_out is None:
+                raise
+            left_out[str(path)] = exc.problem
+            first = first or exc
+    if not out and first is not None:
+        raise first
     return out
 
 
@@ -119,6 +135,7 @@ def _analyze_rank(context: RankContext, taxonomy: Taxonomy, capture: CaptureRefe
         steps=steps, basis_share=result.basis_share, graph_replay_share=facts.graph_replay_share,
         between_steps_us=sum(r.gap_before_us or 0.0 for r in steps),
         steps_window_us=steps[-1].start_us + steps[-1].span_us - steps[0].start_us if steps else 0.0,
+        steps_overlap=result.overlap,
     )
     return _Rank(doc, result, facts)
 
@@ -139,8 +156,9 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
     """
     taxonomy: Taxonomy = load_taxonomy(request.taxonomy)
     rules = load_rules()  # like the taxonomy, before the traces are waited for
-    found = request.paths.traces if isinstance(request.paths, Discovery) else find_traces(request.paths).traces
-    read = _read_all(found, progress, read_ahead)
+    discovery = request.paths if isinstance(request.paths, Discovery) else find_traces(request.paths)
+    left_out: dict[str, str] = {}
+    read = _read_all(discovery.traces, progress, read_ahead, set(discovery.named), left_out)
     captures = [d for d in read if is_capture(d)] if len(read) > 1 else []
     traces = assign_ranks([d for d in read if not any(d is c for c in captures)])
     capture_of = _captures_by_rank(captures, taxonomy)
@@ -163,11 +181,16 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
                                      [{g.step for gs in r.facts.gaps.values() for g in gs if g.graph_us > 0}
                                       for r in ranks], request.settings,
                                      graph_engine=any(c.steps.graphs_by_default for c in contexts))
+    engine = engine_evidence([c.data for c in contexts], [c.steps.serves for c in contexts], request.settings)
+    if engine is not None:  # which engine's flags advice may name (none on a training run)
+        deployment = {ENGINE_SETTING: engine, **deployment}
     kernels = [k for r in ranks for k in r.breakdown.kernels]
     msg_bytes = {c.rank: list(c.data.device.msg_bytes.values()) for c in contexts}
     findings = find_bottlenecks(rank_docs, across, kernels, comm, msg_bytes, facts, rules, deployment=deployment,
                                 reference=request.reference)
-    verdicts = decide_verdicts(rank_docs, findings, dict(taxonomy.categories), rules, taxonomy.words)
+    verdicts = decide_verdicts(rank_docs, findings, dict(taxonomy.categories), rules, taxonomy.words,
+                               stacks={c.rank for c in contexts if len(c.data.frames)},
+                               unprofiled=request.reference is not None)
     return AnalysisDoc(
         servescope_version=__version__,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -196,4 +219,5 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
         verdicts=verdicts,
         deployment=deployment,
         unprofiled=request.reference,
+        left_out=left_out,
     )

@@ -24,8 +24,19 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from servescope.core.analysis import BASES, CategoryStats, DeviceTotal, KernelRow, PhaseStats, StepRow, Summary
+from servescope.core.analysis import (
+    BASES,
+    CategoryStats,
+    DeviceTotal,
+    KernelRow,
+    PhaseStats,
+    StepOverlap,
+    StepRow,
+    Summary,
+)
+from servescope.trace.cadence import follow_cadence
 from servescope.trace.classify import CaptureReference, Classified, classify_work, first_most
+from servescope.trace.formats import step_formats
 from servescope.trace.precision import Precision, phase_quant, precision_of
 from servescope.trace.steps import PHASES, Steps
 from servescope.trace.table import KIND_NAMES, TraceData, distinct_ids
@@ -50,6 +61,7 @@ class RankBreakdown(msgspec.Struct, frozen=True):
     device_totals: dict[str, DeviceTotal]
     unattributed_us: float
     basis_share: dict[str, float]  # share of the work time decided by each basis
+    overlap: StepOverlap | None = None  # the steps' work overlapped: measured at their cadence (trace.cadence)
 
 
 def union_us(start: npt.NDArray[np.float64], end: npt.NDArray[np.float64]) -> float:
@@ -159,6 +171,12 @@ def break_down(data: TraceData, work: Work, steps: Steps, taxonomy: Taxonomy, *,
         step_device.append(float(dur[sel].sum()))
         step_comm.append(StepComm(start[comm_sel], dur[comm_sel]))
 
+    overlap = None
+    if work.kind == "device":
+        order = np.argsort(start, kind="stable")
+        marks = [float(steps.end_us[r.index] - steps.start_us[r.index]) for r in step_rows]
+        step_rows, overlap = follow_cadence(step_rows, marks, start[order], end[order],
+                                            step_formats().overlap_tolerance)
     phases: dict[str, PhaseStats] = {}
     for phase in PHASES:
         picked = [i for i, r in enumerate(step_rows) if r.phase == phase]
@@ -178,7 +196,7 @@ def break_down(data: TraceData, work: Work, steps: Steps, taxonomy: Taxonomy, *,
     by_basis = np.bincount(classified.basis, weights=dur, minlength=len(BASES)) if len(dur) else np.zeros(len(BASES))
     total = float(by_basis.sum())
     basis_share = {b: float(v) / total for b, v in zip(BASES, by_basis.tolist(), strict=True) if total and v}
-    return RankBreakdown(phases, step_rows, step_comm, kernels, totals, unattributed, basis_share)
+    return RankBreakdown(phases, step_rows, step_comm, kernels, totals, unattributed, basis_share, overlap)
 
 
 def _quant(data: TraceData, names: npt.NDArray[np.int32], dur: npt.NDArray[np.float64], cat: npt.NDArray[np.int32],

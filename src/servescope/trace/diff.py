@@ -118,9 +118,7 @@ def diff_analyses(before: AnalysisDoc, after: AnalysisDoc, *, phase: str = "deco
     b = {r.rank: r.phases[phase] for r in after.ranks if phase in r.phases}
     common = sorted(set(a) & set(b))
     if not common:
-        have = sorted({p for doc in (before, after) for r in doc.ranks for p in r.phases})
-        raise InputError(f"{before_name}, {after_name}",
-                         f"no rank has {phase} steps in both (phases present: {', '.join(have) or 'none'})")
+        raise InputError(f"{before_name}, {after_name}", _mismatch(before, after, phase))
     old = {_key(f): f for f in before.findings}
     new = {_key(f): f for f in after.findings}
     cycle, source = measured_cycle(before, after, phase)
@@ -134,6 +132,33 @@ def diff_analyses(before: AnalysisDoc, after: AnalysisDoc, *, phase: str = "deco
         cycle_us=cycle, cycle_source=source, settings_changed=changed,
         predictions=check_predictions(before, phase, -cycle.delta_us, changed) if cycle is not None else [],
     )
+
+
+def _holds(doc: AnalysisDoc) -> str:
+    """``rank 3 (unknown steps)``, ``ranks 0 (decode, prefill steps), 1 (decode steps)``: what one side holds."""
+    each = [f"{r.rank} ({', '.join(p for p in PHASES if p in r.phases) or 'no'} steps)" for r in doc.ranks]
+    return f"rank{'s' if len(each) != 1 else ''} {', '.join(each)}" if each else "no rank"
+
+
+def _mismatch(before: AnalysisDoc, after: AnalysisDoc, phase: str) -> str:
+    """Why no rank has ``phase`` steps on both sides: each side's ranks and phases, the rank and phase mismatch
+    named, and the ``--phase`` both sides share where one does."""
+    ranks_a, ranks_b = {r.rank for r in before.ranks}, {r.rank for r in after.ranks}
+    why: list[str] = []
+    if not ranks_a & ranks_b:
+        why.append(f"the two sides hold different ranks ({', '.join(map(str, sorted(ranks_a)))} against "
+                   f"{', '.join(map(str, sorted(ranks_b)))}): diff compares a rank with itself")
+    phases_a = {p for r in before.ranks for p in r.phases}
+    phases_b = {p for r in after.ranks for p in r.phases}
+    if phase not in phases_a or phase not in phases_b:
+        lacking = [side for side, have in (("the before side", phases_a), ("the after side", phases_b))
+                   if phase not in have]
+        shared = [p for p in PHASES if p in phases_a & phases_b]
+        hint = f" (both have {', '.join(shared)}: --phase {shared[0]})" if shared else ""
+        why.append(("neither side has" if len(lacking) == 2 else f"{lacking[0]} has no") + f" {phase} steps{hint}")
+    if not why:
+        why.append(f"no rank has {phase} steps on both sides")
+    return f"before holds {_holds(before)}, after {_holds(after)}: " + "; ".join(why)
 
 
 def _check_phase(phase: str) -> None:

@@ -32,6 +32,9 @@ class Discovery:
 
     traces: list[Path]
     left_out: list[tuple[Path, str]] = field(default_factory=list)
+    # the trace files named themselves (resolved), not found in a named directory: a damaged one of these is an
+    # error; one found in a directory is left out with its reason while the rest are analysed
+    named: list[Path] = field(default_factory=list)
 
 
 def find_traces(paths: Iterable[str | Path]) -> Discovery:
@@ -46,6 +49,7 @@ def find_traces(paths: Iterable[str | Path]) -> Discovery:
         InputError: a path does not exist, or a directory holds no trace (naming what it holds instead).
     """
     found: list[Path] = []
+    named: list[Path] = []
     left_out: list[tuple[Path, str]] = []
     for raw in paths:
         path = Path(raw)
@@ -67,10 +71,11 @@ def find_traces(paths: Iterable[str | Path]) -> Discovery:
             left_out.extend(skipped)
         elif path.exists():
             found.append(path)
+            named.append(path.resolve())
         else:
             raise InputError(str(path), "no such file or directory")
     unique = list(dict.fromkeys(p.resolve() for p in found))
-    return Discovery(unique, left_out)
+    return Discovery(unique, left_out, named)
 
 
 def discover_traces(paths: Iterable[str | Path]) -> list[Path]:

@@ -30,6 +30,7 @@ from servescope.core.analysis import (
     SettingEvidence,
     StepReference,
 )
+from servescope.core.kernel_names import shorten_kernel_name
 from servescope.trace.advice import advice_for, host_values
 from servescope.trace.facts import RankFacts
 from servescope.trace.merge import PHASES_CHECKED, SEVERITY_ORDER, Instance, merge_findings
@@ -94,7 +95,8 @@ def _family(rows: Sequence[KernelRow], spec: Mapping[str, Any], total_us: float,
     top = max(by_name, key=lambda n: by_name[n]) if by_name else None
     return _Family(
         share=total / total_us if total_us > 0 else 0.0, total_us=total, calls=sum(k.count for k in picked),
-        top=top[:100] if top else "N/A", top_share=by_name[top] / total_us if top and total_us > 0 else 0.0,
+        top=shorten_kernel_name(top, max_chars=100) if top else "N/A",
+        top_share=by_name[top] / total_us if top and total_us > 0 else 0.0,
     )
 
 
@@ -119,10 +121,21 @@ def _rank_values(ra: RankAnalysis, rows: Sequence[KernelRow], facts: RankFacts |
         "fused_pointwise_of_pointwise": fused.total_us / pointwise if pointwise > 0 else 0.0,
         **_capture_values(facts),
         "engine_steps": 1.0 if ra.step_source in ("annotation", "execute_model") else 0.0,
+        **_overlap_values(ra),
         # quantization / casts ([[precision]] in taxonomy.toml): quant_share, quant_standalone_share,
         # quant_fused_share, top_quant, top_quant_category, top_quant_pct
         **quant_facts(list(ra.phases.values())),
     }
+
+
+def _overlap_values(ra: RankAnalysis) -> dict[str, Any]:
+    """Whether the steps' device work overlapped the next step's, and by how much (trace/cadence.py)."""
+    note = ra.steps_overlap
+    if note is None:
+        return {"steps_overlap": 0.0}
+    return {"steps_overlap": 1.0, "overlap_pairs": note.pairs, "step_pairs": max(len(ra.steps) - 1, 0),
+            "work_span_ms": note.work_span_us / 1000, "cadence_ms": note.cadence_us / 1000,
+            "max_overlap_ms": note.max_overlap_us / 1000}
 
 
 def _capture_values(facts: RankFacts | None) -> dict[str, Any]:
@@ -191,10 +204,21 @@ def _phase_values(ra: RankAnalysis, phase: str, stats: PhaseStats, facts: RankFa
 # Rules
 # ---------------------------------------------------------------------------------------------------------
 
-def _kernel_conditions(names: Sequence[str], data: Mapping[str, Any]) -> dict[str, bool]:
-    """Every ``kernels`` condition for one rank's kernel names, evaluated once."""
-    return {c: any(_matches(n, spec, "kernels") for n in names)
-            for c, spec in data["conditions"].items() if "kernels" in spec}
+def _kernel_conditions(rows: Sequence[KernelRow], data: Mapping[str, Any]) -> dict[str, bool]:
+    """Every ``kernels`` condition for one rank's kernels (their names; of its ``categories`` only, where the
+    condition names some), evaluated once."""
+    names = sorted({k.name for k in rows})
+    by_category: dict[str, set[str]] = {}
+    for k in rows:
+        by_category.setdefault(k.category, set()).add(k.name)
+    out: dict[str, bool] = {}
+    for c, spec in data["conditions"].items():
+        if "kernels" not in spec:
+            continue
+        picked = names if "categories" not in spec else sorted(
+            {n for cat in spec["categories"] for n in by_category.get(cat, ())})
+        out[c] = any(_matches(n, spec, "kernels") for n in picked)
+    return out
 
 
 def _condition(name: str, values: Mapping[str, Any], kernel_holds: Mapping[str, bool],
@@ -241,14 +265,23 @@ def _evaluate(rule_id: str, rule: Mapping[str, Any], values: dict[str, Any], nam
         given, what = advice_for(spec, values, deployment or {})
         advice.extend([given] if given is not None else [])
         checked.extend([what] if what is not None else [])
+    floor = rule.get("min_gain_share")
+    if floor is not None and not any(a.gain is not None and a.gain.step_us > 0 and a.gain.high_us / a.gain.step_us
+                                     >= floor for a in advice):
+        return None  # what it would advise saves nothing that shows (rounds to 0% of the step)
     return Instance(rule_id, severity, float(value), rank, phase, values, tuple(advice), tuple(checked))
 
 
 def _deployment_values(deployment: Mapping[str, SettingEvidence], graph_share: float) -> dict[str, float]:
-    """Facts the rules read from the deployment: the platform, and whether graphs are expected to run."""
+    """Facts the rules read from the deployment: the serving engine (or a training run), the platform, and whether
+    graphs are expected to run."""
     graphs = deployment.get("cuda_graphs")
     platform = deployment.get("platform")
-    return {"graphs_expected": 1.0 if graph_share > 0 or (graphs is not None and graphs.value in ("on", "not replayed"))
+    engine = deployment.get("engine")
+    served = engine.value if engine is not None else ""
+    return {"engine_vllm": 1.0 if served == "vllm" else 0.0, "engine_sglang": 1.0 if served == "sglang" else 0.0,
+            "training_run": 1.0 if served == "training" else 0.0,
+            "graphs_expected": 1.0 if graph_share > 0 or (graphs is not None and graphs.value in ("on", "not replayed"))
             else 0.0,
             "platform_rocm": 1.0 if platform is not None and platform.value == "rocm" else 0.0}
 
@@ -279,7 +312,7 @@ def find_bottlenecks(ranks: list[RankAnalysis], across: list[CrossRankStats], ke
         by_rank_kernels.setdefault(k.rank, []).append(k)
     for ra in ranks:
         rows = by_rank_kernels.get(ra.rank, [])
-        names = _kernel_conditions(sorted({k.name for k in rows}), data)
+        names = _kernel_conditions(rows, data)
         rank_values = _rank_values(ra, rows, facts.get(ra.rank), data)
         rank_values["top_other"], rank_values["snippet"] = unclassified(rows)
         rank_values.update(_deployment_values(deployment or {}, rank_values["graph_replay_share"]))

@@ -17,7 +17,8 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["COUNTS", "MARKERS", "FrontendFormat", "RankNameFormat", "StepFormat", "StepFormats", "step_formats"]
+__all__ = ["COUNTS", "MARKERS", "EngineEvidence", "FrontendFormat", "RankNameFormat", "StepFormat", "StepFormats",
+           "step_formats"]
 
 MARKERS = ("annotation", "frame", "profiler_step")
 COUNTS = ("prefill_requests", "prefill_tokens", "decode_requests", "decode_tokens")
@@ -40,6 +41,8 @@ class StepFormat(msgspec.Struct, frozen=True, kw_only=True):
     outermost: bool = False
     whole_window: bool = False
     graphs_by_default: bool = False
+    serves: str | None = None  # the serving engine ([[engine]] id) whose steps these marks are, if one
+    shared_form: re.Pattern[str] | None = None  # names of this form another engine writes too: they name no engine
 
     def parse(self, name: str) -> tuple[str, dict[str, int | None]] | None:
         """The phase and request counts (:data:`COUNTS`, None: not told) a marked name says, or None when this
@@ -87,12 +90,27 @@ class FrontendFormat(msgspec.Struct, frozen=True, kw_only=True):
     trace: str
 
 
+class EngineEvidence(msgspec.Struct, frozen=True, kw_only=True):
+    """How a trace shows that a serving engine ran it (``[[engine]]`` in ``steps.toml``)."""
+
+    id: str
+    words: str
+    metadata: tuple[str, ...] = ()
+    frames: tuple[re.Pattern[str], ...] = ()
+    source: str = ""
+
+
 class StepFormats(msgspec.Struct, frozen=True):
     """Every entry of ``steps.toml``, in the file's order."""
 
     steps: tuple[StepFormat, ...]
     rank_names: tuple[RankNameFormat, ...]
     frontends: tuple[FrontendFormat, ...]
+    # [overlap]: a step's work still running this share of its span after the next step's began marks the steps
+    # as overlapping (their windows then follow the cadence: servescope.trace.cadence)
+    overlap_tolerance: float = 0.01
+    engines: tuple[EngineEvidence, ...] = ()
+    training_ops: tuple[re.Pattern[str], ...] = ()  # [training] ops: a backward pass or an optimizer step
 
     def step(self, id: str) -> StepFormat:  # noqa: A002 - the entry's own key
         """The step format with this ``id``."""
@@ -112,7 +130,7 @@ def _phase_of(prefills: int, decodes: int) -> str:
 def _entry(raw: dict[str, Any], where: str) -> dict[str, Any]:
     """One entry's keys, its patterns compiled and its examples a tuple; a bad entry fails loudly (it ships)."""
     out = dict(raw)
-    for key in ("pattern", "prefer"):
+    for key in ("pattern", "prefer", "shared_form"):
         if key in out:
             try:
                 out[key] = re.compile(out[key])
@@ -134,4 +152,9 @@ def step_formats() -> StepFormats:
         steps=tuple(StepFormat(**_entry(raw, "[[step]]")) for raw in data.get("step", [])),
         rank_names=tuple(RankNameFormat(**_entry(raw, "[[rank_name]]")) for raw in data.get("rank_name", [])),
         frontends=tuple(FrontendFormat(**_entry(raw, "[[frontend]]")) for raw in data.get("frontend", [])),
+        overlap_tolerance=float(data.get("overlap", {}).get("tolerance", 0.01)),
+        engines=tuple(EngineEvidence(id=raw["id"], words=raw["words"], metadata=tuple(raw.get("metadata", ())),
+                                     frames=tuple(re.compile(p) for p in raw.get("frames", ())),
+                                     source=raw.get("source", "")) for raw in data.get("engine", [])),
+        training_ops=tuple(re.compile(p) for p in data.get("training", {}).get("ops", ())),
     )

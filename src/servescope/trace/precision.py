@@ -4,7 +4,11 @@ Orthogonal to the category: a kernel keeps its category (norm, activation, gemm,
 gets a *precision role* (``quantize``, ``dequantize``, ``cast``, or none) by the taxonomy's ``[[precision]]``
 rules, read as data from ``servescope/data/taxonomy.toml``:
 
-* by its **name** (each distinct kernel name once): vLLM's ``dynamic_per_token_scaled_fp8_quant_kernel``,
+* by its **name** (each distinct kernel name once, demangled), read from what the name is evidence of
+  (:mod:`servescope.trace.kernel_types`): an attention, GEMM or MoE kernel by its operation words only, never by
+  a word or an operand type among its template parameters; a typed quantization kernel whose stated types are all
+  high precision writes high precision (aiter's ``add_rmsnorm_quant_kernel<bf16, bf16, …>``): no role. vLLM's
+  ``dynamic_per_token_scaled_fp8_quant_kernel``,
   Inductor's ``triton_red_fused__to_copy_abs_clamp_…_fused_add_rms_norm_…`` (abs, clamp and ``_to_copy`` in
   one kernel: dynamic fp8 activation scales), PyTorch's ``unrolled_elementwise_kernel<direct_copy…,
   LoadWithCast…>`` dtype conversions;
@@ -31,7 +35,9 @@ import numpy as np
 import numpy.typing as npt
 
 from servescope.core.analysis import PhaseStats
+from servescope.core.kernel_names import shorten_kernel_name
 from servescope.trace.classify import CaptureReference, Classified
+from servescope.trace.kernel_types import name_role
 from servescope.trace.launch import frame_categories
 from servescope.trace.table import KIND_KERNEL, TraceData
 from servescope.trace.taxonomy import Taxonomy
@@ -85,8 +91,10 @@ def precision_of(data: TraceData, work: Work, taxonomy: Taxonomy, classified: Cl
     names = table.name[work.rows]
     kernel = table.kind[work.rows] == KIND_KERNEL
     rows = np.flatnonzero(kernel)
-    distinct, inverse = np.unique(names[rows], return_inverse=True)
-    by_name = np.array([_code(taxonomy.precision(data.names[k], "name")) for k in distinct.tolist()], dtype=np.int8)
+    distinct, first, inverse = np.unique(names[rows], return_index=True, return_inverse=True)
+    categories = list(taxonomy.categories)
+    by_name = np.array([_code(name_role(taxonomy, data.names[k], categories[int(classified.by_name[rows[f]])]))
+                        for k, f in zip(distinct.tolist(), first.tolist(), strict=True)], dtype=np.int8)
     role[rows] = by_name[inverse.ravel()]
 
     frames = _frame_taxonomy(taxonomy)
@@ -166,7 +174,7 @@ def quant_facts(phases: Sequence[PhaseStats]) -> dict[str, Any]:
     return {
         "quant_share": share(standalone + fused), "quant_standalone_share": share(standalone),
         "quant_fused_share": share(fused),
-        "top_quant": top.quant_top_kernel if top else None,
+        "top_quant": shorten_kernel_name(top.quant_top_kernel, max_chars=100) if top and top.quant_top_kernel else None,
         "top_quant_category": top.quant_top_category if top else None,
         "top_quant_pct": 100 * share(top.quant_top_share * top.device_us_per_step * top.steps) if top else 0.0,
     }

@@ -7,6 +7,7 @@ import re
 from collections.abc import Sequence
 
 from servescope.core.analysis import KernelRow
+from servescope.core.kernel_names import shorten_kernel_name
 
 __all__ = ["taxonomy_snippet", "unclassified"]
 
@@ -58,5 +59,5 @@ def unclassified(rows: Sequence[KernelRow]) -> tuple[str | None, str | None]:
         return None, None
     total = sum(k.total_us for k in rows)
     top = sorted(other, key=lambda n: -other[n])[:3]
-    text = ", ".join(f"{n[:80]} ({100 * other[n] / total:.1f}%)" for n in top)
+    text = ", ".join(f"{shorten_kernel_name(n, max_chars=80)} ({100 * other[n] / total:.1f}%)" for n in top)
     return text, taxonomy_snippet(top)

@@ -68,6 +68,7 @@ class Steps(msgspec.Struct, frozen=True, kw_only=True):
     whole_window: bool = False
     gap_us: float | None = None
     graphs_by_default: bool = False  # the format's engine captures CUDA graphs by default (steps.toml)
+    serves: str | None = None  # the serving engine whose step marks these are (steps.toml), if one
 
 
 def parse_vllm_step(name: str) -> tuple[str, int, int | None, int, int | None] | None:
@@ -211,7 +212,9 @@ def steps_by(data: TraceData, work: Work, fmt: StepFormat, annotations: list[_Ma
     step_of = _attribute(data, work, starts, ends)
     steps = _with_phases(data, work, _recognised(fmt, marks), starts, ends, step_of)
     return Steps(source=fmt.step_source, steps=steps, start_us=starts, end_us=ends, step_of=step_of,
-                 whole_window=fmt.whole_window, graphs_by_default=fmt.graphs_by_default)
+                 whole_window=fmt.whole_window, graphs_by_default=fmt.graphs_by_default,
+                 serves=None if fmt.shared_form is not None and all(fmt.shared_form.search(m[2]) for m in marks)
+                 else fmt.serves)
 
 
 def find_steps(data: TraceData, work: Work, *, gap_us: float | None = None) -> Steps:

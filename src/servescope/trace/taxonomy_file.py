@@ -41,7 +41,8 @@ FRAME_KINDS = ("cpu_op", "annotation", "python")
 PRECISION_ROLES = ("quantize", "dequantize", "cast")
 _INHERITS = ("previous_collective",)
 _SCHEMA_VERSION = 1
-_TOP_FIELDS = ("version", "precision_standalone", "categories", "rule", "launch", "sequence", "precision")
+_TOP_FIELDS = ("version", "precision_standalone", "precision_evidence", "categories", "rule", "launch", "sequence",
+               "precision")
 _COMMON_FIELDS = ("category", "regex", "ignore_case", "kinds", "note")
 _RULE_FIELDS = (*_COMMON_FIELDS, "outranks_launch")
 _LAUNCH_FIELDS = (*_COMMON_FIELDS, "inherit", "refines")
@@ -145,6 +146,8 @@ def parse_taxonomy(document: Mapping[str, Any], source: str, *, bundled: Taxonom
     if version != _SCHEMA_VERSION or isinstance(version, bool):
         raise InputError(source, f"version: {version!r} is not supported (only {_SCHEMA_VERSION})")
     require_note = bundled is None
+    if bundled is not None and "precision_evidence" in document:
+        raise InputError(source, "precision_evidence: only the bundled taxonomy sets it")
     categories = category_table(document, source, None if bundled is None else bundled.categories)
     raw_rules = _raw_rules(document, source, require_note=require_note)
     if bundled is None:

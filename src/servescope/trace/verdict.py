@@ -8,7 +8,7 @@ what the findings say, and a saved document carries the verdict (``report`` show
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from servescope.core.analysis import Finding, PhaseStats, RankAnalysis, Verdict
@@ -32,7 +32,7 @@ def _slowest(ranks: Sequence[RankAnalysis], phase: str) -> tuple[RankAnalysis, P
 
 
 def _host(phase: str, rank: RankAnalysis, stats: PhaseStats, finding: Finding, where: str,
-          stretch: Finding | None) -> Verdict:
+          stretch: Finding | None, caveat: str | None = None) -> Verdict:
     ev = finding.evidence
     idle = _num(ev, "idle_share") or 0.0  # launch_bound's and cpu_overhead's metric: the median step's share
     pct = _num(ev, "idle_pct") or 100 * idle  # as the finding's message prints it
@@ -47,8 +47,14 @@ def _host(phase: str, rank: RankAnalysis, stats: PhaseStats, finding: Finding, w
     if stretch is not None and (u := _num(stretch.evidence, "idle_pct_unprofiled")) is not None:
         unprofiled = f"holds without the profiler: the device idles {u:.0f}% of the unprofiled step"
         sentence += f" It holds without the profiler: {u:.0f}% idle."
+    elif caveat is not None and rank.work_kind == "device":
+        batch = f"{stats.tokens_per_step:.0f}" if phase == "decode" and stats.tokens_per_step else "B"
+        caveat = caveat.replace("{batch}", batch)
+        sentence += " " + caveat
+    else:
+        caveat = None
     return Verdict(phase=phase, rank=rank.rank, kind="host", what="idle", share=idle, base="step",
-                   sentence=sentence, finding=finding.id, steps=stats.steps, unprofiled=unprofiled)
+                   sentence=sentence, finding=finding.id, steps=stats.steps, unprofiled=unprofiled, caveat=caveat)
 
 
 def _communication(phase: str, rank: RankAnalysis, stats: PhaseStats, finding: Finding, where: str) -> Verdict:
@@ -57,6 +63,11 @@ def _communication(phase: str, rank: RankAnalysis, stats: PhaseStats, finding: F
     per_step = _num(finding.evidence, "per_step_us") or 0.0
     sentence = (f"Communication bounds the {_PHASE_WORDS.get(phase, phase)} step{where}: collectives take "
                 f"{pct:.1f}% of its device time ({step_time(per_step)} a step).")
+    wait = _num(finding.evidence, "collective_wait_share")
+    if wait is not None:  # merged with collective_wait: the time is waiting for the other ranks, not transfers
+        sentence = (f"The ranks arrive at the collectives out of step in the {_PHASE_WORDS.get(phase, phase)} step"
+                    f"{where}: collectives take {pct:.1f}% of its device time ({step_time(per_step)} a step), up to "
+                    f"{wait:.0%} of that waiting for the other ranks; the transport is not what bounds it.")
     return Verdict(phase=phase, rank=rank.rank, kind=_COMMUNICATION, what="communication", share=share,
                    base="device time", sentence=sentence, finding=finding.id, steps=stats.steps)
 
@@ -97,9 +108,15 @@ def _largest(phase: str, rank: RankAnalysis, stats: PhaseStats, categories: Mapp
 
 
 def decide_verdicts(ranks: Sequence[RankAnalysis], findings: Sequence[Finding], categories: Mapping[str, str],
-                    rules: Mapping[str, Any], words: Mapping[str, str] | None = None) -> list[Verdict]:
+                    rules: Mapping[str, Any], words: Mapping[str, str] | None = None, *,
+                    stacks: Collection[int] = (), unprofiled: bool = False) -> list[Verdict]:
     """One verdict per phase with steps, decode first, from the findings (see the module docstring); ``words``:
-    what the sentence calls each category's kernels (the taxonomy's ``words``; a name it lacks stands as is)."""
+    what the sentence calls each category's kernels (the taxonomy's ``words``; a name it lacks stands as is).
+
+    ``stacks``: the ranks whose traces recorded python stacks; where the step was not timed without the profiler
+    (``unprofiled`` false, no ``profiler_stretch`` finding) a host verdict on such a rank carries the caveat of
+    ``[verdict].stretch_caveat``."""
+    caveat_text = rules.get("verdict", {}).get("stretch_caveat")
     order: list[str] = list(rules.get("verdict", {}).get("order", ("launch_bound", "cpu_overhead",
                                                                     "communication_bound")))
     out: list[Verdict] = []
@@ -123,7 +140,8 @@ def decide_verdicts(ranks: Sequence[RankAnalysis], findings: Sequence[Finding], 
                 continue
             verdict = (_communication(phase, rank, stats, finding, where) if rule == "communication_bound"
                        else _capture(phase, rank, stats, finding, where) if rule == "graph_capture"
-                       else _host(phase, rank, stats, finding, where, stretch))
+                       else _host(phase, rank, stats, finding, where, stretch,
+                                  caveat_text if rank.rank in stacks and not unprofiled else None))
             break
         if verdict is None:
             verdict = _largest(phase, rank, stats, categories, words or {}, where, stretch, gap)
