@@ -32,6 +32,7 @@ from servescope.core.analysis import (
 )
 from servescope.core.kernel_names import shorten_kernel_name
 from servescope.trace.advice import advice_for, host_values
+from servescope.trace.engine import ENGINE_SETTING
 from servescope.trace.facts import RankFacts
 from servescope.trace.merge import PHASES_CHECKED, SEVERITY_ORDER, Instance, merge_findings
 from servescope.trace.precision import quant_facts
@@ -277,7 +278,7 @@ def _deployment_values(deployment: Mapping[str, SettingEvidence], graph_share: f
     graphs are expected to run."""
     graphs = deployment.get("cuda_graphs")
     platform = deployment.get("platform")
-    engine = deployment.get("engine")
+    engine = deployment.get(ENGINE_SETTING)
     served = engine.value if engine is not None else ""
     return {"engine_vllm": 1.0 if served == "vllm" else 0.0, "engine_sglang": 1.0 if served == "sglang" else 0.0,
             "training_run": 1.0 if served == "training" else 0.0,
