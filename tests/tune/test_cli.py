@@ -54,3 +54,13 @@ def test_a_server_that_fails_as_it_is_names_why_without_its_key(tmp_path: Path) 
                             str(tmp_path / "j.json"), "--ready-timeout", "60", "--quiet"])
     assert "did not start" in line and "unrecognized arguments" in line
     assert key not in line
+
+
+def test_analyze_names_the_catalogues_next_step() -> None:
+    capture = Path(__file__).resolve().parents[1] / "data" / "h200-vllm" / "ab" / "dense-eager-b16"
+    result = runner.invoke(app, ["analyze", str(capture)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    tail = result.output[result.output.index("next steps"):]
+    # the server ran --enforce-eager (its settings document beside the trace): graphs are the step to try
+    assert "--enforce-eager removed: CUDA graphs on" in tail
+    assert "async" not in tail  # on by vLLM 0.26's default: in place, not named
