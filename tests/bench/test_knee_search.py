@@ -101,3 +101,17 @@ def test_the_knee_is_the_highest_load_every_repeat_of_which_met() -> None:
     fallen = knee_of(flaky, "streams")
     assert fallen is not None and fallen.load == 4.0
     assert knee_of([_point(1, False, 1)], "streams") is None
+
+
+@pytest.mark.parametrize("args", [["--slo", "ttft=abc"], ["--slo", "ttft_p99=-1"], ["--slo", "speed_p99=5"],
+                                  ["--budget", "soon"], ["--rate", "auto", "--concurrency", "4"]])
+def test_bad_search_options_are_one_line_exit_2_before_any_request(args: list[str]) -> None:
+    import subprocess
+    import sys
+
+    # port 9 (discard) has no server: the options must be refused before anything is sent
+    run = subprocess.run([sys.executable, "-m", "servescope", "bench", "serve", "http://127.0.0.1:9", *args],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("servescope: error:") and "Traceback" not in run.stderr

@@ -278,7 +278,10 @@ def bench_serve(
             err.print(f"targets: {_describe(targets)}{' (the default; set them with --slo)' if slo is None else ''}",
                       markup=False, highlight=False)
 
+        last: list[ServeResult] = []
+
         def checkpoint(partial: ServeResult) -> None:
+            last[:] = [partial]
             if output is not None:
                 save(output, encode(partial))
             if search and not as_json and partial.points:
@@ -302,6 +305,8 @@ def bench_serve(
         try:
             result = with_progress(as_json, sweep)
         except KeyboardInterrupt:
+            if output is not None and last:
+                save(output, encode(_interrupted(last[0])))
             fail(f"interrupted; the points measured so far are in {output}" if output else
                  "interrupted (give -o FILE to keep the points of a run)", code=130)
         finally:
@@ -321,6 +326,16 @@ def bench_serve(
             render_compare(compare_points(result, old), console)
     if result.aborted or (not search and any(p.errors for p in result.points)):
         raise typer.Exit(1)
+
+
+def _interrupted(partial: ServeResult) -> ServeResult:
+    """The document as it stood, its search marked as interrupted."""
+    import msgspec
+
+    if partial.search is None:
+        return msgspec.structs.replace(partial, aborted=partial.aborted or "interrupted")
+    search = msgspec.structs.replace(partial.search, stopped=f"interrupted after {len(partial.points)} points")
+    return msgspec.structs.replace(partial, search=search)
 
 
 def _describe(targets: tuple[SloTarget, ...]) -> str:

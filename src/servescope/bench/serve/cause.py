@@ -107,7 +107,10 @@ def _holds(rule: Mapping[str, Any], fig: Mapping[str, float]) -> bool:
 
 def judge_knee(point: ServePoint, *, knee: ServePoint | None, first: ServePoint | None, prompt_tokens: int,
                server_argv: Sequence[str] | None = None, client_explains: bool = False) -> KneeCause | None:
-    """The cause that bounds the knee at ``point`` (the least load that missed the targets), or ``None``."""
+    """The cause that bounds the knee at ``point`` (the least load that missed the targets), or ``None``: the
+    point met the targets (nothing bounds it there), or no rule holds on its figures."""
+    if point.slo is not None and point.slo.met and not client_explains:
+        return None
     flags = engine_flags(server_argv) if server_argv is not None else {}
     fig = knee_figures(point, knee=knee, first=first, prompt_tokens=prompt_tokens, flags=flags,
                        client_explains=client_explains)

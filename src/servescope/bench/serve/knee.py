@@ -72,16 +72,22 @@ def _met(point: ServePoint) -> bool:
 def client_explains(point: ServePoint) -> bool:
     """Whether the client's own lateness could account for a point's miss: it ran late (client-bound) and every
     target it missed would be met with the client's lag p99 taken off (a late client adds at most that to a TTFT
-    or a gap). A miss larger than the client's lag is the server's, whatever the client's state; a point that
-    met the targets with the client's delays inside its figures met them."""
+    or a gap), unless the engine's own mean of that metric (``/metrics``) is already beyond the limit — a mean
+    beyond a limit puts every percentile above it beyond it too, whatever the client's state. A point that met
+    the targets with the client's delays inside its figures met them."""
     lag = point.client_lag
-    if not lag.client_bound or point.slo is None or point.slo.met:
+    if not lag.client_bound or point.slo is None or point.slo.met or "errors" in point.slo.missed_by:
         return False
     late = lag.p99_ms or 0.0
-    missed = [c for c in point.slo.checks if not c.met]
-    if "errors" in point.slo.missed_by:
-        return False
-    return all(c.value_ms is not None and c.value_ms - late <= c.limit_ms for c in missed)
+    for check in point.slo.checks:
+        if check.met:
+            continue
+        engine_mean = getattr(point.server, f"{check.target.split('_')[0]}_ms_mean", None)
+        if engine_mean is not None and engine_mean > check.limit_ms:
+            return False
+        if check.value_ms is None or check.value_ms - late > check.limit_ms:
+            return False
+    return True
 
 
 def next_load(met: float | None, missed: float | None, *, mode: str, start: float, max_load: float,

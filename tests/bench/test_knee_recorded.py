@@ -1,0 +1,132 @@
+"""The knee's cause judged again from real recordings: three vLLM 0.26 servers on an H100, each set up so that
+one cause bounds its knee (tests/data/knee/h100-pooled-prompts, README.md there).
+
+What each server was set up with is known independently of servescope (the flags it was started with); the
+figures that show it are read here from the document with plain ``json.load``: the cause servescope names must
+be the one its configuration and its own /metrics say.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from servescope.bench.serve.cause import judge_knee
+from servescope.bench.serve.knee import client_explains, knee_of
+from servescope.core.serve import ServeResult, ServerSide
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "knee" / "h100-pooled-prompts"
+# the servers' command lines (tools/gpu_vllm/knee_session.sh), what the test knows without servescope
+ARGV = {
+    "seqs": ["vllm", "serve", "--max-num-seqs", "16", "--kv-cache-memory-bytes", "4294967296"],
+    "kv": ["vllm", "serve", "--kv-cache-memory-bytes", "536870912"],
+    "prefill": ["vllm", "serve", "--max-num-batched-tokens", "256", "--kv-cache-memory-bytes", "4294967296"],
+}
+
+
+def _raw(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((DATA / f"knee-{name}.json").read_text())
+    return data
+
+
+def _doc(name: str) -> ServeResult:
+    return msgspec.json.decode((DATA / f"knee-{name}.json").read_bytes(), type=ServeResult)
+
+
+def _load(p: dict[str, Any]) -> float:
+    return float(p["concurrency"] if p["concurrency"] is not None else p["rate"])
+
+
+def _judged(name: str) -> tuple[ServeResult, Any]:
+    doc = _doc(name)
+    knee = knee_of(doc.points, "streams")
+    assert knee is not None
+    past = [p for p in doc.points if p.slo and not p.slo.met and (p.concurrency or 0) > knee.load]
+    first = min(past, key=lambda p: p.concurrency or 0)
+    at_knee = next(p for p in doc.points if p.concurrency == knee.load)
+    cause = judge_knee(first, knee=at_knee, first=doc.points[0], prompt_tokens=doc.options.input_tokens,
+                       server_argv=ARGV[name], client_explains=client_explains(first))
+    return doc, cause
+
+
+def test_the_knee_is_the_highest_load_that_always_met_by_plain_json() -> None:
+    for name in ARGV:
+        raw = _raw(name)
+        loads: dict[float, list[bool]] = {}
+        for p in raw["points"]:
+            loads.setdefault(_load(p), []).append(p["slo"]["met"])
+        expect = max(load for load, met in loads.items() if all(met))
+        assert raw["knee"]["load"] == expect
+        assert _doc(name).knee == knee_of(_doc(name).points, "streams")
+
+
+def test_a_scheduler_cap_is_named_with_the_flag_in_place() -> None:
+    raw = _raw("seqs")
+    past = [p for p in raw["points"] if not p["slo"]["met"] and _load(p) > raw["knee"]["load"]]
+    assert past and all(p["server"]["max_running"] <= 16 < _load(p) for p in past)    # pinned at the cap
+    assert all(p["server"]["max_waiting"] > 0 for p in past)                          # a queue behind it
+    _, cause = _judged("seqs")
+    assert cause is not None and cause.id == "scheduler_cap"
+    assert cause.setting == "--max-num-seqs" and cause.in_place is True and cause.setting_value == "16"
+
+
+def test_a_full_kv_cache_is_named_from_preemptions() -> None:
+    raw = _raw("kv")
+    past = [p for p in raw["points"] if not p["slo"]["met"] and _load(p) > raw["knee"]["load"]]
+    assert all(p["server"]["preemptions"] > 0 and p["server"]["kv_cache_usage_max"] >= 0.95 for p in past)
+    _, cause = _judged("kv")
+    assert cause is not None and cause.id == "kv_cache_full"
+    assert "--kv-cache-memory-bytes" in cause.setting
+
+
+def test_prefill_that_takes_the_steps_is_named_from_the_prompt_and_the_token_budget() -> None:
+    raw = _raw("prefill")
+    assert raw["options"]["input_tokens"] / 256 == 8          # each prompt needs 8 steps of 256 tokens
+    past = [p for p in raw["points"] if not p["slo"]["met"] and _load(p) > raw["knee"]["load"]]
+    assert any("ttft_p99" in p["slo"]["missed_by"] and "itl_p99" not in p["slo"]["missed_by"] for p in past)
+    _, cause = _judged("prefill")
+    assert cause is not None and cause.id == "prefill_interference"
+    assert cause.setting == "--max-num-batched-tokens" and cause.setting_value == "256"
+    # the same server's figures, the scheduling flag absent: not in place, said so
+    other = judge_knee(_doc("prefill").points[-1], knee=None, first=None, prompt_tokens=2048, server_argv=["vllm"])
+    assert other is None or other.in_place in (False, None)
+
+
+@pytest.mark.parametrize("name", list(ARGV))
+def test_no_cause_where_nothing_missed_or_nothing_shows_one(name: str) -> None:
+    """A point that met the targets has no cause; a missed point of a server without /metrics has no evidence,
+    so no rule holds: the knee is given without a named cause, never with a guessed one."""
+    doc = _doc(name)
+    for point in doc.points:
+        if point.slo is not None and point.slo.met:
+            assert judge_knee(point, knee=None, first=doc.points[0], prompt_tokens=doc.options.input_tokens,
+                              server_argv=ARGV[name]) is None
+    missed = next(p for p in doc.points if p.slo is not None and not p.slo.met)
+    blind = msgspec.structs.replace(missed, server=ServerSide(), findings=[])
+    assert judge_knee(blind, knee=None, first=None, prompt_tokens=doc.options.input_tokens, server_argv=None) is None
+
+
+def test_a_late_client_explains_a_miss_only_where_the_engine_itself_met_the_limit() -> None:
+    """The same real point past the seqs server's knee, its client made late by hand: the engine's own TTFT mean
+    (from /metrics) is beyond the limit, so the miss stays the server's; with the engine's mean within the limit
+    and a lag larger than the excess, the client could explain it."""
+    doc = _doc("seqs")
+    knee = knee_of(doc.points, "streams")
+    assert knee is not None
+    point = next(p for p in doc.points if p.slo and not p.slo.met and (p.concurrency or 0) > knee.load)
+    ttft = next(c for c in point.slo.checks if c.target == "ttft_p99") if point.slo else None
+    assert ttft is not None and ttft.value_ms is not None
+    late = msgspec.structs.replace(point.client_lag, client_bound=True, p99_ms=ttft.value_ms)   # a lag as big
+    engine_mean = point.server.ttft_ms_mean
+    assert engine_mean is not None
+    slow = msgspec.structs.replace(point, client_lag=late)
+    assert client_explains(slow) is (engine_mean <= ttft.limit_ms)
+    within = msgspec.structs.replace(slow, server=msgspec.structs.replace(point.server, ttft_ms_mean=1.0,
+                                                                         itl_ms_mean=1.0))
+    assert client_explains(within)
+    on_time = msgspec.structs.replace(within, client_lag=msgspec.structs.replace(late, client_bound=False))
+    assert not client_explains(on_time)

