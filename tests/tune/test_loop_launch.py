@@ -66,3 +66,15 @@ def test_a_server_that_does_not_start_as_it_is_fails_at_once(tmp_path: Path) -> 
     with pytest.raises(InputError, match="did not start.*unrecognized arguments: --bogus"):
         tune_server(setup, measure=toy_measure())
     assert read_journal(tmp_path / "j.json").state == "restored"
+
+
+def test_max_restarts_stops_the_loop_and_says_what_was_left(tmp_path: Path) -> None:
+    setup = TuneSetup(launch=toy_command(free_port(), "--max-num-seqs", "1"), catalogue=CATALOGUE,
+                      journal=tmp_path / "j.json", ready_timeout_s=60, max_restarts=2)
+    doc = tune_server(setup, measure=toy_measure())
+    # the first start is not a restart; the rejected flag's start and its rollback are the two
+    assert [(t.change.id, t.outcome) for t in doc.trials] == [("toy-bad-flag", "failed_start")]
+    assert doc.stopped == "max restarts (2)"
+    left = {n.id: n.reason for n in doc.not_tried}
+    assert left.get("max-num-seqs") == "budget"
+    assert "--max-num-seqs 1" in doc.keep.command_line and doc.keep.changes == []

@@ -93,8 +93,9 @@ def tune(
     output_tokens: Annotated[int, typer.Option("--output-tokens", min=1, help="Output tokens a request.")] = 64,
     budget: Annotated[str | None, typer.Option("--budget", help="Stop trying changes after this long (2h, "
                                                "90m).")] = None,
-    max_restarts: Annotated[int | None, typer.Option("--max-restarts", min=0, help="Stop after this many server "
-                                                     "starts (rollbacks count).")] = None,
+    max_restarts: Annotated[int | None, typer.Option("--max-restarts", min=0, help="Stop after this many "
+                                                     "restarts (rollbacks count; a launched server's first start "
+                                                     "does not).")] = None,
     measure_budget: Annotated[str | None, typer.Option("--measure-budget", help="Each knee search's budget "
                                                        "(10m).")] = None,
     max_load: Annotated[float | None, typer.Option("--max-load", min=1.0, help="The most streams a search "

@@ -158,11 +158,13 @@ class _Run:
 
     # ---------------------------------------------------------------------------------------- steps
 
-    def start(self, config: ServerConfig, what: str) -> tuple[bool, str, float, list[str]]:
+    def start(self, config: ServerConfig, what: str, *, counts: bool = True) -> tuple[bool, str, float, list[str]]:
+        """Start ``config``; ``counts``: a restart toward ``--max-restarts`` (a launched server's first start is
+        not one)."""
         self.say(f"{what}: starting the server", False)
         started = self.target.start(config, progress=lambda e, p: self.say(f"{what}: loading, {e:.0f} s ({p})",
                                                                              True))
-        self.restarts += 1
+        self.restarts += int(counts)
         self.say(f"{what}: {'ready' if started.ok else 'failed: ' + started.reason} after {started.seconds:.0f} s",
                  False)
         return started.ok, started.reason, started.seconds, started.log_tail
@@ -239,7 +241,8 @@ class _Run:
         config = self.config()
         resumed = bool(self.baseline)
         if self.target.kind == "launch" or (resumed and self.journal.trying is not None):
-            ok, reason, _, tail = self.start(config, "baseline" if not resumed else "resume")
+            ok, reason, _, tail = self.start(config, "baseline" if not resumed else "resume",
+                                             counts=self.target.kind != "launch")
             if not ok:
                 raise InputError(self.target.name, f"the server did not start: {reason}"
                                  + (f" (log: {tail[-1]})" if tail else ""))
