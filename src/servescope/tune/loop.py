@@ -64,12 +64,10 @@ class TuneRequest:
     api_key: str | None = field(default=None, repr=False)
 
 
-class _Terminated(Exception):
-    """SIGTERM arrived: handled as ctrl-c is."""
-
-
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    raise _Terminated
+    # SIGTERM is handled as ctrl-c is; KeyboardInterrupt, since asyncio (the knee search) lets it out of a task
+    # where it would keep another exception in the task
+    raise KeyboardInterrupt("SIGTERM")
 
 
 @contextmanager
@@ -382,7 +380,7 @@ def run_tune(request: TuneRequest, target: Target, measure: Measure, *, journal_
         try:
             run.loop()
             run.finish()
-        except (KeyboardInterrupt, _Terminated):
+        except KeyboardInterrupt:
             run.stopped = "interrupted"
             if run.journal.trying is not None:
                 cand = run.journal.trying
