@@ -12,6 +12,8 @@ import typer
 from servescope.cli.common import ApiKeyOption, JsonFlag, app, err, fail, save, user_errors
 from servescope.core.errors import InputError
 
+__all__ = ["tune"]
+
 
 def _duration(option: str, text: str | None) -> float | None:
     """``90``, ``90s``, ``10m``, ``2h`` → seconds."""

@@ -4,3 +4,5 @@
 can restart; :mod:`.journal` is what survives a crash; :mod:`.evidence` gathers what calls for a change;
 :mod:`.measure` measures the knee through ``bench serve``'s search.
 """
+
+__all__: list[str] = []
