@@ -129,6 +129,16 @@ def _api_key(setup: TuneSetup, argv: tuple[str, ...]) -> str | None:
     return key.reveal() if key else None
 
 
+def _profiler_flags(setup: TuneSetup, argv: tuple[str, ...], log_dir: Path) -> tuple[str, ...]:
+    """With --profile, vLLM's profiler flags for a launched server (idle until profiled), unless it has its own."""
+    if not setup.profile or any(w.startswith("--profiler-config") for w in argv):
+        return ()
+    traces = log_dir.resolve() / "traces"
+    traces.mkdir(parents=True, exist_ok=True)  # vLLM makes it only at the first /start_profile, which profile waits on
+    return ("--profiler-config.profiler=torch", f"--profiler-config.torch_profiler_dir={traces}",
+            "--profiler-config.torch_profiler_with_stack=false")
+
+
 def _target(setup: TuneSetup, confirm: Confirm) -> Target:
     from servescope.server.settings import server_url
 
@@ -144,7 +154,8 @@ def _target(setup: TuneSetup, confirm: Confirm) -> Target:
         url = setup.url or server_url(argv)
         log_dir = setup.log_dir or setup.journal.with_name(setup.journal.name + ".logs")
         return LaunchTarget(ServerConfig(argv, dict(setup.env)), url=url, log_dir=log_dir,
-                            ready_timeout_s=setup.ready_timeout_s, api_key=_api_key(setup, argv))
+                            ready_timeout_s=setup.ready_timeout_s, api_key=_api_key(setup, argv),
+                            extra_argv=_profiler_flags(setup, argv, log_dir))
     path = _unit_file(setup)
     probe = UnitTarget(setup.unit or "", unit_path=path, url="", confirm=confirm, ready_timeout_s=0)
     url = setup.url or server_url(probe.original.argv)
@@ -217,6 +228,8 @@ def resume_tune(journal_path: Path, *, api_key: str | None = None, say: Say | No
     journal.process = None
     key = _api_key(setup, tuple(journal.argv))
     target = target_from_journal(journal, ready_timeout_s=setup.ready_timeout_s, api_key=key, confirm=confirm)
+    if isinstance(target, LaunchTarget):
+        target.extra_argv = _profiler_flags(setup, tuple(journal.argv), target.log_dir)
     return run_tune(_request(setup, key), target, measure or _measure(setup, key), journal_path=journal_path,
                     journal=journal, say=say, profiler=_profiler(setup, target, key))
 

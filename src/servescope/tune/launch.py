@@ -91,7 +91,8 @@ class LaunchTarget:
     kind = "launch"
 
     def __init__(self, original: ServerConfig, *, url: str, log_dir: Path, ready_timeout_s: float,
-                 api_key: str | None = None, on_start: Callable[[int, int | None], None] | None = None) -> None:
+                 api_key: str | None = None, on_start: Callable[[int, int | None], None] | None = None,
+                 extra_argv: tuple[str, ...] = ()) -> None:
         if not original.argv:
             raise InputError("--launch", "an empty command")
         self.original = original
@@ -100,6 +101,7 @@ class LaunchTarget:
         self.ready_timeout_s = ready_timeout_s
         self.api_key = api_key
         self.on_start = on_start
+        self.extra_argv = extra_argv  # run with every configuration, never part of one (the profiler's flags)
         self.log_path: Path | None = None
         self._popen: subprocess.Popen[bytes] | None = None
         self._starts = 0
@@ -124,7 +126,8 @@ class LaunchTarget:
         began = time.monotonic()
         with self.log_path.open("wb") as log:
             try:
-                self._popen = subprocess.Popen(list(config.argv), env={**os.environ, **config.env}, stdout=log,
+                self._popen = subprocess.Popen([*config.argv, *self.extra_argv], env={**os.environ, **config.env},
+                                               stdout=log,
                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                start_new_session=True)
             except OSError as exc:
