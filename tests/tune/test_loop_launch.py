@@ -78,3 +78,21 @@ def test_max_restarts_stops_the_loop_and_says_what_was_left(tmp_path: Path) -> N
     left = {n.id: n.reason for n in doc.not_tried}
     assert left.get("max-num-seqs") == "budget"
     assert "--max-num-seqs 1" in doc.keep.command_line and doc.keep.changes == []
+
+
+def test_a_client_bound_knee_is_said_to_be_the_clients(tmp_path: Path) -> None:
+    from servescope.tune.measure import Measured
+
+    from .toy import knee_of
+
+    def measure(url: str, **_: object) -> Measured:
+        got = knee_of(1, 0.0)
+        return Measured(figure=msgspec.structs.replace(got.figure, cause="client"), cause_figures={})
+
+    import msgspec
+
+    setup = TuneSetup(launch=toy_command(free_port(), "--max-num-seqs", "1"), journal=tmp_path / "j.json",
+                      ready_timeout_s=60)
+    doc = tune_server(setup, measure=measure)  # type: ignore[arg-type]
+    assert doc.trials == [] and doc.stopped == "no candidate left"
+    assert any("the knee is the client's" in note for note in doc.evidence)

@@ -98,6 +98,12 @@ def _shielded() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+_NOT_THE_SERVER = {
+    "client": "the knee is the client's (servescope's own load generator ran late): no server setting moves it; "
+              "measure from more CPUs or another machine to see the server's own knee",
+}
+
+
 def noise_of(first: KneeFigure, second: KneeFigure, *, floor: float) -> float:
     """How far the knee moves on its own, as a fraction of the baseline: the two baselines' difference and each
     one's repeat spread, relative to their mean; at least ``floor``."""
@@ -279,6 +285,9 @@ class _Run:
             left = [c for c in candidates if c.id not in spent and (c.id, c.edit.describe()) not in tried]
             if not left:
                 self.stopped = "no candidate left"
+                cause = self.last.figure.cause if self.last is not None else None
+                if cause in _NOT_THE_SERVER:
+                    self.evidence_notes.append(_NOT_THE_SERVER[cause])
                 return
             if (limit := self.out_of_time()) is not None:
                 self.stopped = limit
