@@ -346,3 +346,12 @@ def test_bench_serves_front_end_finding_names_more_api_servers() -> None:
     assert lines and lines[0].startswith("--api-server-count 2: more API front-end processes")
     # at its cap (8 front ends) it is in place, not named again
     assert serve_next_steps(result, argv=["vllm", "serve", "m", "--api-server-count", "8"]) == []
+
+
+def test_capture_size_called_by_a_knee_above_the_captured_size() -> None:
+    argv = ["vllm", "serve", "m", "--max-cudagraph-capture-size", "8"]
+    cands, _ = _ids(ChangeEvidence(knee_cause="step_time", load=48, argv=argv, platform="cuda"))
+    assert cands["capture-size"].edit.set_flags == {"--max-cudagraph-capture-size": "64"}
+    # at vLLM's default (512) a knee of 48 streams is captured already: not called
+    cands, out = _ids(ChangeEvidence(knee_cause="step_time", load=48, argv=["vllm", "serve", "m"], platform="cuda"))
+    assert "capture-size" not in cands and "capture-size" not in out

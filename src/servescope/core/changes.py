@@ -254,9 +254,14 @@ def _block_reasons(block: Mapping[str, Any], ev: ChangeEvidence) -> list[str] | 
     return reasons
 
 
-def _called(entry: Mapping[str, Any], ev: ChangeEvidence) -> list[str] | None:
+def _called(entry: Mapping[str, Any], ev: ChangeEvidence, flags: Mapping[str, list[str]]) -> list[str] | None:
     for block in entry.get("when", ()):
         reasons = _block_reasons(block, ev)
+        if reasons is not None and block.get("load_above_current"):
+            current = _number(_current(entry, ev, flags))
+            if current is None or ev.load is None or ev.load <= current:
+                continue
+            reasons.append(f"the load {ev.load:g} is above the current {current:g}")
         if reasons is not None:
             return reasons
     return None
@@ -441,7 +446,7 @@ def match_changes(ev: ChangeEvidence, *, allow: Sequence[str] = (),
     candidates: list[Candidate] = []
     ruled: list[NotCandidate] = []
     for cid, entry in entries.items():
-        because = _called(entry, ev)
+        because = _called(entry, ev, flags)
         if because is None:
             continue
         out = _ruled_out(cid, entry, ev, flags, allow, because) or _candidate(cid, entry, ev, flags, because)
