@@ -109,8 +109,8 @@ def tune(
                                                     "outputs, by name (kv-fp8, weight-fp8).")] = None,
     catalogue: Annotated[Path | None, typer.Option("--catalogue", help="A TOML of [changes.ID] entries added to "
                                                    "the bundled catalogue.")] = None,
-    profile: Annotated[bool, typer.Option("--profile", help="Profile at each knee's load (the server needs its "
-                                          "profiler flags).")] = False,
+    profile: Annotated[bool, typer.Option("--profile", help="Profile at each knee's load (a launched server gets "
+                                          "vLLM's profiler flags; a unit needs its own).")] = False,
     moe_config_dir: Annotated[Path | None, typer.Option("--moe-config-dir", help="A folder of tuned fused-MoE "
                                                         "configs (VLLM_TUNED_CONFIG_FOLDER).")] = None,
     comm: Annotated[Path | None, typer.Option("--comm", help="A `bench comm --json` result: its best settings "
