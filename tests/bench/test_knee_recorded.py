@@ -1,5 +1,5 @@
 """The knee's cause judged again from real recordings: three vLLM 0.26 servers on an H100, each set up so that
-one cause bounds its knee (tests/data/knee/h100-pooled-prompts, README.md there).
+one cause bounds its knee (tests/data/knee/h100, README.md there).
 
 What each server was set up with is known independently of servescope (the flags it was started with); the
 figures that show it are read here from the document with plain ``json.load``: the cause servescope names must
@@ -19,9 +19,10 @@ from servescope.bench.serve.cause import judge_knee
 from servescope.bench.serve.knee import client_explains, knee_of
 from servescope.core.serve import ServeResult, ServerSide
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "knee" / "h100-pooled-prompts"
+DATA = Path(__file__).resolve().parents[1] / "data" / "knee" / "h100"
 # the servers' command lines (tools/gpu_vllm/knee_session.sh), what the test knows without servescope
 ARGV = {
+    "defaults": ["vllm", "serve", "--kv-cache-memory-bytes", "8589934592"],
     "seqs": ["vllm", "serve", "--max-num-seqs", "16", "--kv-cache-memory-bytes", "4294967296"],
     "kv": ["vllm", "serve", "--kv-cache-memory-bytes", "536870912"],
     "prefill": ["vllm", "serve", "--max-num-batched-tokens", "256", "--kv-cache-memory-bytes", "4294967296"],
@@ -62,6 +63,19 @@ def test_the_knee_is_the_highest_load_that_always_met_by_plain_json() -> None:
         expect = max(load for load, met in loads.items() if all(met))
         assert raw["knee"]["load"] == expect
         assert _doc(name).knee == knee_of(_doc(name).points, "streams")
+
+
+def test_prefill_chunks_that_stall_decode_are_named_on_the_defaults_server() -> None:
+    """vLLM's defaults (max_num_batched_tokens 8192 on this H100, its log): no queue, yet ITL p99 missed while the
+    median gap held — steps that carry other requests' prefills. The engine's own figures, by plain json."""
+    raw = _raw("defaults")
+    past = [p for p in raw["points"] if not p["slo"]["met"] and _load(p) > raw["knee"]["load"]]
+    first = min(past, key=_load)
+    assert "itl_p99" in first["slo"]["missed_by"] and first["server"]["max_waiting"] == 0
+    assert first["itl_ms"]["p99"] / first["itl_ms"]["median"] >= 4
+    _, cause = _judged("defaults")
+    assert cause is not None and cause.id == "prefill_interference" and "smaller" in cause.advice
+    assert cause.in_place is False          # the flag is not on its command line: vLLM's default applies
 
 
 def test_a_scheduler_cap_is_named_with_the_flag_in_place() -> None:
@@ -130,3 +144,31 @@ def test_a_late_client_explains_a_miss_only_where_the_engine_itself_met_the_limi
     assert client_explains(within)
     on_time = msgspec.structs.replace(within, client_lag=msgspec.structs.replace(late, client_bound=False))
     assert not client_explains(on_time)
+
+
+def test_the_knee_renders_again_from_its_document_text_and_html(tmp_path: Path) -> None:
+    """`report` re-renders a saved search: the answer first (the knee, what bounds it, the setting), one row per
+    point, and an HTML page with the knee's chart; --compare's line against another search."""
+    import subprocess
+    import sys
+
+    from servescope.report.knee import knee_change
+
+    raw = _raw("seqs")
+    text = subprocess.run([sys.executable, "-m", "servescope", "report", str(DATA / "knee-seqs.json")],
+                          capture_output=True, text=True, env={**__import__("os").environ, "COLUMNS": "100"},
+                          timeout=60)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    knee_line = next(i for i, line in enumerate(lines) if line.startswith("knee: "))
+    assert lines[knee_line].startswith(f"knee: {raw['knee']['load']:g} streams")
+    assert any(line.startswith("bounded by the scheduler's cap") for line in lines[knee_line:knee_line + 3])
+    assert sum(1 for line in lines if line.split()[:1] in (["probe"], ["bisect"], ["repeat"])) == len(raw["points"])
+    html = tmp_path / "knee.html"
+    run = subprocess.run([sys.executable, "-m", "servescope", "report", str(DATA / "knee-seqs.json"), "--html",
+                          str(html)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    page = html.read_text()
+    assert 'id="chart-knee"' in page and "Targets and the knee" in page and "--max-num-seqs" in page
+    change = knee_change(_doc("kv"), _doc("seqs"))
+    assert change is not None and f"{raw['knee']['load']:g} → {_raw('kv')['knee']['load']:g}" in change

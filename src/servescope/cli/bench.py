@@ -320,10 +320,19 @@ def bench_serve(
     if as_json:
         sys.stdout.buffer.write(encode(result))
     else:
+        from servescope.core.next_steps import serve_next_steps
+        from servescope.report.tune import render_next_steps
+
         console = Console(highlight=False)
         render_serve(result, console)
         if old is not None:
+            from servescope.report.knee import knee_change
+
             render_compare(compare_points(result, old), console)
+            line = knee_change(result, old)
+            if line is not None:
+                console.print(line, markup=False, highlight=False)
+        render_next_steps(serve_next_steps(result, argv=_server_argv(url) or ()), console)
     if result.aborted or (not search and any(p.errors for p in result.points)):
         raise typer.Exit(1)
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
-from rich.text import Text
 
 from servescope.core.serve import PointSlo, ServePoint, ServeResult
 from servescope.report.page import escape
+from servescope.report.wrap import hang
 
-__all__ = ["knee_html", "knee_lines", "render_knee", "slo_line", "slo_table"]
+__all__ = ["knee_change", "knee_html", "knee_lines", "render_knee", "slo_line", "slo_table"]
 
 
 def _targets(result: ServeResult) -> str:
@@ -58,7 +58,7 @@ def knee_lines(result: ServeResult) -> list[tuple[str, str]]:
 def render_knee(result: ServeResult, console: Console) -> None:
     """The search's answer, then one row per point."""
     for style, line in knee_lines(result):
-        console.print(Text(line, style=style), overflow="fold")
+        hang(console, line, style=style)
     console.print(slo_table(result))
 
 
@@ -134,3 +134,22 @@ def knee_html(result: ServeResult) -> list[str]:
     answer = "".join(f"<p><b>{escape(line)}</b></p>" if style.startswith("bold") else f"<p>{escape(line)}</p>"
                      for style, line in knee_lines(result))
     return ["<h2>Targets and the knee</h2>", answer, chart]
+
+
+def knee_change(new: ServeResult, old: ServeResult) -> str | None:
+    """The knee against an older search's (``--compare``): load and goodput, old → new, and whether the new knee
+    lies beyond the older one's spread."""
+    if new.knee is None and old.knee is None:
+        return None
+    if new.knee is None or old.knee is None:
+        return f"knee: {'none' if old.knee is None else f'{old.knee.load:g}'} → " \
+               f"{'none' if new.knee is None else f'{new.knee.load:g}'} (the older search's)"
+    a, b = old.knee, new.knee
+    change = (b.goodput_tokens_per_s - a.goodput_tokens_per_s) / a.goodput_tokens_per_s if a.goodput_tokens_per_s else 0
+    beyond = b.spread[0] > a.spread[1] or b.spread[1] < a.spread[0]
+    same = [t.name for t in new.slo] == [t.name for t in old.slo] and \
+        [t.limit_ms for t in new.slo] == [t.limit_ms for t in old.slo]
+    return (f"knee against the older search: {a.load:g} → {b.load:g} {b.unit}, goodput {a.goodput_tokens_per_s:.1f} → "
+            f"{b.goodput_tokens_per_s:.1f} tok/s ({change:+.1%}; "
+            f"{'beyond' if beyond else 'within'} the two spreads)"
+            + ("" if same else "; the targets differ"))

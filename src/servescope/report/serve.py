@@ -15,6 +15,7 @@ from rich.text import Text
 from servescope.core.serve import DEFINITIONS, Dist, ServePoint, ServeResult
 from servescope.report.knee import knee_html, render_knee, slo_line
 from servescope.report.page import escape, page, warning
+from servescope.report.wrap import hang
 
 __all__ = [
     "compare_points",
@@ -59,8 +60,8 @@ def _point_table(point: ServePoint) -> Table:
 def render_serve(result: ServeResult, console: Console) -> None:
     """A headline, then per point: a table of TTFT/TPOT/ITL/E2E beside the server's means, and throughput."""
     opts = result.options
-    console.print(Text(f"{result.url}  model {opts.model}  {opts.input_tokens} in / {opts.output_tokens} out tokens "
-                       f"(ignore_eos)  prompts: {opts.prompt_source}"))
+    hang(console, f"{result.url}  model {opts.model}  {opts.input_tokens} in / {opts.output_tokens} out tokens "
+                  f"(ignore_eos)  prompts: {opts.prompt_source}")
     if not result.metrics_available:
         console.print(Text("the server has no /metrics: server columns are N/A", style="yellow"))
     if result.search is not None:   # a knee search: the answer first, then its points one row each

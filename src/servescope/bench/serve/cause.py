@@ -25,10 +25,15 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
 
 
 @cache
+def _knee_data() -> dict[str, Any]:
+    data: dict[str, Any] = tomllib.loads((files("servescope") / "data" / "knee.toml").read_text(encoding="utf-8"))
+    return data
+
+
+@cache
 def load_knee_rules() -> list[dict[str, Any]]:
     """The bundled ``data/knee.toml`` rules, in file order."""
-    rules: list[dict[str, Any]] = tomllib.loads(
-        (files("servescope") / "data" / "knee.toml").read_text(encoding="utf-8"))["rule"]
+    rules: list[dict[str, Any]] = _knee_data()["rule"]
     for rule in rules:
         for cond in rule.get("when", []):
             if cond["op"] not in _OPS:
@@ -92,6 +97,10 @@ def knee_figures(point: ServePoint, *, knee: ServePoint | None, first: ServePoin
             fig[name.replace("-", "_")] = float(flags[f"--{name}"])
         except (KeyError, ValueError):
             pass
+    cap = fig.get("max_num_seqs") or float(_knee_data()["defaults"]["max_num_seqs"])
+    fig["scheduler_cap"] = cap
+    if s.max_running is not None and cap:
+        fig["running_cap_share"] = s.max_running / cap
     if fig.get("max_num_batched_tokens"):
         fig["prompt_chunks"] = prompt_tokens / float(fig["max_num_batched_tokens"] or 1)
     return {k: float(v) for k, v in fig.items() if v is not None}

@@ -29,7 +29,7 @@ __all__ = ["LoadSpec", "PointProgress", "client_lag", "model_and_len", "plan_req
 PointProgress = Callable[[str, int, int], None]
 """Called as requests finish: (point label, finished, planned)."""
 
-_SCRAPE_EVERY_S = 1.0
+_SCRAPE_EVERY_S = 0.5   # the running/waiting gauges of a point of a few seconds need several samples
 _ERROR_EXAMPLES = 3
 
 

@@ -5,7 +5,7 @@ request is a streamed ``/v1/completions`` with ``max_tokens = min_tokens = N`` a
 of exactly ``input_tokens`` tokens by the server's own tokenizer (vLLM ``/tokenize`` + ``/detokenize``;
 without them, one common English word per token, documented as ``prompt_source``), and
 ``stream_options.include_usage`` + ``continuous_usage_stats`` so token counts come from the server.
-``/metrics`` is scraped before, during (every second) and after each point; see
+``/metrics`` is scraped before, during (every 0.5 s) and after each point; see
 :mod:`servescope.server.metrics`. The prompts come from :mod:`servescope.server.prompts`.
 
 A 1 ms timer runs beside the streams and records how late it fires (event-loop lag): when that grows
