@@ -27,7 +27,8 @@ SLO=${SLO:-ttft_p99=1000,itl_p99=40}
 KNEE_BUDGET_S=${KNEE_BUDGET_S:-110}
 say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
-pack() { cp "$LOG" "$OUTD/knee-session.txt"; ( cd "$W" && tar czf "$OUTD/knee-logs.tgz" logs ) 2>/dev/null; ls -la "$OUTD"; }
+R=$W/results; mkdir -p "$R"
+pack() { cp "$LOG" "$OUTD/knee-session.txt"; ( cd "$W" && tar czf "$OUTD/knee-logs.tgz" logs && tar czf "$OUTD/knee-results.tgz" results ) 2>/dev/null; ls -la "$OUTD" "$R"; }
 
 export VLLM_USE_DEEP_GEMM=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
@@ -49,6 +50,7 @@ up() { python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127
 # 1. start those not up, side by side
 started=()
 for s in "$@"; do
+  [ "$s" = tune ] && continue
   if up ${PORT[$s]}; then say "$s already up on ${PORT[$s]}"; continue; fi
   # shellcheck disable=SC2086
   setsid python3 -m vllm.entrypoints.openai.api_server --model $MODELS/$MODEL --served-model-name $MODEL \
@@ -73,27 +75,43 @@ anchor() {   # anchor NAME PORT IN OUT CONC
   timeout $(( $(left) > 40 ? $(left) - 20 : 20 )) python3 -m vllm.entrypoints.cli.main bench serve --backend vllm \
     --base-url http://127.0.0.1:$port --model $MODEL --tokenizer $MODELS/$MODEL --dataset-name random \
     --random-input-len $in --random-output-len $out --ignore-eos --max-concurrency $c --num-prompts $n --seed 0 \
-    --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,95,99 --save-result --result-dir "$OUTD" \
-    --result-filename "vbench-$name-c$c.json" > "$OUTD/vbench-$name-c$c.txt" 2>&1
-  say "vllm bench serve $name c=$c n=$n rc=$? in $(( $(date +%s) - t ))s: $(grep -E 'P99 TTFT|P99 ITL' "$OUTD/vbench-$name-c$c.txt" | tr -s ' ' | tr '\n' ' ')"
+    --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,95,99 --save-result --result-dir "$R" \
+    --result-filename "vbench-$name-c$c.json" > "$R/vbench-$name-c$c.txt" 2>&1
+  say "vllm bench serve $name c=$c n=$n rc=$? in $(( $(date +%s) - t ))s: $(grep -E 'P99 TTFT|P99 ITL' "$R/vbench-$name-c$c.txt" | tr -s ' ' | tr '\n' ' ')"
   python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$port/metrics').read().decode())" > "$W/logs/metrics-$name-c$c-after.txt" 2>&1
 }
 
 for s in "$@"; do
+  [ "$s" = tune ] && continue
   up ${PORT[$s]} || { say "$s is not up: skipped"; tail -20 "$W/logs/server-$s.log" | tee -a "$LOG"; continue; }
   read -r in out <<< "${SHAPE[$s]}"
   b=$KNEE_BUDGET_S; [ "$(left)" -lt $(( b + 60 )) ] && b=$(( $(left) - 60 ))
   [ $b -lt 20 ] && { say "no time left for $s"; break; }
   t=$(date +%s)
   COLUMNS=100 $SS bench serve http://127.0.0.1:${PORT[$s]} --slo "$SLO" --input-tokens $in --output-tokens $out \
-    --budget ${b}s --max-load 512 -o "$OUTD/knee-$s.json" > "$OUTD/knee-$s.txt" 2> "$W/logs/knee-$s.err"
+    --budget ${b}s --max-load 512 -o "$R/knee-$s.json" > "$R/knee-$s.txt" 2> "$W/logs/knee-$s.err"
   say "knee $s rc=$? in $(( $(date +%s) - t ))s (budget ${b}s)"
-  grep -E "^knee|^bounded|setting:|^search" "$OUTD/knee-$s.txt" | cut -c1-200 | sed 's/^/    /' | tee -a "$LOG"
+  grep -E "^knee|^bounded|setting:|^search" "$R/knee-$s.txt" | cut -c1-200 | sed 's/^/    /' | tee -a "$LOG"
   read -r kl nl <<< "$(python3 -c "
-import json; d = json.load(open('$OUTD/knee-$s.json')); k = d.get('knee') or {}
+import json; d = json.load(open('$R/knee-$s.json')); k = d.get('knee') or {}
 print(int(k.get('load') or 0), int(k.get('next_load') or 0))" 2>/dev/null)"
   for c in ${kl:-0} ${nl:-0}; do
     [ "$c" -gt 0 ] && [ "$(left)" -gt 45 ] && anchor "$s" ${PORT[$s]} $in $out $c
   done
 done
+
+# 3. `tune` (issue 36): a launched server with one weak setting (--max-num-seqs 16); tune must find the cap and keep
+# the change that lifts it, within TUNE_BUDGET_S
+case " $* " in *" tune "*)
+  tb=$(( $(left) - 30 ))
+  if [ $tb -gt 120 ]; then
+    t=$(date +%s)
+    COLUMNS=100 timeout $tb $SS tune --launch "python3 -m vllm.entrypoints.openai.api_server --model $MODELS/$MODEL --served-model-name $MODEL --max-model-len 4096 --gpu-memory-utilization 0.2 --kv-cache-memory-bytes 4294967296 --max-num-seqs 16 --port 8015" \
+      --slo "$SLO" --input-tokens 256 --output-tokens 128 --max-load 256 --measure-budget ${TUNE_MEASURE:-50s} \
+      --max-restarts ${TUNE_RESTARTS:-2} --budget $(( tb - 20 ))s --ready-timeout 300 --yes --journal $W/tune.journal.json \
+      -o "$R/tune-seqs.json" > "$R/tune-seqs.txt" 2> "$W/logs/tune-seqs.err"
+    say "tune rc=$? in $(( $(date +%s) - t ))s"; tail -30 "$R/tune-seqs.txt" | cut -c1-160 | tee -a "$LOG"
+    tail -5 "$W/logs/tune-seqs.err" | cut -c1-200 | tee -a "$LOG"
+  else say "no time left for tune (${tb}s)"; fi ;;
+esac
 pack
