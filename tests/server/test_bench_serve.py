@@ -63,7 +63,7 @@ def test_tokens_and_server_figures_agree_and_the_engine_bounds_client_latency(re
     # TPOT has no such bound: the engine stamps tokens as it makes them, the client sees chunks as the API
     # front end sends them, and on this 2-core box the front end (sharing a core with the client) often sends
     # a request's first tokens merged and late, shortening (E2E - TTFT): -14% to -59% was seen, with client
-    # lag p99 under 40 ms. So TPOT only has to be the right order of magnitude (a unit error is 1000x).
+    # lag p99 under 40 ms.
     def mean_ms(name: str) -> float:
         return (after[f"{name}_sum"] - before[f"{name}_sum"]) / (after[f"{name}_count"] - before[f"{name}_count"]) * 1e3
 
@@ -73,7 +73,16 @@ def test_tokens_and_server_figures_agree_and_the_engine_bounds_client_latency(re
     lags = [p.client_lag.p99_ms for p in result.points]
     assert client_mean("ttft_ms") >= mean_ms(_TTFT) * 0.98 - 1.0, f"client lag p99 {lags} ms"
     assert client_mean("e2e_ms") >= mean_ms(_E2E) * 0.98 - 1.0, f"client lag p99 {lags} ms"
-    assert 0.25 * server_tpot_ms < client_mean("tpot_ms") < 4 * server_tpot_ms, f"client lag p99 {lags} ms"
+    # TPOT is the engine's only where each token reached the client as a chunk of its own and the client ran on
+    # time; where the front end merged chunks (fewer gaps than tokens) or the client ran late, what the client can
+    # know is the E2E bound above, and a late client must be named so (client_bound), not counted as the server.
+    merged = any(p.itl_ms.samples < 0.9 * p.ttft_ms.samples * (output_tokens - 1) for p in result.points)
+    starved = [p for p in result.points if p.client_lag.client_bound]
+    assert all(any(f.id == "client_bound" for f in p.findings) for p in starved), "a late client is named"
+    if not merged and not starved:
+        assert 0.5 * server_tpot_ms < client_mean("tpot_ms") < 2 * server_tpot_ms, f"client lag p99 {lags} ms"
+    else:
+        assert 0 < client_mean("tpot_ms") < 4 * server_tpot_ms, f"client lag p99 {lags} ms"
     # Each point's own window: the server means sit beside ours and come from the renamed-series list.
     for point in result.points:
         assert point.server.tpot_metric == _TPOT
