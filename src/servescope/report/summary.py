@@ -136,10 +136,10 @@ def render_summary(doc: AnalysisDoc, console: Console, phases: Sequence[str] | N
     order = {"high": 0, "medium": 1, "info": 2}
     findings = sorted(doc.findings, key=lambda f: order.get(f.severity, 3))
     if findings:
-        shown = findings[:_TOP_FINDINGS]
-        more = f" (top {len(shown)} of {len(findings)})" if len(findings) > len(shown) else ""
+        top = findings[:_TOP_FINDINGS]
+        more = f" (top {len(top)} of {len(findings)})" if len(findings) > len(top) else ""
         hang(console, f"findings{more}", style="bold")
-        for finding in shown:
+        for finding in top:
             _finding_line(console, finding)
     else:
         hang(console, "findings: none")
