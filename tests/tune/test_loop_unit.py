@@ -148,3 +148,21 @@ def test_a_unit_that_fails_to_start_is_put_back_byte_for_byte(toy_unit: ToyUnit,
     assert toy_unit.files() == before
     assert read_journal(tmp_path / "j.json").state == "restored"
     assert ["start", "toy.service"] in toy_unit.systemctl.calls()
+
+
+def test_a_unit_without_a_dropin_folder_gets_one_and_loses_it_again(toy_unit: ToyUnit, tmp_path: Path) -> None:
+    """Most units have no ``NAME.service.d/`` yet: tune makes the folder for its drop-in, and a run that keeps
+    nothing (``keep=False``, `--no-keep`) leaves the unit as it found it — no drop-in, no folder."""
+    shutil.rmtree(toy_unit.dropin_dir)
+    seen: list[bool] = []
+
+    def seqs_of(url: str) -> int:
+        seen.append((toy_unit.dropin_dir / DROPIN_NAME).is_file())
+        argv = _exec_argv(toy_unit.unit_file, toy_unit.dropin_dir)
+        return int(argv[argv.index("--max-num-seqs") + 1])
+
+    setup = TuneSetup(unit="toy", unit_file=toy_unit.unit_file, url=f"http://127.0.0.1:{toy_unit.port}",
+                      journal=tmp_path / "j.json", ready_timeout_s=30, max_restarts=2, keep=False)
+    doc = tune_server(setup, measure=toy_measure(seqs_of=seqs_of), confirm=lambda text: True)
+    assert any(t.outcome == "kept" for t in doc.trials) and True in seen
+    assert not toy_unit.dropin_dir.exists()

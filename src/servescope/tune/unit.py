@@ -125,7 +125,7 @@ class UnitTarget:
         if config == self.original:
             restore_file(self.dropin_path, self.before)
         else:
-            write_bytes_atomic(self.dropin_path, self.dropin_text(config).encode("utf-8"), mode=0o644)
+            write_bytes_atomic(self.dropin_path, self.dropin_text(config).encode("utf-8"), mode=0o644, mkdir=True)
         run_systemctl(["daemon-reload"])
 
     def start(self, config: ServerConfig, progress: Callable[[float, str], None] | None = None) -> Started:
