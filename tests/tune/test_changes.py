@@ -355,3 +355,26 @@ def test_capture_size_called_by_a_knee_above_the_captured_size() -> None:
     # at vLLM's default (512) a knee of 48 streams is captured already: not called
     cands, out = _ids(ChangeEvidence(knee_cause="step_time", load=48, argv=["vllm", "serve", "m"], platform="cuda"))
     assert "capture-size" not in cands and "capture-size" not in out
+
+
+def test_the_catalogue_speaks_only_where_its_engine_serves_the_run() -> None:
+    """The eager vLLM capture with its server's settings names `--enforce-eager`'s removal; the same analysis
+    told it is a training run, or with no engine evidence at all, names no vLLM flag (issue 37: advice knows the
+    engine). Training traces get their engine evidence from their ops (tests/trace/test_engine_advice.py)."""
+    import msgspec
+
+    from servescope.core.changes import catalogue_engine
+    from servescope.core.next_steps import analysis_next_steps
+
+    folder = AB / "dense-eager-b16"
+    settings = from_settings_doc(read_document(folder / "settings.json"), str(folder / "settings.json"))
+    doc = analyze(AnalyzeRequest(paths=[folder / "rank0.pt.trace.json.gz"], settings=[settings]))
+    engine = doc.deployment["engine"]
+    assert engine.value == catalogue_engine() == "vllm"
+    said = analysis_next_steps(doc, argv=settings.argv)
+    assert any("--enforce-eager" in line for line in said), said
+    training = msgspec.structs.replace(doc, deployment={**doc.deployment,
+                                                        "engine": msgspec.structs.replace(engine, value="training")})
+    assert analysis_next_steps(training, argv=settings.argv) == []
+    unknown = msgspec.structs.replace(doc, deployment={k: v for k, v in doc.deployment.items() if k != "engine"})
+    assert analysis_next_steps(unknown, argv=settings.argv) == []

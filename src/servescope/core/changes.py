@@ -33,7 +33,7 @@ from servescope.core.analysis import SettingEvidence
 from servescope.core.errors import InputError
 from servescope.core.messages import format_message
 
-__all__ = ["Candidate", "ChangeEdit", "ChangeEvidence", "Matched", "NotCandidate", "SeenFinding",
+__all__ = ["catalogue_engine", "Candidate", "ChangeEdit", "ChangeEvidence", "Matched", "NotCandidate", "SeenFinding",
            "flag_values", "load_catalogue", "match_changes", "moe_log_facts"]
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
@@ -136,9 +136,18 @@ class Matched(msgspec.Struct, kw_only=True, frozen=True):
 # ------------------------------------------------------------------------------------------------ the catalogue
 
 @cache
+def _bundled_data() -> dict[str, Any]:
+    data: dict[str, Any] = tomllib.loads((files("servescope") / "data" / "changes.toml").read_text(encoding="utf-8"))
+    return data
+
+
 def _bundled() -> dict[str, dict[str, Any]]:
-    data = tomllib.loads((files("servescope") / "data" / "changes.toml").read_text(encoding="utf-8"))
-    return dict(data["changes"])
+    return dict(_bundled_data()["changes"])
+
+
+def catalogue_engine() -> str:
+    """The engine whose flags the bundled catalogue sets (``engine`` in ``data/changes.toml``)."""
+    return str(_bundled_data()["engine"])
 
 
 def load_catalogue(extra: Path | None = None) -> dict[str, dict[str, Any]]:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from servescope.core.analysis import AnalysisDoc
-from servescope.core.changes import ChangeEvidence, SeenFinding, match_changes
+from servescope.core.changes import ChangeEvidence, SeenFinding, catalogue_engine, match_changes
 from servescope.core.serve import ServeResult
 
 __all__ = ["analysis_next_steps", "evidence_of_analysis", "next_steps", "serve_next_steps"]
@@ -21,7 +21,11 @@ _STEADY_STEPS = 3  # a phase finding about fewer steps (an admission step or two
 
 def analysis_next_steps(doc: AnalysisDoc, *, argv: Sequence[str] = (),
                         log_lines: Sequence[str] = ()) -> list[str]:
-    """:func:`next_steps` of an analysis, with the server's command line and log lines where known."""
+    """:func:`next_steps` of an analysis, with the server's command line and log lines where known; none where the
+    analysis does not show the catalogue's engine serving the run (a training trace, another engine, no evidence)."""
+    engine = doc.deployment.get("engine")
+    if engine is None or engine.value != catalogue_engine():
+        return []
     return next_steps(evidence_of_analysis(doc, argv=list(argv), log_lines=list(log_lines)))
 
 
