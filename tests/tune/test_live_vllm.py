@@ -60,7 +60,7 @@ def test_tune_launch_on_vllm_cpu(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "servescope", "tune", "--launch", command, "--env", "VLLM_CPU_OMP_THREADS_BIND=0",
          "--env", "VLLM_CPU_KVCACHE_SPACE=1", "--env", "VLLM_NO_USAGE_STATS=1", "--slo", "ttft_p99=2000,itl_p99=500",
-         "--input-tokens", "32", "--output-tokens", "32", "--measure-budget", "60s", "--max-load", "8",
+         "--input-tokens", "32", "--output-tokens", "32", "--measure-budget", "30s", "--max-load", "8",
          "--catalogue", str(HERE / "data" / "cpu-changes.toml"), "--journal", str(journal),
          "-o", str(tmp_path / "doc.json"), "--ready-timeout", "300"],
         capture_output=True, text=True, timeout=1800)
