@@ -22,8 +22,8 @@ __all__ = ["COMMAND_MODULES", "app", "main"]
 # than one module.
 COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "analyze": ("analyze",), "report": ("analyze",), "diff": ("analyze",), "plan": ("plan",),
-    "profile": ("profile",), "health": ("health",), "settings": ("settings",), "capture": ("capture",),
-    "gpu": ("gpu",), "bench": ("bench",), "service": ("service",), "tune": ("tune",),
+    "profile": ("profile",), "health": ("health",), "settings": ("settings",), "tune": ("tune",),
+    "capture": ("capture",), "gpu": ("gpu",), "bench": ("bench",), "service": ("service",),
 }
 # Every module, in the order that gives `servescope --help` and `servescope bench --help` their order.
 _ALL_MODULES = ("analyze", "bench", "capture", "gpu", "plan", "profile", "health", "service", "settings", "tune")
