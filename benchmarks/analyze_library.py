@@ -1,7 +1,8 @@
 """``servescope analyze TRACE --json -o OUT`` without the command line: the feature function alone.
 
-The same work as the command (read-ahead started before the analysis is imported, :func:`servescope.trace.
-analyze.analyze`, the JSON document written atomically and printed), without the CLI layer's imports, so that
+The same work as the command (its feature function :func:`servescope.trace.run.analyze_traces`: read-ahead
+started before the analysis is imported; the JSON document written atomically and printed), without the CLI
+layer's imports, so that
 ``analyze_vs_hta.py --servescope "PYTHON benchmarks/analyze_library.py"`` measures what trace/ costs and the
 difference to the plain run is what the CLI adds at start-up.
 
@@ -18,14 +19,9 @@ from pathlib import Path
 def main(argv: list[str]) -> None:
     if len(argv) != 5 or argv[0] != "analyze" or argv[2:4] != ["--json", "-o"]:
         sys.exit("usage: analyze_library.py analyze TRACE --json -o OUT")
-    from servescope.trace.files import discover_traces
-    from servescope.trace.readahead import ReadAhead
+    from servescope.trace.run import analyze_traces
 
-    found = discover_traces([Path(argv[1])])
-    with ReadAhead(found, min_files=1) as read_ahead:  # decoding starts now, as the command does it
-        from servescope.trace.analyze import AnalyzeRequest, analyze
-
-        doc = analyze(AnalyzeRequest(paths=found), read_ahead=read_ahead)
+    doc = analyze_traces([Path(argv[1])]).doc  # decoding starts before the analysis is imported, as in the command
     from servescope.core.atomic import write_bytes_atomic
     from servescope.core.document import encode
 

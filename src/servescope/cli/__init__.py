@@ -48,39 +48,18 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _exit_now() -> None:
-    """Exit 0 without tearing the interpreter down: its output is written, flushed and closed, and freeing
-    every object of a large analysis one by one (and a last garbage collection over them) costs ~45 ms."""
-    import os
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
 def main() -> None:
     """Console-script entry point."""
-    from servescope.cli import head_start
+    from servescope.cli import startup
 
     first = sys.argv[1:2]
     command = first[0] if first and first[0] in COMMAND_MODULES else None
-    if command == "analyze":
-        # One pass that makes little cyclic garbage and ends in os._exit: the collector's passes over every
-        # object the imports made (typer, numpy) cost ~25 ms of ~0.4 s on the 35 MB trace.
-        import gc
-        import os
-
-        gc.disable()
-        # analyze does no linear algebra; numpy's OpenBLAS would start a thread per core on import (~100 ms of
-        # CPU on two cores, taken from the decoding children). A user's own setting wins.
-        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-        head_start.start(sys.argv[2:])  # its traces start decoding now, while typer is imported and parses
+    startup.prepare(command, sys.argv[2:])  # start-up tricks: see servescope.cli.startup
     root = _load(COMMAND_MODULES[command]) if command is not None else __getattr__("app")
     try:
         root()
     except SystemExit as done:
-        if command == "analyze" and done.code in (0, None):
-            _exit_now()
+        startup.finish(command, done.code)
         raise
     except KeyboardInterrupt:
         from servescope.cli.common import err
@@ -88,4 +67,4 @@ def main() -> None:
         err.print("servescope: interrupted", markup=False)
         sys.exit(130)
     finally:
-        head_start.release()
+        startup.release()

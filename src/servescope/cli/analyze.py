@@ -13,27 +13,24 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from servescope.cli.common import HtmlReport, JsonDocumentOut, TopKernels, app, fail, save, user_errors, with_progress
+from servescope.cli.common import (
+    HtmlReport,
+    JsonDocumentOut,
+    TopKernels,
+    app,
+    emit,
+    fail,
+    save,
+    user_errors,
+    with_progress,
+)
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from servescope.core.analysis import AnalysisDoc
 
-__all__ = ["analyze", "diff", "report", "write_outputs"]
-
-
-def write_outputs(doc: AnalysisDoc, *, json_out: Path | None, html_out: Path | None,
-                  encoded: bytes | None = None) -> None:
-    """Write the analysis as JSON (``encoded`` when already made) and as HTML, each atomically."""
-    if json_out is not None:
-        if encoded is None:
-            from servescope.core.document import encode as encode_analysis
-
-            encoded = encode_analysis(doc)
-        save(json_out, encoded)
-    if html_out is not None:
-        from servescope.report.html import render_analysis_html
-
-        save(html_out, render_analysis_html(doc))
+__all__ = ["analyze", "diff", "report"]
 
 
 @app.command()
@@ -69,57 +66,37 @@ def analyze(
     front-end trace is recognised), finds the steps, and breaks their device time down by category.
     """
     from servescope.cli import head_start
-    from servescope.trace.deployment import evidence_beside
-    from servescope.trace.files import example_trace_dir, left_out_lines
-    from servescope.trace.readahead import ReadAhead
+    from servescope.trace.run import analyze_traces
 
     with user_errors():
-        chosen: list[Path] = list(paths or [])
-        bundled = None
-        if example or example_name is not None:
-            bundled = example_trace_dir(example_name) if example_name is not None else example_trace_dir()
-            chosen.append(bundled)
-        if not chosen:
+        if not paths and not example and example_name is None:
             fail("give trace files or directories, or --example")
-        # The traces are found once (by the head start when it guessed these paths); they start decoding in child
-        # processes now (or did already), while this one imports the analysis.
-        discovery = head_start.found(chosen)
-        found = discovery.traces
-        # settings and profile documents beside the traces describe their server: evidence, not left out
-        evidence = evidence_beside(discovery, settings or [])
-        beside = evidence.used
-        # what a named directory held besides traces (the bundled example's README and side files go unsaid)
-        for line in left_out_lines([(p, why) for p, why in discovery.left_out
-                                    if (bundled is None or not p.is_relative_to(bundled)) and p not in beside]):
-            sys.stderr.write(f"analyze: {line}\n")  # plain: rich is not imported on this route
-        with head_start.claim(found) or ReadAhead(found, min_files=1) as read_ahead:
-            from servescope.trace.analyze import AnalyzeRequest
-            from servescope.trace.analyze import analyze as run_analysis
+        run = with_progress(as_json, lambda progress: analyze_traces(
+            paths or [], example=example, example_name=example_name, taxonomy=taxonomy, step_gap_us=step_gap_us,
+            settings=settings or [], warn=_warn, progress=progress, head_start=head_start))
+        emit(run.doc, lambda doc, console: _render_text(doc, console, top=top, argv=run.argv,
+                                                         log_lines=run.log_lines()),
+             as_json=as_json, output=output, html=html, render_html=_render_html)
 
-            request = AnalyzeRequest(paths=discovery, taxonomy=taxonomy, step_gap_us=step_gap_us,
-                                     settings=evidence.settings, reference=evidence.reference)
-            doc = with_progress(as_json, lambda progress: run_analysis(request, progress=progress,
-                                                                      read_ahead=read_ahead))
-        encoded = None
-        if as_json or output is not None:
-            from servescope.core.document import encode as encode_analysis
 
-            encoded = encode_analysis(doc)
-        write_outputs(doc, json_out=output, html_out=html, encoded=encoded)
-    if encoded is not None and as_json:
-        sys.stdout.buffer.write(encoded + b"\n")
-        return
-    from rich.console import Console
+def _warn(line: str) -> None:
+    sys.stderr.write(f"analyze: {line}\n")  # plain: rich is not imported on this route
 
+
+def _render_html(doc: AnalysisDoc) -> str:
+    from servescope.report.html import render_analysis_html
+
+    return render_analysis_html(doc)
+
+
+def _render_text(doc: AnalysisDoc, console: Console, *, top: int, argv: list[str], log_lines: list[str]) -> None:
+    """The analysis and, after it, the catalogue's next steps for this server."""
     from servescope.core.next_steps import analysis_next_steps
     from servescope.report.tables import render_analysis
     from servescope.report.tune import render_next_steps
-    from servescope.tune.evidence import log_lines_beside
 
-    console = Console(highlight=False)
     render_analysis(doc, console, top=top)
-    argv = next((s.argv for s in evidence.settings if s.argv), [])
-    render_next_steps(analysis_next_steps(doc, argv=argv, log_lines=log_lines_beside(found)), console)
+    render_next_steps(analysis_next_steps(doc, argv=argv, log_lines=log_lines), console)
 
 
 @app.command()

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OUTPUT_OPTIONS", "ApiKeyOption", "BarProgress", "HtmlReport", "JsonDocumentOut", "JsonFlag", "MkdirFlag",
-    "ModelPreset", "ServerUrl", "TopKernels", "app", "bench_app", "capture_app", "check_outputs", "err", "fail",
+    "ModelPreset", "ServerUrl", "TopKernels", "app", "bench_app", "capture_app", "check_outputs", "emit", "err", "fail",
     "gpu_app", "print_result", "save", "service_app",
     "user_errors", "with_progress",
 ]
@@ -198,6 +198,32 @@ def print_result(result: T, render: Callable[[T, Console], None], *, as_json: bo
         from rich.console import Console
 
         render(result, Console(highlight=False))
+
+
+def emit(doc: T, render: Callable[[T, Console], None], *, as_json: bool, output: Path | None = None,
+         html: Path | None = None, render_html: Callable[[T], str] | None = None) -> None:
+    """A document's outputs: ``-o`` its JSON, ``--html`` its page (``render_html``), each written atomically; on
+    stdout its JSON and a newline with ``--json``, else ``render`` on a console of the terminal's width. The JSON
+    is encoded once for both.
+
+    Raises:
+        InputError: an output file cannot be written (one line naming it, exit 2 under :func:`user_errors`).
+    """
+    encoded = None
+    if as_json or output is not None:
+        from servescope.core.document import encode as encode_document
+
+        encoded = encode_document(doc)
+    if output is not None and encoded is not None:
+        save(output, encoded)
+    if html is not None and render_html is not None:
+        save(html, render_html(doc))
+    if as_json and encoded is not None:
+        sys.stdout.buffer.write(encoded + b"\n")
+        return
+    from rich.console import Console
+
+    render(doc, Console(highlight=False))
 
 
 @contextmanager

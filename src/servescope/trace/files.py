@@ -17,7 +17,7 @@ from typing import Protocol
 from servescope.core.errors import InputError
 
 __all__ = ["EXAMPLES", "EXAMPLE_NAME", "Discovery", "discover_traces", "example_trace_dir",
-           "find_traces", "left_out_lines", "why_not_a_trace"]
+           "find_traces", "left_out_lines", "log_lines_beside", "why_not_a_trace"]
 
 EXAMPLE_NAME = "h200-vllm-moe-b16"
 """The default bundled example: a real vLLM 0.26 decode capture from an H200 (Qwen3-30B-A3B shapes, batch 16,
@@ -180,3 +180,15 @@ def example_trace_dir(name: str = EXAMPLE_NAME) -> Path:
         if not path.is_dir():
             raise InputError(str(path), "bundled example missing from this installation")
         return path
+
+
+def log_lines_beside(traces: Sequence[Path]) -> list[str]:
+    """The server log lines saved beside traces (``server-log-lines.txt``, ``server.log``), for the catalogue."""
+    lines: list[str] = []
+    for folder in dict.fromkeys(p.parent for p in traces):
+        for name in ("server-log-lines.txt", "server.log"):
+            try:
+                lines += (folder / name).read_text(encoding="utf-8", errors="replace").splitlines()
+            except OSError:
+                continue
+    return lines

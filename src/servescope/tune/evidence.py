@@ -15,6 +15,7 @@ from servescope.core.analysis import SettingEvidence
 from servescope.core.changes import ChangeEvidence, SeenFinding, flag_values
 from servescope.core.errors import ServescopeError
 from servescope.core.next_steps import evidence_of_analysis
+from servescope.trace.files import log_lines_beside
 from servescope.tune.edit import ServerConfig
 from servescope.tune.measure import Measured
 
@@ -107,15 +108,3 @@ def gather_evidence(measured: Measured, config: ServerConfig, *, log_lines: Sequ
                           findings=list(findings), log_lines=list(log_lines), load=measured.figure.load,
                           argv=list(config.argv), env=dict(config.env), settings=deployment_of(config, version),
                           platform=platform, facts=model_facts(config.argv), inputs=more)
-
-
-def log_lines_beside(traces: Sequence[Path]) -> list[str]:
-    """The server log lines saved beside traces (``server-log-lines.txt``, ``server.log``), for the catalogue."""
-    lines: list[str] = []
-    for folder in dict.fromkeys(p.parent for p in traces):
-        for name in ("server-log-lines.txt", "server.log"):
-            try:
-                lines += (folder / name).read_text(encoding="utf-8", errors="replace").splitlines()
-            except OSError:
-                continue
-    return lines

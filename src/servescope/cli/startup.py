@@ -1,0 +1,57 @@
+"""Start-up tricks, in one place: what a command does before typer is imported and after its work is done, each
+with its reason and what it was measured to save.
+
+``analyze`` is the command people time against other tools (benchmarks/analyze_vs_hta.py: the 35 MB trace in
+~0.4 s on a 2-core VM, start-up included), so it alone gets them:
+
+* **the head start** (:mod:`servescope.cli.head_start`): its traces start decoding in child processes before
+  typer (~50 ms) and the analysis (numpy, the rules: ~100 ms) are imported;
+* **no cyclic garbage collection**: one pass that makes little cyclic garbage and ends in ``os._exit``; the
+  collector's passes over every object the imports made (typer, numpy) cost ~25 ms;
+* **one BLAS thread** (``OPENBLAS_NUM_THREADS=1`` unless the user set it): analyze does no linear algebra, and
+  numpy's OpenBLAS would start a thread per core on import (~100 ms of CPU on two cores, taken from the decoding
+  children; 0.93x wall);
+* **no teardown** (:func:`finish`): after a successful run its output is written, flushed and closed, and freeing
+  every object of a large analysis one by one (and a last collection over them) costs ~45 ms.
+
+Every other command starts and ends as Python does. Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+__all__ = ["FAST_COMMANDS", "finish", "prepare", "release"]
+
+FAST_COMMANDS = frozenset({"analyze"})
+"""The commands that get the tricks above."""
+
+
+def prepare(command: str | None, args: Sequence[str]) -> None:
+    """Before typer is imported: the tricks for ``command`` (its arguments ``args``, unparsed)."""
+    if command not in FAST_COMMANDS:
+        return
+    import gc
+
+    from servescope.cli import head_start
+
+    gc.disable()
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    head_start.start(args)  # its traces start decoding now, while typer is imported and parses
+
+
+def finish(command: str | None, code: object) -> None:
+    """After ``command`` ended with exit ``code``: a successful fast command exits now, without teardown."""
+    if command in FAST_COMMANDS and code in (0, None):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def release() -> None:
+    """Stop what :func:`prepare` started and the command did not take (it failed or ended before reading)."""
+    from servescope.cli import head_start
+
+    head_start.release()
