@@ -21,7 +21,8 @@ def test_defaults_come_from_the_data_file() -> None:
     spec = parse_spec(BASE, "s.toml")
     assert spec.guard.max_used_mib == data["guard"]["max_used_mib"]
     assert spec.restart.burst == data["restart"]["burst"]
-    assert spec.engine_command == data["engines"]["vllm"]["command"]
+    engines = tomllib.loads(files("servescope").joinpath("data", "engines.toml").read_text())["engine"]
+    assert spec.engine_command == next(e["command"] for e in engines if e["id"] == "vllm")
 
 
 def test_args_table_keeps_order_and_flags() -> None:

@@ -30,6 +30,7 @@ from typing import Any
 import msgspec
 
 from servescope.core.analysis import SettingEvidence
+from servescope.core.engines import check_engine
 from servescope.core.errors import InputError
 from servescope.core.messages import format_message
 
@@ -138,6 +139,7 @@ class Matched(msgspec.Struct, kw_only=True, frozen=True):
 @cache
 def _bundled_data() -> dict[str, Any]:
     data: dict[str, Any] = tomllib.loads((files("servescope") / "data" / "changes.toml").read_text(encoding="utf-8"))
+    check_engine(data.get("engine"), "data/changes.toml", "engine")  # an engine of data/engines.toml
     return data
 
 

@@ -22,9 +22,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from servescope.core.errors import InputError
+from servescope.core.engines import detect_engine
 from servescope.core.settings import MASK, Drift
-from servescope.deploy.importer import detect_engine
 
 __all__ = [
     "EngineArgs",
@@ -137,14 +136,12 @@ def _is_flag(word: str) -> bool:
 def parse_engine_argv(argv: Sequence[str]) -> EngineArgs:
     """The engine, command, model and flags of a server command line (ExecStart or ``/proc/PID/cmdline``).
 
-    The engine is found as ``service import`` finds it: ``vllm serve``, ``python -m
+    The engine is found as ``service import`` finds it, by ``data/engines.toml``: ``vllm serve``, ``python -m
     vllm.entrypoints.openai.api_server``, ``python -m sglang.launch_server``.
     """
     words = list(argv)
-    try:
-        engine, first = detect_engine(words, "argv")
-    except (InputError, IndexError):
-        engine, first = None, min(1, len(words))
+    found = detect_engine(words)
+    engine, first = found if found is not None else (None, min(1, len(words)))
     command, rest = tuple(words[:first]), words[first:]
     model = None
     i = 0

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servescope.core import engines
 from servescope.core.atomic import write_text_atomic
 from servescope.core.errors import InputError
 from servescope.core.redact import MASK, redact
@@ -48,15 +49,11 @@ class ImportResult:
 
 
 def detect_engine(argv: list[str], source: str) -> tuple[str, int]:
-    """(engine, index of the first engine argument) of an ExecStart argv."""
-    for i, word in enumerate(argv):
-        if word in ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server"):
-            return "vllm", i + 1
-        if word == "sglang.launch_server":
-            return "sglang", i + 1
-        if Path(word).name == "vllm" and i + 1 < len(argv) and argv[i + 1] == "serve":
-            return "vllm", i + 2
-    raise InputError(source, f"ExecStart runs neither vLLM nor SGLang: {argv[0]!r}")
+    """(engine, index of the first engine argument) of an ExecStart argv (``data/engines.toml``)."""
+    found = engines.detect_engine(argv)
+    if found is None:
+        raise InputError(source, f"ExecStart runs neither {engines.engines_words()}: {argv[0]!r}")
+    return found
 
 
 def _where(entry: UnitEntry) -> str:
@@ -96,7 +93,7 @@ def _engine(start: UnitEntry, secrets: _Secrets, spec: dict[str, Any]) -> None:
     argv = command.argv
     engine, first = detect_engine(argv, _where(start))
     words, rest = argv[:first], argv[first:]
-    model_flag = defaults()["engines"][engine]["model_flag"]
+    model_flag = engines.engine(engine).model_flag
     model: str | None = None
     args: list[str] = []
     i = 0
@@ -120,7 +117,7 @@ def _engine(start: UnitEntry, secrets: _Secrets, spec: dict[str, Any]) -> None:
     if model is None:
         raise InputError(_where(start), f"ExecStart has no {model_flag}")
     spec.update({"engine": engine, "model": model})
-    if words != defaults()["engines"][engine]["command"]:
+    if words != list(engines.engine(engine).command):
         spec["command"] = words
     spec["args"] = args
 

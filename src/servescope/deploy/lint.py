@@ -20,6 +20,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from servescope.core.engines import detect_engine, engine
 from servescope.deploy.spec import defaults, is_secret_name
 from servescope.deploy.unitfile import (
     ExecCommand,
@@ -246,11 +247,10 @@ def _no_max_model_len(unit: UnitFile, ctx: _Context) -> list[Finding]:
     if start is None:
         return []
     argv = exec_command(start).argv
-    joined = " ".join(argv)
-    engine = "sglang" if "sglang" in joined else "vllm" if "vllm" in joined else None
-    if engine is None:
+    found = detect_engine(argv)
+    flag = engine(found[0]).context_flag if found is not None else None
+    if flag is None:
         return []
-    flag = defaults()["engines"][engine]["context_flag"]
     if any(w == flag or w.startswith(flag + "=") for w in argv):
         return []
     return [_finding("no-max-model-len", start.line, f"ExecStart has no {flag}")]

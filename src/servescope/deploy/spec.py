@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from servescope.core.engines import engine, engine_ids
 from servescope.core.errors import InputError
 
 __all__ = [
@@ -58,7 +59,7 @@ _SECRET_NAME = re.compile(r"(?i)(token|api[-_]?key|secret|password|passwd|_key$)
 _SECRET_FLAGS = ("--api-key", "--hf-token")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _RESTART = ("no", "on-success", "on-failure", "on-abnormal", "on-watchdog", "on-abort", "always")
-_ALLOWED = {"engine": "vllm, sglang", "restart.policy": ", ".join(_RESTART)}
+_ALLOWED = {"restart.policy": ", ".join(_RESTART)}
 _KEY = re.compile(r"[A-Za-z0-9_.-]+")
 
 
@@ -114,7 +115,7 @@ class Spec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
     name: str
     model: str
-    engine: Literal["vllm", "sglang"] = "vllm"
+    engine: str = "vllm"  # an id of data/engines.toml (parse_spec checks it)
     description: str | None = None
     user: str = msgspec.field(default_factory=lambda: str(defaults()["user"]))
     working_directory: str = msgspec.field(default_factory=lambda: str(defaults()["working_directory"]))
@@ -139,14 +140,13 @@ class Spec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     @property
     def engine_command(self) -> list[str]:
         """The program and its leading words: the spec's ``command`` or the engine's default."""
-        return list(self.command or defaults()["engines"][self.engine]["command"])
+        return list(self.command or engine(self.engine).command)
 
 
 def engine_args(spec: Spec) -> list[str]:
     """The engine's argument words after the command: the model flag, then the spec's args in order."""
-    engine = defaults()["engines"][spec.engine]
     command = spec.engine_command
-    words = [spec.model] if command[-1] == "serve" else [engine["model_flag"], spec.model]
+    words = [spec.model] if command[-1] == "serve" else [engine(spec.engine).model_flag, spec.model]
     if isinstance(spec.args, list):
         return words + list(spec.args)
     for key, value in spec.args.items():
@@ -218,6 +218,8 @@ def parse_spec(text: str, source: str) -> Spec:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(source, f"not valid TOML ({exc})") from None
+    if isinstance(raw.get("engine"), str) and raw["engine"] not in engine_ids():
+        raise InputError(source, f"engine: invalid enum value {raw['engine']!r}; allowed: {', '.join(engine_ids())}")
     try:
         spec = msgspec.convert(raw, Spec, strict=True)
     except msgspec.ValidationError as exc:

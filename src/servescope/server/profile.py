@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from servescope.core.engines import Engine, detect_engine, engine, engines
 from servescope.core.errors import InputError
 from servescope.server.batches import PromptSupply, send, timed_batch, timed_runs
 from servescope.server.client import ApiKey, ServerClient
@@ -58,6 +59,7 @@ FRONTEND_MARK = ".async_llm."
 PROFILER_FLAGS = ("--profiler-config.profiler=torch --profiler-config.torch_profiler_dir=DIR "
                   "(older vLLM: env VLLM_TORCH_PROFILER_DIR=DIR)")
 _WORLD_RE = re.compile(rb'"world_size"\s*:\s*(\d+)')
+_VERSION_PATH = "/version"  # its answer's engine: version_path in data/engines.toml
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,7 +174,8 @@ def is_local_url(url: str) -> bool:
 
 
 def discover_trace_dir(url: str, *, proc: Path = Path("/proc")) -> Path | None:
-    """The profiler dir of the local vLLM process serving ``url``'s port, from its cmdline or env; else None.
+    """The profiler dir of the local engine process serving ``url``'s port, from its cmdline or env (the flags and
+    variable of its entry in ``data/engines.toml``); else None.
 
     Shell twin: ``tr '\\0' ' ' < /proc/PID/cmdline`` of the process started with ``--port PORT``.
     """
@@ -186,10 +189,11 @@ def discover_trace_dir(url: str, *, proc: Path = Path("/proc")) -> Path | None:
             argv = (entry / "cmdline").read_bytes().decode("utf-8", "replace").split("\0")
         except OSError:
             continue
-        if not _serves_port(argv, port):
+        server = _serving(argv, port)
+        if server is None:
             continue
         for i, arg in enumerate(argv):
-            for flag in ("--profiler-config.torch_profiler_dir", "--torch-profiler-dir"):
+            for flag in server.profiler_dir_flags:
                 if arg.startswith(flag + "="):
                     return Path(arg.split("=", 1)[1])
                 if arg == flag and i + 1 < len(argv):
@@ -199,20 +203,18 @@ def discover_trace_dir(url: str, *, proc: Path = Path("/proc")) -> Path | None:
         except OSError:
             continue
         for item in env:
-            if item.startswith("VLLM_TORCH_PROFILER_DIR="):
+            if server.profiler_dir_env and item.startswith(server.profiler_dir_env + "="):
                 return Path(item.split("=", 1)[1])
     return None
 
 
-def _serves_port(argv: list[str], port: int) -> bool:
-    if not any("vllm" in a or "sglang" in a for a in argv[:4]):
-        return False
-    for i, arg in enumerate(argv):
-        if arg == "--port" and i + 1 < len(argv) and argv[i + 1] == str(port):
-            return True
-        if arg == f"--port={port}":
-            return True
-    return False
+def _serving(argv: list[str], port: int) -> Engine | None:
+    """The engine (``data/engines.toml``) that ``argv`` runs on ``port``, else None."""
+    found = detect_engine(argv)
+    for i, arg in enumerate(argv if found is not None else ()):
+        if arg == f"--port={port}" or (arg == "--port" and i + 1 < len(argv) and argv[i + 1] == str(port)):
+            return engine(found[0]) if found is not None else None
+    return None
 
 
 def _snapshot(trace_dir: Path) -> dict[Path, tuple[int, int]]:
@@ -309,7 +311,7 @@ def _quiet(_: str) -> None:
 async def _server_version(client: ServerClient) -> str | None:
     """vLLM's ``/version`` (``{"version": "0.26.0"}``), or None where the server answers otherwise."""
     try:
-        answer = await client.get_json("/version")
+        answer = await client.get_json(_VERSION_PATH)
     except ServerError:
         return None
     return str(answer["version"]) if isinstance(answer, dict) and isinstance(answer.get("version"), str) else None
@@ -474,7 +476,7 @@ def local_server(url: str, proc: Path = Path("/proc")) -> ProcessRecord | None:
     port = urlsplit(url).port
     if port is None or not is_local_url(url):
         return None
-    pids = [p.pid for p in find_processes(lambda argv: _serves_port(argv, port), proc=proc)]
+    pids = [p.pid for p in find_processes(lambda argv: _serving(argv, port) is not None, proc=proc)]
     try:
         return read_process_record(min(pids), proc=proc) if pids else None
     except (OSError, InputError):
@@ -491,4 +493,6 @@ def live_deployment(url: str, version: str | None, record: ProcessRecord | None)
     where = f"pid {record.pid}, /proc/{record.pid}/cmdline and environ" if record else url
     return [DeploymentInput(source="server", where=where + (f", /version {version}" if version else ""),
                             argv=list(record.argv) if record else [], env=dict(record.env) if record else {},
-                            version=version, engine="vllm" if version else None)]
+                            version=version,  # the engine whose server answers /version (data/engines.toml)
+                            engine=next((e.id for e in engines() if e.version_path == _VERSION_PATH), None)
+                            if version else None)]

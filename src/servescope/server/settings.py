@@ -28,6 +28,7 @@ from pathlib import Path
 
 import msgspec
 
+from servescope.core.engines import engine, engine_ids
 from servescope.core.errors import InputError
 from servescope.core.settings import ProcessRecord, ProcessSeen, SettingsDoc
 from servescope.deploy.drift import parse_engine_argv
@@ -163,12 +164,14 @@ def process_api_key(process: ProcessRecord | None) -> str | None:
 
 
 def server_url(argv: Sequence[str]) -> str:
-    """Where a server with this command line listens: ``--host``/``--port``, else the engine's default
-    port (vLLM 8000, SGLang 30000) on 127.0.0.1 (a server bound to all addresses answers there too)."""
+    """Where a server with this command line listens: ``--host``/``--port``, else the engine's default port
+    (``default_port`` in ``data/engines.toml``: vLLM 8000, SGLang 30000) on 127.0.0.1 (a server bound to all
+    addresses answers there too)."""
     args = parse_engine_argv(argv)
     host = args.get("--host")
     port = args.get("--port")
     address = host[1] if host and host[1] not in ("", "0.0.0.0", "::") else "127.0.0.1"
-    default = "30000" if args.engine == "sglang" else "8000"
+    # the engine's default port (data/engines.toml); a program no entry names: the first engine's
+    default = engine(args.engine or engine_ids()[0]).default_port
     address = f"[{address}]" if ":" in address else address
     return f"http://{address}:{port[1] if port and port[1] else default}"

@@ -23,6 +23,7 @@ import msgspec
 from servescope.core.analysis import AnalysisDoc, SettingEvidence, StepReference, StepRow
 from servescope.core.document import decode as decode_document
 from servescope.core.document import read_document
+from servescope.core.engines import check_engine, engine_words, engines
 from servescope.core.errors import InputError
 from servescope.core.settings import SettingsDoc
 from servescope.trace.files import Discovery
@@ -31,7 +32,6 @@ from servescope.trace.table import TraceData, distinct_ids
 __all__ = ["DeploymentInput", "Evidence", "deployment_settings", "evidence_beside", "from_settings_doc",
            "load_deployment_rules"]
 
-_ENGINE_WORDS = {"vllm": "vLLM", "sglang": "SGLang"}
 _SOURCE_WORDS = {"server": "the live server", "settings": "the settings document", "trace": "the trace",
                  "default": "the engine's default"}
 
@@ -54,7 +54,11 @@ class DeploymentInput(msgspec.Struct, frozen=True, kw_only=True):
 @cache
 def load_deployment_rules() -> dict[str, Any]:
     """The bundled ``data/deployment.toml``: ``settings`` by id."""
-    return tomllib.loads((files("servescope") / "data" / "deployment.toml").read_text(encoding="utf-8"))
+    data = tomllib.loads((files("servescope") / "data" / "deployment.toml").read_text(encoding="utf-8"))
+    for sid, setting in data.get("settings", {}).items():  # each default names an engine of data/engines.toml
+        for default in setting.get("default", ()):
+            check_engine(default.get("engine"), "data/deployment.toml", f"settings.{sid}.default")
+    return data
 
 
 def from_settings_doc(doc: SettingsDoc, where: str) -> DeploymentInput:
@@ -75,8 +79,8 @@ def from_settings_doc(doc: SettingsDoc, where: str) -> DeploymentInput:
                 server[s.key] = s.value
                 if s.key == "/version version":
                     version = s.value
-    if version is None:
-        version = env.get("VLLM_VERSION")
+    if version is None:  # a launcher's variable for the engine's version (version_env in data/engines.toml)
+        version = next((env[e.version_env] for e in engines() if e.version_env and env.get(e.version_env)), None)
     return DeploymentInput(source="settings", where=where, argv=argv, env=env, version=version, server=server)
 
 
@@ -123,7 +127,7 @@ def _from_input(inp: DeploymentInput, rules: Mapping[str, Any]) -> dict[str, Set
                 if default["engine"] == engine and since is not None and version >= since:
                     found = SettingEvidence(
                         value=default["value"], source="default",
-                        detail=f"{_ENGINE_WORDS.get(engine, engine)} {inp.version}'s default, no flag against it in "
+                        detail=f"{engine_words(engine)} {inp.version}'s default, no flag against it in "
                                f"{where}")
         if found is not None:
             out[sid] = found

@@ -5,7 +5,7 @@ only where the evidence says that engine serves the run, best source first:
 
 1. the live server or a settings document (its command line, or the engine that answered ``/version``);
 2. the trace's metadata (vLLM writes ``vllm_version``) or its python frames / CPU operators naming the engine's
-   code (``[[engine]]`` in ``steps.toml``);
+   code (``metadata`` and ``frames`` of its entry in ``data/engines.toml``);
 3. the trace's step marks, where the format says whose they are (``serves`` in ``steps.toml``; a form two
    engines write, ``shared_form``, names none).
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from servescope.core.analysis import SettingEvidence
+from servescope.core.engines import engine_ids, engines
 from servescope.trace.deployment import DeploymentInput
 from servescope.trace.formats import step_formats
 from servescope.trace.table import TraceData, distinct_ids
@@ -29,7 +30,7 @@ _SOURCE_WORDS = {"server": "the live server", "settings": "the settings document
 
 
 def _from_inputs(inputs: Sequence[DeploymentInput]) -> SettingEvidence | None:
-    known = {e.id for e in step_formats().engines}
+    known = set(engine_ids())
     for inp in inputs:
         engine = inp.engine
         if engine is None and inp.argv:
@@ -53,17 +54,17 @@ def _names(data: TraceData) -> list[str]:
 
 def _from_trace(traces: Sequence[TraceData], serves: Sequence[str | None]) -> SettingEvidence | None:
     formats = step_formats()
-    words = {e.id: e.words for e in formats.engines}
-    for engine in formats.engines:
+    words = {e.id: e.words for e in engines()}
+    for engine in engines():
         for data in traces:
             key = next((k for k in engine.metadata if data.metadata.get(k)), None)
             if key is not None:
                 return SettingEvidence(value=engine.id, source="trace",
                                        detail=f"the trace's metadata ({key} {data.metadata[key]})")
     names = [_names(d) for d in traces]
-    for engine in formats.engines:
+    for engine in engines():
         for per_trace in names:
-            hit = next((n for n in per_trace if any(p.search(n) for p in engine.frames)), None)
+            hit = next((n for n in per_trace if any(p.search(n) for p in engine.frame_patterns)), None)
             if hit is not None:
                 return SettingEvidence(value=engine.id, source="trace", detail=f"the trace's frames ({hit[:80]})")
     marked = next((s for s in serves if s is not None), None)

@@ -17,7 +17,9 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["COUNTS", "MARKERS", "EngineEvidence", "FrontendFormat", "RankNameFormat", "StepFormat", "StepFormats",
+from servescope.core.engines import check_engine
+
+__all__ = ["COUNTS", "MARKERS", "FrontendFormat", "RankNameFormat", "StepFormat", "StepFormats",
            "step_formats"]
 
 MARKERS = ("annotation", "frame", "profiler_step")
@@ -90,16 +92,6 @@ class FrontendFormat(msgspec.Struct, frozen=True, kw_only=True):
     trace: str
 
 
-class EngineEvidence(msgspec.Struct, frozen=True, kw_only=True):
-    """How a trace shows that a serving engine ran it (``[[engine]]`` in ``steps.toml``)."""
-
-    id: str
-    words: str
-    metadata: tuple[str, ...] = ()
-    frames: tuple[re.Pattern[str], ...] = ()
-    source: str = ""
-
-
 class StepFormats(msgspec.Struct, frozen=True):
     """Every entry of ``steps.toml``, in the file's order."""
 
@@ -109,8 +101,9 @@ class StepFormats(msgspec.Struct, frozen=True):
     # [overlap]: a step's work still running this share of its span after the next step's began marks the steps
     # as overlapping (their windows then follow the cadence: servescope.trace.cadence)
     overlap_tolerance: float = 0.01
-    engines: tuple[EngineEvidence, ...] = ()
     training_ops: tuple[re.Pattern[str], ...] = ()  # [training] ops: a backward pass or an optimizer step
+    gaps_source: str = "gaps"  # [fallback]: the step_source of steps split at idle gaps
+    whole_source: str = "whole"  # [fallback]: the step_source of one whole window
 
     def step(self, id: str) -> StepFormat:  # noqa: A002 - the entry's own key
         """The step format with this ``id``."""
@@ -139,6 +132,8 @@ def _entry(raw: dict[str, Any], where: str) -> dict[str, Any]:
     out["examples"] = tuple(out.get("examples", ()))
     if out.get("marker", "annotation") not in MARKERS:
         raise ValueError(f"steps.toml {where} {raw.get('id')}: marker {out['marker']!r} is none of {MARKERS}")
+    if "serves" in out:
+        check_engine(out["serves"], "data/steps.toml", f"{where} {raw.get('id')}: serves")
     if any(phase not in _PHASES for phase in out.get("modes", {}).values()):
         raise ValueError(f"steps.toml {where} {raw.get('id')}: a mode's phase is none of {_PHASES}")
     return out
@@ -153,8 +148,6 @@ def step_formats() -> StepFormats:
         rank_names=tuple(RankNameFormat(**_entry(raw, "[[rank_name]]")) for raw in data.get("rank_name", [])),
         frontends=tuple(FrontendFormat(**_entry(raw, "[[frontend]]")) for raw in data.get("frontend", [])),
         overlap_tolerance=float(data.get("overlap", {}).get("tolerance", 0.01)),
-        engines=tuple(EngineEvidence(id=raw["id"], words=raw["words"], metadata=tuple(raw.get("metadata", ())),
-                                     frames=tuple(re.compile(p) for p in raw.get("frames", ())),
-                                     source=raw.get("source", "")) for raw in data.get("engine", [])),
         training_ops=tuple(re.compile(p) for p in data.get("training", {}).get("ops", ())),
+        gaps_source=data["fallback"]["gaps"], whole_source=data["fallback"]["whole"],
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from servescope.core.analysis import SettingEvidence
-from servescope.core.changes import ChangeEvidence, SeenFinding, flag_values
+from servescope.core.changes import ChangeEvidence, SeenFinding, catalogue_engine, flag_values
 from servescope.core.errors import ServescopeError
 from servescope.core.next_steps import evidence_of_analysis
 from servescope.trace.files import log_lines_beside
@@ -54,7 +54,8 @@ def deployment_of(config: ServerConfig, version: str | None) -> dict[str, Settin
 
     where = "the configuration tune runs"
     told = deployment_settings([], [], [], [DeploymentInput(source="settings", where=where, argv=list(config.argv),
-                                                            env=dict(config.env), version=version, engine="vllm")],
+                                                            env=dict(config.env), version=version,
+                                                            engine=catalogue_engine())],
                                graph_engine=True)
     told.pop("platform", None)  # no trace here: the platform is this machine's (platform_here)
     return told
