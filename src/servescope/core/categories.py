@@ -55,7 +55,8 @@ CATEGORY_OTHER = "other"  # what a name no rule matches is
 # read, the KV read, the collectives, and the rest.
 ROLES = ("weights", "attention", "collectives", "other")
 BUILTIN_SOURCE = "servescope/data/taxonomy.toml"
-_FIELDS = ("group", "label", "colour", "role", "words")
+_FIELDS = ("group", "label", "colour", "role", "words", "collective", "generic", "by_name", "streams")
+_COLLECTIVE = re.compile(r"[a-z][a-z0-9_]*")
 _COLOUR = re.compile(r"#[0-9a-fA-F]{6}")
 _UNREADABLE = {FileNotFoundError: "no such file", IsADirectoryError: "is a directory, not a TOML file",
                UnicodeDecodeError: "not UTF-8 text"}
@@ -65,7 +66,14 @@ _UNREADABLE = {FileNotFoundError: "no such file", IsADirectoryError: "is a direc
 class Category:
     """One category: ``group`` (one of :data:`GROUPS`), the ``label`` reports show, its ``colour`` (``#rrggbb``;
     None: the report picks a hue of the group's), its ``role`` in the planner (one of :data:`ROLES`) and the
-    ``words`` a sentence calls its kernels by ("GEMMs take the most device time"; None: the label)."""
+    ``words`` a sentence calls its kernels by ("GEMMs take the most device time"; None: the label). Marks the
+    rules and the planner read instead of naming categories: ``collective``, the collective a communication
+    category's kernels run (``all_reduce``: what the planner prices them as and the findings compare); ``generic``,
+    a name in it says nothing of the layer it serves (a copy, a fill, a sort, unknown: a replayed kernel of such a
+    name may stand for another at its place); ``by_name``, its operators are filed by their own name wherever they
+    run (bookkeeping: views, allocation), never by a launching operator around them; ``streams``, every kernel of
+    this weights category reads a weight matrix (gemm: the planner prices all of its time as weight reads; in
+    another weights category only the kernels whose name says GEMM)."""
 
     name: str
     group: str
@@ -73,6 +81,10 @@ class Category:
     colour: str | None
     role: str
     words: str | None = None
+    collective: str | None = None
+    generic: bool = False
+    by_name: bool = False
+    streams: bool = False
 
     @property
     def said(self) -> str:
@@ -146,7 +158,16 @@ def _entry(name: str, value: Any, source: str, bundled: Category | None) -> Cate
     words = fields.get("words", base.words)
     if words is not None and (not isinstance(words, str) or not words.strip() or not words.isprintable()):
         raise InputError(source, f"{where}: words must be a line of text")
-    return Category(name, group, label, colour, role, words)
+    collective = fields.get("collective", base.collective)
+    if collective is not None and (group != COMMUNICATION or not isinstance(collective, str)
+                                   or not _COLLECTIVE.fullmatch(collective)):
+        raise InputError(source, f"{where}: collective {collective!r}: a name (all_reduce) of a communication "
+                                 "category")
+    marks = {key: fields.get(key, getattr(base, key)) for key in ("generic", "by_name", "streams")}
+    wrong = next((key for key, value in marks.items() if not isinstance(value, bool)), None)
+    if wrong is not None:
+        raise InputError(source, f"{where}: {wrong} is true or false")
+    return Category(name, group, label, colour, role, words, collective, **marks)
 
 
 @cache

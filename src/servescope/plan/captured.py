@@ -11,8 +11,9 @@ top-k, sort, index, masked_fill, the weighted sum) is ``moe``, a KV-cache write 
 ``reshape_and_cache``) or an attention mask fill is ``attention``. Their time follows the tokens, not the weight or
 KV bytes, so each part keeps only the calls that stream its bytes (``_streams``, per kernel row of the document):
 
-- weights: a GEMM: every ``gemm`` kernel, and a ``moe`` or ``quantize`` kernel whose name says it multiplies
-  by a weight matrix (``GEMM_NAME``: fused_moe, grouped / CUTLASS GEMMs, Marlin, matmul_ogs, …);
+- weights: a GEMM: every kernel of a category marked ``streams`` (``gemm``), and a ``moe`` or ``quantize``
+  kernel whose name says it multiplies by a weight matrix (``GEMM_NAME``: fused_moe, grouped / CUTLASS GEMMs,
+  Marlin, matmul_ogs, …);
 - attention: a call longer than the hardware profile's ``kernel_floor_us.attention`` (one attention kernel
   over one cached token); a shorter one reads no KV cache worth the name (all of them without that floor).
 
@@ -78,14 +79,12 @@ __all__ = ["CALIBRATED", "GEMM_NAME", "ProductionHost", "Streaming", "batch_grou
            "read_capture", "split_parts", "streaming_shares"]
 
 # A category's part of the step is its role in the taxonomy (core.categories: gemm, moe and quantize are weights,
-# attention is attention, comm.* are collectives). A kernel of a weights category other than gemm that multiplies
-# by a weight matrix, by its name (MoE GEMMs: fused_moe, CUTLASS / grouped GEMMs, Marlin, matmul_ogs; the rest of
-# those categories is routing, sums and activation quantisation, whose time follows the tokens, not the weights).
+# attention is attention, comm.* are collectives). A kernel of a weights category marked `streams` (gemm) reads a
+# weight matrix; in another weights category, a kernel that multiplies by a weight matrix, by its name (MoE GEMMs:
+# fused_moe, CUTLASS / grouped GEMMs, Marlin, matmul_ogs; the rest of those categories is routing, sums and
+# activation quantisation, whose time follows the tokens, not the weights).
 GEMM_NAME = re.compile(r"gemm|gemv|nvjet|xmma|matmul|grouped_?mm|scaled_mm|fused_moe|marlin|machete", re.IGNORECASE)
 CALIBRATED = "calibrated"
-# comm.* category -> op (comm.other is no op plan prices)
-OPS_OF = {"comm.all_reduce": "all_reduce", "comm.all_gather": "all_gather", "comm.reduce_scatter": "reduce_scatter",
-          "comm.all_to_all": "all_to_all", "comm.send_recv": "send_recv"}
 # kernel name -> op, in the order of data/taxonomy.toml's communication rules (all-reduce first)
 _OP_NAME = (("all_reduce", re.compile(r"allreduce|all_reduce|cross_device_reduce", re.I)),
             ("all_gather", re.compile(r"allgather|all_gather", re.I)),
@@ -187,12 +186,13 @@ class Streaming:
         return calls * self.calls.get(name, 1.0)
 
 
-def _streams(row: KernelRow, role: str, attention_floor_us: float | None) -> bool:
+def _streams(row: KernelRow, role: str, attention_floor_us: float | None, streams: bool) -> bool:
     """Whether a kernel of a weight or attention category streams what its part models (rules in the module
-    doc): weights, a GEMM; attention, a call longer than its kernel's floor."""
+    doc): weights, a kernel of a category marked ``streams`` or a GEMM by its name; attention, a call longer than
+    its kernel's floor."""
     if role == "attention":
         return attention_floor_us is None or row.total_us > attention_floor_us * row.count
-    return row.category == "gemm" or GEMM_NAME.search(row.name) is not None
+    return streams or GEMM_NAME.search(row.name) is not None
 
 
 def streaming_shares(doc: AnalysisDoc, rank: int, hw: HardwareProfile) -> Streaming:
@@ -209,7 +209,7 @@ def streaming_shares(doc: AnalysisDoc, rank: int, hw: HardwareProfile) -> Stream
         t[0] += row.total_us
         t[1] += row.count
         floor = hw.attention_floor_us(row.name) if role == "attention" else None
-        if _streams(row, role, floor):
+        if _streams(row, role, floor, categories[row.category].streams):
             t[2] += row.total_us
             t[3] += row.count
             if floor is not None:
@@ -336,8 +336,9 @@ def captured_points(doc: AnalysisDoc, rank: RankAnalysis, arch: ModelArch, hw: H
     points: list[Point] = []
     notes: list[str] = []
     where = f"{source} (rank {rank.rank}, {phase.steps} decode steps at batch {batch})"
+    table = categories_of(doc)
     for category, stats in sorted(phase.categories.items()):
-        op = OPS_OF.get(category)
+        op = table[category].collective  # the collective its kernels run (taxonomy.toml); comm.other: none
         if op is None or stats.calls_per_step <= 0 or stats.mean_call_us <= 0:
             continue
         seen = kernels.get(op, [])

@@ -125,9 +125,9 @@ def classify_work(data: TraceData, work: Work, taxonomy: Taxonomy,
         for k in refining:
             stray[k] = [group not in (context.rules[k].refines, "other") for group in groups]
         category[stray[context.rule, by_name]] = -1
-    if work.kind == "cpu_op":  # bookkeeping ops (views, allocation) are framework time wherever they run
-        framework = index.get("framework", -1)
-        category[(by_name == framework) & (context.frame != names)] = -1
+    if work.kind == "cpu_op":  # bookkeeping ops (views, allocation: by_name in taxonomy.toml) keep their name's
+        own = [index[c] for c in taxonomy.marked("by_name") if c in index]
+        category[np.isin(by_name, own) & (context.frame != names)] = -1
     basis = np.full(len(rows), BASIS_NAME, dtype=np.int8)
     basis[category >= 0] = BASIS_OP
     frame = np.where((context.frame >= 0) & (category >= 0), context.frame, -1).astype(np.int32)
@@ -171,16 +171,13 @@ class _Names(msgspec.Struct, frozen=True):
     def generic(self) -> npt.NDArray[np.bool_]:
         """Per category index: a name in it says nothing of the layer (a copy, a fill, a sort, unknown)."""
         flags = np.zeros(len(self.index), dtype=bool)
-        for name in _GENERIC_NAME_CATEGORIES:
+        # categories marked generic in taxonomy.toml say nothing of the layer their kernel serves: a replayed
+        # kernel whose name says one of these may stand for a kernel of another name at its place in the
+        # reference; one whose name says a specific layer (attention, moe, gemm, ...) only for one that says the same
+        for name in self.taxonomy.marked("generic"):
             if name in self.index:
                 flags[self.index[name]] = True
         return flags
-
-
-# Categories a kernel's name gives that say nothing of the layer it serves: a replayed kernel whose name says
-# one of these may stand for a kernel of another name at its place in the reference; one whose name says a
-# specific layer (attention, moe, gemm, ...) only for a kernel whose name says the same.
-_GENERIC_NAME_CATEGORIES = ("elementwise", "reduction", "indexing", "sort_scan", "other", "memcpy", "memset")
 
 
 def _align_replays(data: TraceData, work: Work, replayed: npt.NDArray[np.int64], category: npt.NDArray[np.int32],

@@ -30,15 +30,18 @@ from servescope.core.analysis import (
     SettingEvidence,
     StepReference,
 )
+from servescope.core.categories import CATEGORY_OTHER, Category, bundled_categories
+from servescope.core.errors import InputError
 from servescope.core.kernel_names import shorten_kernel_name
 from servescope.trace.advice import advice_for, host_values
 from servescope.trace.engine import ENGINE_SETTING
 from servescope.trace.facts import RankFacts
+from servescope.trace.formats import step_formats
 from servescope.trace.merge import PHASES_CHECKED, SEVERITY_ORDER, Instance, merge_findings
 from servescope.trace.precision import quant_facts
 from servescope.trace.snippet import taxonomy_snippet, unclassified
 
-__all__ = ["find_bottlenecks", "load_rules", "taxonomy_snippet"]
+__all__ = ["check_categories", "check_verdicts", "find_bottlenecks", "load_rules", "taxonomy_snippet"]
 
 
 
@@ -47,10 +50,40 @@ def load_rules() -> dict[str, Any]:
     return _load_rules_cached()
 
 
+def check_verdicts(data: Mapping[str, Any], source: str) -> None:
+    """Every rule declares a verdict kind of ``[verdict].kinds`` and every rule ``[verdict].order`` names exists
+    and gives one (not ``none``); else an InputError naming ``source`` and the id."""
+    verdict = data.get("verdict", {})
+    kinds = set(verdict.get("kinds", ()))
+    rules = data.get("rules", {})
+    for rid, spec in rules.items():
+        kind = spec.get("verdict")
+        if kind not in kinds:
+            raise InputError(source, f"rules.{rid}: verdict {kind!r} is not one of [verdict].kinds "
+                                     f"({', '.join(sorted(kinds))})")
+    for rid in verdict.get("order", ()):
+        if rid not in rules:
+            raise InputError(source, f"[verdict].order names rule {rid!r}, which [rules] does not define")
+        if rules[rid]["verdict"] == "none":
+            raise InputError(source, f"[verdict].order names rule {rid!r}, whose verdict is 'none'")
+
+
+def check_categories(data: Mapping[str, Any], source: str, categories: Mapping[str, Category]) -> None:
+    """Every ``categories`` list of a kernel family or condition names a category of the taxonomy; else an
+    InputError naming ``source`` and the id."""
+    for table in ("kernels", "conditions"):
+        for key, spec in data.get(table, {}).items():
+            unknown = [c for c in spec.get("categories", ()) if c not in categories]
+            if unknown:
+                raise InputError(source, f"{table}.{key}: category {unknown[0]!r} is not defined in taxonomy.toml")
+
+
 @cache
 def _load_rules_cached() -> dict[str, Any]:
     text = (files("servescope") / "data" / "findings.toml").read_text(encoding="utf-8")
     data = tomllib.loads(text)
+    check_verdicts(data, "data/findings.toml")
+    check_categories(data, "data/findings.toml", bundled_categories())
     for table in ("kernels", "conditions"):  # compiled now: analyze loads the rules while the traces decode
         for spec in data.get(table, {}).values():
             for key in ("patterns", "exclude", "kernels"):
@@ -121,7 +154,8 @@ def _rank_values(ra: RankAnalysis, rows: Sequence[KernelRow], facts: RankFacts |
         "top_unfused": unfused.top, "fused_pointwise_share": fused.share,
         "fused_pointwise_of_pointwise": fused.total_us / pointwise if pointwise > 0 else 0.0,
         **_capture_values(facts),
-        "engine_steps": 1.0 if ra.step_source in ("annotation", "execute_model") else 0.0,
+        # marks a serving engine writes (an entry of steps.toml that `serves` one) gave the steps
+        "engine_steps": 1.0 if ra.step_source in {f.step_source for f in step_formats().steps if f.serves} else 0.0,
         **_overlap_values(ra),
         # quantization / casts ([[precision]] in taxonomy.toml): quant_share, quant_standalone_share,
         # quant_fused_share, top_quant, top_quant_category, top_quant_pct
@@ -149,11 +183,19 @@ def _capture_values(facts: RankFacts | None) -> dict[str, Any]:
 
 
 def _phase_values(ra: RankAnalysis, phase: str, stats: PhaseStats, facts: RankFacts | None,
-                  comm_categories: Sequence[str], sizes: Sequence[int]) -> dict[str, Any]:
-    """The facts of one rank's phase: category shares, idle (steady or one gap), graph replays."""
+                  comm_categories: Sequence[str], sizes: Sequence[int],
+                  table: Mapping[str, Category]) -> dict[str, Any]:
+    """The facts of one rank's phase: category shares, idle (steady or one gap), graph replays. ``table``: the
+    taxonomy's categories, whose marks (role, collective) say which categories a fact sums."""
     cats = stats.categories
     comm = {c: cats[c] for c in comm_categories if c in cats}
     comm_total = sum(c.total_us for c in comm.values())
+    attention = [cats[c] for c in cats if c in table and table[c].role == "attention"]
+
+    def of_collective(op: str) -> float:  # the share of the collective time in categories that run ``op``
+        us = sum(s.total_us for c, s in comm.items() if c in table and table[c].collective == op)
+        return us / comm_total if comm_total else 0.0
+
     comm_calls = sum(c.calls_per_step for c in comm.values())
     step = stats.step_us.mean
     values: dict[str, Any] = {
@@ -165,13 +207,11 @@ def _phase_values(ra: RankAnalysis, phase: str, stats: PhaseStats, facts: RankFa
         "per_step_us": comm_total / stats.steps, "calls_per_step": comm_calls,
         "mean_call_us": comm_total / (comm_calls * stats.steps) if comm_calls else 0.0,
         "top_comm": max(comm, key=lambda c: comm[c].total_us) if comm else None,
-        "all_to_all_share_of_comm": comm["comm.all_to_all"].total_us / comm_total
-        if "comm.all_to_all" in comm and comm_total else 0.0,
-        "all_reduce_share_of_comm": comm["comm.all_reduce"].total_us / comm_total
-        if "comm.all_reduce" in comm and comm_total else 0.0,
+        "all_to_all_share_of_comm": of_collective("all_to_all"),
+        "all_reduce_share_of_comm": of_collective("all_reduce"),
         "median_msg_bytes": int(statistics.median(sizes)) if sizes else None,
-        "attention_share": cats["attention"].share if "attention" in cats else 0.0,
-        "other_share": cats["other"].share if "other" in cats else 0.0,
+        "attention_share": sum(s.share for s in attention),
+        "other_share": cats[CATEGORY_OTHER].share if CATEGORY_OTHER in cats else 0.0,
         "comm_us_per_step": comm_total / stats.steps if stats.steps else 0.0,
         "quant_standalone_us": stats.quant_standalone_us_per_step,
         "quant_fused_us": stats.quant_fused_us_per_step,
@@ -180,8 +220,8 @@ def _phase_values(ra: RankAnalysis, phase: str, stats: PhaseStats, facts: RankFa
         "quant_standalone_pct": 100 * stats.quant_standalone_share,
         "quant_fused_pct": 100 * stats.quant_fused_share,
     }
-    if "attention" in cats and values["attention_share"]:
-        values["attention_us_per_step"] = cats["attention"].per_step_us
+    if attention and values["attention_share"]:
+        values["attention_us_per_step"] = sum(s.per_step_us for s in attention)
     gaps = facts.gaps.get(phase, []) if facts is not None else []
     if gaps:
         shares = [g.idle_us / g.span_us for g in gaps if g.span_us > 0]
@@ -292,7 +332,8 @@ def find_bottlenecks(ranks: list[RankAnalysis], across: list[CrossRankStats], ke
                      facts: Mapping[int, RankFacts] | None = None,
                      rules_data: Mapping[str, Any] | None = None, *,
                      deployment: Mapping[str, SettingEvidence] | None = None,
-                     reference: StepReference | None = None) -> list[Finding]:
+                     reference: StepReference | None = None,
+                     categories: Mapping[str, Category] | None = None) -> list[Finding]:
     """All findings for one analysis, most severe first, one per cause.
 
     Args:
@@ -303,8 +344,10 @@ def find_bottlenecks(ranks: list[RankAnalysis], across: list[CrossRankStats], ke
         rules_data: the findings data to apply (default: the bundled :func:`load_rules`).
         deployment: the effective settings advice is checked against (:mod:`servescope.trace.deployment`).
         reference: the decode step timed without the profiler (``profile``), for what the profiler stretched.
+        categories: the taxonomy's categories (default: the bundled ones), whose marks say which a fact sums.
     """
     data = rules_data if rules_data is not None else load_rules()
+    table = categories if categories is not None else bundled_categories()
     rules: dict[str, dict[str, Any]] = data["rules"]
     facts = facts or {}
     instances: list[Instance] = []
@@ -327,7 +370,7 @@ def find_bottlenecks(ranks: list[RankAnalysis], across: list[CrossRankStats], ke
             if stats is None or stats.steps == 0:
                 continue
             values = {**rank_values, **_phase_values(ra, phase, stats, facts.get(ra.rank), comm_categories,
-                                                     msg_bytes.get(ra.rank) or []),
+                                                     msg_bytes.get(ra.rank) or [], table),
                       **host_values(ra, phase, stats, facts.get(ra.rank), reference)}
             for rule_id, rule in rules.items():
                 if rule["scope"] == "phase":

@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from servescope.core.categories import BUILTIN_SOURCE, CATEGORY_OTHER, COMMUNICATION, bundled_taxonomy, read_taxonomy
+from servescope.core.categories import (
+    BUILTIN_SOURCE,
+    CATEGORY_OTHER,
+    COMMUNICATION,
+    Category,
+    bundled_taxonomy,
+    read_taxonomy,
+)
 from servescope.trace.taxonomy_file import (
     FIXED,
     FRAME_KINDS,
@@ -58,14 +65,14 @@ def load_taxonomy(path: str | Path | None = None) -> Taxonomy:
     bundled = _bundled()
     if path is None:
         return Taxonomy(categories={name: c.group for name, c in bundled.categories.items()}, source="builtin",
-                        words={name: c.said for name, c in bundled.categories.items()},
+                        words={name: c.said for name, c in bundled.categories.items()}, table=bundled.categories,
                         rules=bundled.rules["rule"], launch_rules=bundled.rules["launch"],
                         sequence_rules=bundled.rules["sequence"], precision_rules=bundled.precision,
                         precision_standalone=bundled.precision_standalone or frozenset())
     source = str(path)
     user = parse_taxonomy(read_taxonomy(Path(path), source), source, bundled=bundled)
     return Taxonomy(categories={name: c.group for name, c in user.categories.items()}, source=source,
-                    words={name: c.said for name, c in user.categories.items()},
+                    words={name: c.said for name, c in user.categories.items()}, table=user.categories,
                     rules=user.rules["rule"] + bundled.rules["rule"],
                     launch_rules=user.rules["launch"] + bundled.rules["launch"],
                     sequence_rules=user.rules["sequence"] + bundled.rules["sequence"],
@@ -89,11 +96,14 @@ class Taxonomy:
         source: ``"builtin"``, or the path of the user file whose rules are tried before the bundled ones.
         rules: every rule in the order it is tried, user rules first.
         words: category name → what a sentence calls its kernels (taxonomy.toml's ``words``, else its label).
+        table: category name → everything its entry declares (role, collective, generic, by_name: the marks code
+            reads instead of naming categories).
     """
 
     categories: dict[str, str]
     source: str
     words: dict[str, str] = field(default_factory=dict)
+    table: dict[str, Category] = field(default_factory=dict)
     rules: tuple[Rule, ...] = ()
     launch_rules: tuple[Rule, ...] = ()
     sequence_rules: tuple[Rule, ...] = ()
@@ -111,6 +121,10 @@ class Taxonomy:
         frames = [(rule.kinds, _matcher(rule)) for rule in self.launch_rules]
         object.__setattr__(self, "_by_frame",
                            {kind: tuple(m for kinds, m in frames if kind in kinds) for kind in FRAME_KINDS})
+
+    def marked(self, mark: str) -> list[str]:
+        """The categories whose entry sets the boolean ``mark`` (``generic``, ``by_name``)."""
+        return [name for name, c in self.table.items() if getattr(c, mark)]
 
     def launch_rule(self, name: str, kind: str) -> Rule | None:
         """The first launch rule matching a frame named ``name`` of ``kind`` (``cpu_op``, ``annotation``,

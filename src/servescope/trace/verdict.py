@@ -1,7 +1,8 @@
 """One judge: what bounds each phase's step, decided from the findings the rules gave, never beside them.
 
 For each phase (decode first) on the rank whose step is slowest, the first finding of that phase among the
-rules ``[verdict].order`` of ``data/findings.toml`` names the bottleneck, with the finding's own numbers; where
+rules ``[verdict].order`` of ``data/findings.toml`` names the bottleneck, with the finding's own numbers and the
+verdict its rule declares (``verdict``: host, communication or capture; an unknown kind is an error); where
 none fired, the category with the most device time does. So the headline, the JSON and the HTML report all say
 what the findings say, and a saved document carries the verdict (``report`` shows it without re-deciding).
 """
@@ -117,8 +118,7 @@ def decide_verdicts(ranks: Sequence[RankAnalysis], findings: Sequence[Finding], 
     (``unprofiled`` false, no ``profiler_stretch`` finding) a host verdict on such a rank carries the caveat of
     ``[verdict].stretch_caveat``."""
     caveat_text = rules.get("verdict", {}).get("stretch_caveat")
-    order: list[str] = list(rules.get("verdict", {}).get("order", ("launch_bound", "cpu_overhead",
-                                                                    "communication_bound")))
+    order: list[str] = list(rules.get("verdict", {}).get("order", ()))
     out: list[Verdict] = []
     for phase in PHASE_ORDER:
         found = _slowest(ranks, phase)
@@ -138,10 +138,17 @@ def decide_verdicts(ranks: Sequence[RankAnalysis], findings: Sequence[Finding], 
                             or str(f.evidence.get("rule", "")).split("+")[0] == rule), None)
             if finding is None:
                 continue
-            verdict = (_communication(phase, rank, stats, finding, where) if rule == "communication_bound"
-                       else _capture(phase, rank, stats, finding, where) if rule == "graph_capture"
-                       else _host(phase, rank, stats, finding, where, stretch,
-                                  caveat_text if rank.rank in stacks and not unprofiled else None))
+            kind = rules.get("rules", {}).get(rule, {}).get("verdict")
+            if kind == "communication":
+                verdict = _communication(phase, rank, stats, finding, where)
+            elif kind == "capture":
+                verdict = _capture(phase, rank, stats, finding, where)
+            elif kind == "host":
+                verdict = _host(phase, rank, stats, finding, where, stretch,
+                                caveat_text if rank.rank in stacks and not unprofiled else None)
+            else:  # check_verdicts refuses such a file when it is read: this is a caller's own rules
+                raise ValueError(f"rule {rule!r} in [verdict].order declares verdict {kind!r}, which no verdict "
+                                 "builds (host, communication, capture)")
             break
         if verdict is None:
             verdict = _largest(phase, rank, stats, categories, words or {}, where, stretch, gap)
