@@ -85,3 +85,22 @@ def test_a_rank_analysis_is_built_whole() -> None:
         rank.graph_replay_share = 0.0  # type: ignore[misc]
     assert msgspec.structs.replace(rank, graph_replay_share=0.0).graph_replay_share == 0.0
     assert isinstance(rank, RankAnalysis)
+
+
+def test_graph_replay_per_step_is_decided_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which steps replay CUDA graphs, and how much, is decided once, by the steps (``Steps.graph_us``, of the work
+    each step launched) and kept: the facts' per-step graph time and ``replayed_steps``, the deployment's graph
+    evidence and the advice's eager steps all read it, never a second count (issue 39)."""
+    from servescope.trace import steps as steps_module
+    from servescope.trace.facts import rank_facts
+
+    (trace,) = assign_ranks([decode_trace(GRAPHS / "rank0.pt.trace.json.gz")])
+    context = rank_context(trace)
+    decided = {i for i in range(len(context.steps.steps)) if context.steps.replays_graphs(i)}
+    assert decided  # the example's decode steps replay graphs
+    facts = rank_facts(context.data, context.rank, context.steps.steps, context.work, context.steps)
+    assert facts.replayed_steps == decided
+    assert all(g.graph_us == float(context.steps.graph_us[g.step]) for gs in facts.gaps.values() for g in gs)
+    counted = _counting(monkeypatch, steps_module, "_graph_replays")
+    analyze(AnalyzeRequest(paths=[GRAPHS]))
+    assert len(counted) == 1  # one rank: counted once, with its steps

@@ -112,7 +112,8 @@ def host_values(ra: RankAnalysis, phase: str, stats: PhaseStats, facts: RankFact
     values["overlap_bound_us"] = min(exposed, busy)
     step_gaps = facts.gaps.get(phase, []) if facts is not None else []
     if step_gaps:
-        eager = [g.step for g in step_gaps if g.graph_us <= 0]
+        replayed = facts.replayed_steps if facts is not None else frozenset()  # decided by the steps, kept once
+        eager = [g.step for g in step_gaps if g.step not in replayed]
         values["eager_step_share"] = len(eager) / len(step_gaps)
         values["eager_steps_text"] = _steps_text(eager)
         values["eager_host_exposed_us"] = exposed * len(eager) / len(step_gaps)

@@ -127,7 +127,7 @@ class _Rank(msgspec.Struct, frozen=True):
 def _analyze_rank(context: RankContext, taxonomy: Taxonomy, capture: CaptureReference | None) -> _Rank:
     """Break one rank's work down by step and phase, and take its facts; its document part built whole."""
     result = break_down(context.data, context.work, context.steps, taxonomy, rank=context.rank, capture=capture)
-    facts = rank_facts(context.data, context.rank, result.steps, context.work)
+    facts = rank_facts(context.data, context.rank, result.steps, context.work, context.steps)
     steps = result.steps
     doc = RankAnalysis(
         rank=context.rank, path=str(context.data.path), work_kind=context.work.kind,
@@ -178,8 +178,7 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
     comm = [c for c in taxonomy.categories if taxonomy.is_communication(c)]
     facts = {r.doc.rank: r.facts for r in ranks}
     deployment = deployment_settings([c.data for c in contexts], [r.steps for r in rank_docs],
-                                     [{g.step for gs in r.facts.gaps.values() for g in gs if g.graph_us > 0}
-                                      for r in ranks], request.settings,
+                                     [set(r.facts.replayed_steps) for r in ranks], request.settings,
                                      graph_engine=any(c.steps.graphs_by_default for c in contexts))
     engine = engine_evidence([c.data for c in contexts], [c.steps.serves for c in contexts], request.settings)
     if engine is not None:  # which engine's flags advice may name (none on a training run)
@@ -187,7 +186,7 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
     kernels = [k for r in ranks for k in r.breakdown.kernels]
     msg_bytes = {c.rank: list(c.data.device.msg_bytes.values()) for c in contexts}
     findings = find_bottlenecks(rank_docs, across, kernels, comm, msg_bytes, facts, rules, deployment=deployment,
-                                reference=request.reference)
+                                reference=request.reference, categories=taxonomy.table)
     verdicts = decide_verdicts(rank_docs, findings, dict(taxonomy.categories), rules, taxonomy.words,
                                stacks={c.rank for c in contexts if len(c.data.frames)},
                                unprofiled=request.reference is not None)

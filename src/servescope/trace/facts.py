@@ -4,7 +4,9 @@ The analysis document holds shares per category; some questions need the raw int
 
 * **graph replays**: a device operation launched by a runtime ``cudaGraphLaunch`` / ``hipGraphLaunch`` was
   replayed from a CUDA/HIP graph (:attr:`~servescope.trace.work.Work.replayed`). Its share of the device time,
-  for the whole rank and per phase, says whether the engine already uses graphs there.
+  for the whole rank and per phase, says whether the engine already uses graphs there. Which steps replayed
+  graphs, and how much, is decided once, by the steps (``Steps.graph_us``: the work each step launched); the facts
+  keep it (``replayed_steps``, ``StepGap.graph_us``) and the rules and the deployment read it from here.
 * **graph capture**: a kernel launched between a runtime ``cudaStreamBeginCapture`` / ``hipStreamBeginCapture``
   and its ``EndCapture`` on the same thread is recorded into a graph, not run: a trace of an engine's start-up
   (or a tool's capture pass) holds such launches and few kernels. Their count against the kernels that ran says
@@ -26,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from servescope.core.analysis import StepRow
+from servescope.trace.steps import Steps, find_steps
 from servescope.trace.table import KIND_KERNEL, TraceData
 from servescope.trace.work import Work, select_work
 
@@ -52,6 +55,8 @@ class RankFacts(msgspec.Struct, frozen=True):
     graph_captures: int = 0  # stream captures the trace records (BeginCapture … EndCapture)
     captured_launches: int = 0  # kernel launches inside them: recorded into a graph, not run
     kernels_run: int = 0  # kernels the device ran
+    # the steps (StepRow.index) that replayed graphs, as the steps decided it (Steps.graph_us: by launch)
+    replayed_steps: frozenset[int] = frozenset()
 
 
 _BEGIN = re.compile(r"^(cuda|hip)StreamBeginCapture")
@@ -98,12 +103,16 @@ def _step_gap(start: npt.NDArray[np.float64], end: npt.NDArray[np.float64], row:
                    float(before[k] - lo), graph_us)
 
 
-def rank_facts(data: TraceData, rank: int, steps: list[StepRow], work: Work | None = None) -> RankFacts:
+def rank_facts(data: TraceData, rank: int, steps: list[StepRow], work: Work | None = None,
+               found: Steps | None = None) -> RankFacts:
     """Graph replays and idle gaps of one rank, over the steps the breakdown found (their windows).
 
-    ``work``: the rank's work as the analysis selected it (selected from ``data`` when not given).
+    ``work``: the rank's work as the analysis selected it (selected from ``data`` when not given); ``found``: its
+    steps as :func:`~servescope.trace.steps.find_steps` found them (found again when not given), whose
+    ``graph_us`` decides which steps replayed graphs and how much (by launch, as the breakdown files the work).
     """
     work = work if work is not None else select_work(data)
+    found = found if found is not None else find_steps(data, work)
     start = work.table.ts_us[work.rows]
     end = start + work.table.dur_us[work.rows]  # whole durations: a CPU operator's gaps are around all of it
     replayed = work.replayed
@@ -118,13 +127,14 @@ def rank_facts(data: TraceData, rank: int, steps: list[StepRow], work: Work | No
         lo = int(np.searchsorted(start, row.start_us, side="left"))
         hi = int(np.searchsorted(start, row.start_us + row.span_us, side="right"))
         s, e = start[lo:hi], end[lo:hi]
-        d = dur[lo:hi]
-        step_graph_us = float(d[replayed[lo:hi]].sum())
+        step_graph_us = float(found.graph_us[row.index]) if row.index < len(found.graph_us) else 0.0
         gaps.setdefault(row.phase, []).append(_step_gap(s, e, row, step_graph_us))
         graph_us[row.phase] = graph_us.get(row.phase, 0.0) + step_graph_us
-        work_us[row.phase] = work_us.get(row.phase, 0.0) + float(d.sum())
+        work_us[row.phase] = work_us.get(row.phase, 0.0) + (
+            float(found.work_us[row.index]) if row.index < len(found.work_us) else 0.0)
     phase_share = {p: (graph_us[p] / work_us[p] if work_us[p] > 0 else 0.0) for p in work_us}
     captures, captured = _captures(data)
     return RankFacts(rank=rank, graph_replay_share=share, phase_graph_share=phase_share, gaps=gaps,
+                     replayed_steps=frozenset(r.index for r in steps if found.replays_graphs(r.index)),
                      graph_captures=captures, captured_launches=captured,
                      kernels_run=int(np.count_nonzero(data.device.kind == KIND_KERNEL)))

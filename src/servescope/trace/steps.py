@@ -69,6 +69,15 @@ class Steps(msgspec.Struct, frozen=True, kw_only=True):
     gap_us: float | None = None
     graphs_by_default: bool = False  # the format's engine captures CUDA graphs by default (steps.toml)
     serves: str | None = None  # the serving engine whose step marks these are (steps.toml), if one
+    # per step (StepRow.index): the device time of its work rows (step_of) replayed from CUDA/HIP graphs. The one
+    # place a step's graph replay is decided: a step replays graphs where it is > 0 (facts, deployment and the
+    # rules read it; the phases of unmarked steps follow its share of the step's work)
+    graph_us: npt.NDArray[np.float64] = msgspec.field(default_factory=lambda: np.zeros(0))
+    work_us: npt.NDArray[np.float64] = msgspec.field(default_factory=lambda: np.zeros(0))  # per step, all its work
+
+    def replays_graphs(self, index: int) -> bool:
+        """Whether step ``index`` replayed any of its work from a graph."""
+        return index < len(self.graph_us) and bool(self.graph_us[index] > 0)
 
 
 def parse_vllm_step(name: str) -> tuple[str, int, int | None, int, int | None] | None:
@@ -180,7 +189,7 @@ def _gap_steps(work: Work, gap_us: float | None) -> Steps:
     start = table.ts_us[work.rows]
     end = start + table.dur_us[work.rows]
     if len(start) == 0:
-        return Steps(source="whole", steps=[], start_us=np.zeros(0), end_us=np.zeros(0),
+        return Steps(source=step_formats().whole_source, steps=[], start_us=np.zeros(0), end_us=np.zeros(0),
                      step_of=np.zeros(0, dtype=np.int64), gap_us=gap_us)
     reach = np.maximum.accumulate(end)
     gaps = start[1:] - reach[:-1]
@@ -195,7 +204,10 @@ def _gap_steps(work: Work, gap_us: float | None) -> Steps:
     bounds = np.concatenate(([0], cuts, [len(start)]))
     marks = [(float(start[lo]), float(reach[hi - 1]), f"gap-step {i}")
              for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))]
-    return Steps(source="gaps" if len(marks) > 1 else "whole",
+    formats = step_formats()  # [fallback] in steps.toml
+    graph, total, _ = _graph_replays(work, step_of, len(marks))
+    return Steps(graph_us=graph, work_us=total,
+                 source=formats.gaps_source if len(marks) > 1 else formats.whole_source,
                  steps=[StepRow(index=i, name=name, phase="unknown", start_us=s, span_us=e - s, busy_us=0.0)
                         for i, (s, e, name) in enumerate(marks)],
                  start_us=np.array([m[0] for m in marks]), end_us=np.array([m[1] for m in marks]),
@@ -210,8 +222,10 @@ def steps_by(data: TraceData, work: Work, fmt: StepFormat, annotations: list[_Ma
         return None
     starts, ends = np.array([m[0] for m in marks]), np.array([m[1] for m in marks])
     step_of = _attribute(data, work, starts, ends)
-    steps = _with_phases(data, work, _recognised(fmt, marks), starts, ends, step_of)
-    return Steps(source=fmt.step_source, steps=steps, start_us=starts, end_us=ends, step_of=step_of,
+    replays = _graph_replays(work, step_of, len(marks), data)
+    steps = _with_phases(data, work, _recognised(fmt, marks), starts, ends, step_of, replays)
+    return Steps(graph_us=replays[0], work_us=replays[1], source=fmt.step_source, steps=steps, start_us=starts,
+                 end_us=ends, step_of=step_of,
                  whole_window=fmt.whole_window, graphs_by_default=fmt.graphs_by_default,
                  serves=None if fmt.shared_form is not None and all(fmt.shared_form.search(m[2]) for m in marks)
                  else fmt.serves)
@@ -256,12 +270,15 @@ def _embedding_batches(data: TraceData, starts: npt.NDArray[np.float64],
 
 
 def _with_phases(data: TraceData, work: Work, steps: list[StepRow], starts: npt.NDArray[np.float64],
-                 ends: npt.NDArray[np.float64], step_of: npt.NDArray[np.int64]) -> list[StepRow]:
+                 ends: npt.NDArray[np.float64], step_of: npt.NDArray[np.int64],
+                 replays: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.int64]],
+                 ) -> list[StepRow]:
     """Phases for the steps no marker gave one, from the token ids' shape, else from graph replays."""
     if all(s.phase != "unknown" for s in steps):
         return steps
     batches = _embedding_batches(data, starts, ends)
-    replay_share, launches = _graph_replays(data, work, step_of, len(steps))
+    graph, total, launches = replays
+    replay_share = np.divide(graph, total, out=np.zeros(len(steps)), where=total > 0)
     has_work = np.bincount(step_of[step_of >= 0], minlength=len(steps)) > 0 if len(step_of) else (
         np.zeros(len(steps), dtype=bool))
     any_graph = bool((replay_share >= _GRAPH_DECODE_SHARE).any())
@@ -290,19 +307,22 @@ def _with_phases(data: TraceData, work: Work, steps: list[StepRow], starts: npt.
     return out
 
 
-def _graph_replays(data: TraceData, work: Work, step_of: npt.NDArray[np.int64],
-                   count: int) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
-    """Per step, the share of its device work time replayed from CUDA/HIP graphs, and how many graph replays
-    (distinct ``cudaGraphLaunch`` calls) launched it."""
-    share, launches = np.zeros(count), np.zeros(count, dtype=np.int64)
+def _graph_replays(work: Work, step_of: npt.NDArray[np.int64], count: int, data: TraceData | None = None,
+                   ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+    """Per step, the device time of its work replayed from CUDA/HIP graphs, its device work time, and (with
+    ``data``) how many graph replays (distinct ``cudaGraphLaunch`` calls) launched it."""
+    graph, total, launches = np.zeros(count), np.zeros(count), np.zeros(count, dtype=np.int64)
     if work.kind != "device" or len(work.rows) == 0:
-        return share, launches
+        return graph, total, launches
     replayed = work.replayed
     if not replayed.any():
-        return share, launches
+        return graph, total, launches
     ok = step_of >= 0
-    total = np.bincount(step_of[ok], weights=work.dur_us[ok], minlength=count)
-    graph = np.bincount(step_of[ok & replayed], weights=work.dur_us[ok & replayed], minlength=count)
-    share = np.divide(graph, total, out=share, where=total > 0)
-    pairs = np.unique(np.stack([step_of[ok & replayed], data.device.correlation[work.rows][ok & replayed]]), axis=1)
-    return share, np.bincount(pairs[0], minlength=count)
+    total = np.bincount(step_of[ok], weights=work.dur_us[ok], minlength=count).astype(np.float64, copy=False)
+    graph = np.bincount(step_of[ok & replayed], weights=work.dur_us[ok & replayed],
+                        minlength=count).astype(np.float64, copy=False)
+    if data is not None:
+        pairs = np.unique(np.stack([step_of[ok & replayed], data.device.correlation[work.rows][ok & replayed]]),
+                          axis=1)
+        launches = np.bincount(pairs[0], minlength=count)
+    return graph, total, launches
