@@ -163,12 +163,30 @@ def test_a_kernel_family_naming_an_unknown_category_is_an_error() -> None:
         check_categories(data, "data/findings.toml", bundled_categories())
 
 
-def test_a_default_or_catalogue_naming_an_unknown_engine_is_an_error() -> None:
+def test_a_catalogue_naming_an_unknown_engine_is_an_error() -> None:
     from servescope.core.engines import check_engine
 
-    with pytest.raises(InputError, match=r"data/deployment\.toml: settings\.x\.default: engine 'tgi' is not "
+    with pytest.raises(InputError, match=r"data/changes\.toml: engine: engine 'tgi' is not "
                                          r"defined in data/engines\.toml \(vllm, sglang\)"):
-        check_engine("tgi", "data/deployment.toml", "settings.x.default")
+        check_engine("tgi", "data/changes.toml", "engine")
+
+
+def test_an_engine_default_of_an_unknown_setting_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import msgspec
+
+    from servescope.core import engines as engines_module
+    from servescope.trace import deployment
+
+    planted = msgspec.structs.replace(engines_module.engine("vllm"), default=(
+        engines_module.EngineDefault(setting="async_schedulin", since="0.26.0", value="on"),))
+    monkeypatch.setattr(deployment, "engines", lambda: (planted,))
+    deployment.load_deployment_rules.cache_clear()
+    try:
+        with pytest.raises(InputError, match=r"data/engines\.toml: engine vllm: default of setting 'async_schedulin', "
+                                             r"which data/deployment\.toml does not define"):
+            deployment.load_deployment_rules()
+    finally:
+        deployment.load_deployment_rules.cache_clear()
 
 
 def test_a_taxonomy_marking_a_collective_on_a_compute_category_is_an_error() -> None:
@@ -179,11 +197,13 @@ def test_a_taxonomy_marking_a_collective_on_a_compute_category_is_an_error() -> 
 
 
 def test_every_data_file_naming_an_engine_names_a_defined_one() -> None:
-    """steps.toml's serves, deployment.toml's defaults and changes.toml's engine, as shipped."""
+    """steps.toml's serves and changes.toml's engine, as shipped; the engines' defaults name deployment settings."""
     from servescope.core.changes import catalogue_engine
     from servescope.trace.deployment import load_deployment_rules
 
     ids = set(engine_ids())
     assert {f.serves for f in step_formats().steps if f.serves} <= ids
-    assert {d["engine"] for s in load_deployment_rules()["settings"].values() for d in s.get("default", ())} <= ids
+    from servescope.core.engines import engines
+
+    assert {d.setting for e in engines() for d in e.default} <= set(load_deployment_rules()["settings"])
     assert catalogue_engine() in ids

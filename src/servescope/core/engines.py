@@ -25,10 +25,19 @@ import msgspec
 
 from servescope.core.errors import InputError
 
-__all__ = ["ENGINES_FILE", "Engine", "check_engine", "detect_engine", "engine", "engine_ids", "engine_words",
-           "engines", "engines_words"]
+__all__ = ["ENGINES_FILE", "Engine", "EngineDefault", "check_engine", "detect_engine", "engine", "engine_ids",
+           "engine_words", "engines", "engines_words"]
 
 ENGINES_FILE = "data/engines.toml"
+
+
+class EngineDefault(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The engine's default of a deployment setting (an id of ``data/deployment.toml``) from version ``since``."""
+
+    setting: str
+    since: str
+    value: str
+    note: str = ""
 
 
 class Engine(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -50,6 +59,7 @@ class Engine(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     metadata: tuple[str, ...] = ()
     frames: tuple[str, ...] = ()
     source: str = ""
+    default: tuple[EngineDefault, ...] = ()  # its defaults by version ([[engine.default]])
 
     def argument_at(self, argv: Sequence[str], i: int) -> int | None:
         """Where ``argv[i]`` starts this engine (its module, or its program and subcommand): the index of the

@@ -3,7 +3,8 @@
 Each setting of ``data/deployment.toml`` is told by the best source that knows it, best first: the live server
 (``profile`` reads the serving process's command line and environment and asks ``/version``), a saved
 ``settings`` document, the trace itself (python frames, kernel names, graph replays, ranks, the device), and
-last the engine version's default where no flag overrides it. A finding gives advice only where its setting is
+last the engine version's default where no flag overrides it (``[[engine.default]]`` in ``data/engines.toml``,
+each naming a setting here). A finding gives advice only where its setting is
 not already in place, and says what it checked and where that came from.
 """
 
@@ -23,7 +24,7 @@ import msgspec
 from servescope.core.analysis import AnalysisDoc, SettingEvidence, StepReference, StepRow
 from servescope.core.document import decode as decode_document
 from servescope.core.document import read_document
-from servescope.core.engines import check_engine, engine_words, engines
+from servescope.core.engines import ENGINES_FILE, engine_words, engines
 from servescope.core.errors import InputError
 from servescope.core.settings import SettingsDoc
 from servescope.trace.files import Discovery
@@ -55,9 +56,12 @@ class DeploymentInput(msgspec.Struct, frozen=True, kw_only=True):
 def load_deployment_rules() -> dict[str, Any]:
     """The bundled ``data/deployment.toml``: ``settings`` by id."""
     data = tomllib.loads((files("servescope") / "data" / "deployment.toml").read_text(encoding="utf-8"))
-    for sid, setting in data.get("settings", {}).items():  # each default names an engine of data/engines.toml
-        for default in setting.get("default", ()):
-            check_engine(default.get("engine"), "data/deployment.toml", f"settings.{sid}.default")
+    settings = data.get("settings", {})
+    for e in engines():  # each engine's defaults ([[engine.default]] in data/engines.toml) name a setting here
+        unknown = next((d.setting for d in e.default if d.setting not in settings), None)
+        if unknown is not None:
+            raise InputError(ENGINES_FILE, f"engine {e.id}: default of setting {unknown!r}, which "
+                                           "data/deployment.toml does not define")
     return data
 
 
@@ -122,11 +126,11 @@ def _from_input(inp: DeploymentInput, rules: Mapping[str, Any]) -> dict[str, Set
         elif spec.get("env") and inp.env and found is None:
             found = SettingEvidence(value="unset", source=inp.source, detail=f"none set in the environment in {where}")
         if found is None and engine is not None and version is not None:
-            for default in spec.get("default", ()):
-                since = _version_tuple(default["since"])
-                if default["engine"] == engine and since is not None and version >= since:
+            for default in (d for e in engines() if e.id == engine for d in e.default if d.setting == sid):
+                since = _version_tuple(default.since)
+                if since is not None and version >= since:
                     found = SettingEvidence(
-                        value=default["value"], source="default",
+                        value=default.value, source="default",
                         detail=f"{engine_words(engine)} {inp.version}'s default, no flag against it in "
                                f"{where}")
         if found is not None:
