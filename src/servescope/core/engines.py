@@ -60,6 +60,7 @@ class Engine(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     frames: tuple[str, ...] = ()
     source: str = ""
     default: tuple[EngineDefault, ...] = ()  # its defaults by version ([[engine.default]])
+    graphs_by_default: bool = False  # it captures CUDA graphs unless told not to
 
     def argument_at(self, argv: Sequence[str], i: int) -> int | None:
         """Where ``argv[i]`` starts this engine (its module, or its program and subcommand): the index of the

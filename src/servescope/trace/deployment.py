@@ -230,7 +230,8 @@ def deployment_settings(traces: Sequence[TraceData], steps: Sequence[Sequence[St
                         graph_engine: bool) -> dict[str, SettingEvidence]:
     """Every setting some source tells, best source first: the inputs in order (live server, then settings
     documents), then the trace, then the engine version's default. ``graph_engine``: the traces' steps are marked
-    by an engine that captures CUDA graphs by default (``steps.toml`` ``graphs_by_default``)."""
+    by an engine that captures CUDA graphs by default (``graphs_by_default`` in ``engines.toml`` of the engine whose
+    marks ``steps.toml`` read)."""
     rules = load_deployment_rules()
     told: dict[str, SettingEvidence] = {}
     defaults: dict[str, SettingEvidence] = {}

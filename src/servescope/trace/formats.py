@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from servescope.core.engines import check_engine
+from servescope.core.engines import check_engine, engine
 
 __all__ = ["COUNTS", "MARKERS", "FrontendFormat", "RankNameFormat", "StepFormat", "StepFormats",
            "step_formats"]
@@ -42,8 +42,8 @@ class StepFormat(msgspec.Struct, frozen=True, kw_only=True):
     prefer: re.Pattern[str] | None = None
     outermost: bool = False
     whole_window: bool = False
-    graphs_by_default: bool = False
-    serves: str | None = None  # the serving engine ([[engine]] id) whose steps these marks are, if one
+    graphs_by_default: bool = False  # its engine's (engines.toml), where it serves one
+    serves: str | None = None  # the serving engine (an engines.toml id) whose steps these marks are, if one
     shared_form: re.Pattern[str] | None = None  # names of this form another engine writes too: they name no engine
 
     def parse(self, name: str) -> tuple[str, dict[str, int | None]] | None:
@@ -132,8 +132,9 @@ def _entry(raw: dict[str, Any], where: str) -> dict[str, Any]:
     out["examples"] = tuple(out.get("examples", ()))
     if out.get("marker", "annotation") not in MARKERS:
         raise ValueError(f"steps.toml {where} {raw.get('id')}: marker {out['marker']!r} is none of {MARKERS}")
-    if "serves" in out:
-        check_engine(out["serves"], "data/steps.toml", f"{where} {raw.get('id')}: serves")
+    if "serves" in out:  # the engine's own facts are its entry's in engines.toml
+        out["graphs_by_default"] = engine(check_engine(out["serves"], "data/steps.toml",
+                                                       f"{where} {raw.get('id')}: serves")).graphs_by_default
     if any(phase not in _PHASES for phase in out.get("modes", {}).values()):
         raise ValueError(f"steps.toml {where} {raw.get('id')}: a mode's phase is none of {_PHASES}")
     return out

@@ -67,7 +67,7 @@ class Steps(msgspec.Struct, frozen=True, kw_only=True):
     step_of: npt.NDArray[np.int64]
     whole_window: bool = False
     gap_us: float | None = None
-    graphs_by_default: bool = False  # the format's engine captures CUDA graphs by default (steps.toml)
+    graphs_by_default: bool = False  # the format's engine captures CUDA graphs by default (engines.toml)
     serves: str | None = None  # the serving engine whose step marks these are (steps.toml), if one
     # per step (StepRow.index): the device time of its work rows (step_of) replayed from CUDA/HIP graphs. The one
     # place a step's graph replay is decided: a step replays graphs where it is > 0 (facts, deployment and the
