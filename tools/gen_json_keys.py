@@ -241,6 +241,8 @@ def _default_text(field: Any) -> str:
             return f"`{getattr(field.default_factory, '__name__', 'factory')}()`"
     else:
         value = field.default
+    if value is mi.NODEFAULT or value is msgspec.UNSET:
+        return "absent"  # an optional key written only when it holds something (msgspec.UNSET)
     text = msgspec.json.encode(value).decode() if not isinstance(value, type) else value.__name__
     return f"`{text}`"
 

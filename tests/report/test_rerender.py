@@ -71,7 +71,8 @@ def test_bench_serve_round_trip_and_front_end_bound(front_end_bound_server: str,
 
 
 def test_every_kind_is_registered_once_and_bad_input_is_one_line(tmp_path: Path) -> None:
-    assert len({k.schema for k in KINDS}) == len(KINDS) == 10
+    assert len({k.schema for k in KINDS}) == len(KINDS) == 11
+    assert "servescope.tune" in {k.schema for k in KINDS}  # tune's document re-renders too
     bad = tmp_path / "x.json"
     for text, detail in (("", "empty file"), ("[1]", "Expected `object`"), ('{"schema": "servescope.nope"}',
                                                                           "'servescope.nope'"),

@@ -143,7 +143,9 @@ def test_an_output_that_cannot_be_written_is_one_line(openai_server: str, tmp_pa
         result = runner.invoke(app, [*args, "-o", str(target)])
         assert result.exit_code == 2 and result.stdout == "", result.output
         (line,) = result.output.strip().splitlines()
-        assert line.startswith(f"servescope: error: {target}: cannot write: ")
+        # refused before anything runs, naming the option and why (tests/cli/test_outputs.py covers every option)
+        assert line == f"servescope: error: -o {target}: {blocker} is not a folder" or \
+            line == f"servescope: error: --output {target}: {blocker} is not a folder", line
 
 
 # ---------------------------------------------------------------------------------------------------- settings

@@ -349,7 +349,7 @@ def test_gpu_keeps_every_word(command: str) -> None:
 def test_service_import_keeps_every_word(tmp_path: Path) -> None:
     """The production Kimi-K2.5 unit this project started from: a long ExecStart, a secret moved out."""
     def run(width: int) -> str:  # each width writes its own files; the wide run's paths are the narrow's
-        text = _cli(["service", "import", KIMI_UNIT, "-o", tmp_path / f"w{width}" / "spec.toml"], width)
+        text = _cli(["service", "import", KIMI_UNIT, "-o", tmp_path / f"w{width}" / "spec.toml", "--mkdir"], width)
         return text.replace(f"/w{width}/", "/wN/")
 
     _each_width(run, "service import")

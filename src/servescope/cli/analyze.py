@@ -74,8 +74,7 @@ def analyze(
         run = with_progress(as_json, lambda progress: analyze_traces(
             paths or [], example=example, example_name=example_name, taxonomy=taxonomy, step_gap_us=step_gap_us,
             settings=settings or [], warn=_warn, progress=progress, head_start=head_start))
-        emit(run.doc, lambda doc, console: _render_text(doc, console, top=top, argv=run.argv,
-                                                         log_lines=run.log_lines()),
+        emit(run.doc, lambda doc, console: _render_text(doc, console, top=top),
              as_json=as_json, output=output, html=html, render_html=_render_html)
 
 
@@ -89,14 +88,11 @@ def _render_html(doc: AnalysisDoc) -> str:
     return render_analysis_html(doc)
 
 
-def _render_text(doc: AnalysisDoc, console: Console, *, top: int, argv: list[str], log_lines: list[str]) -> None:
-    """The analysis and, after it, the catalogue's next steps for this server."""
-    from servescope.core.next_steps import analysis_next_steps
+def _render_text(doc: AnalysisDoc, console: Console, *, top: int) -> None:
+    """The analysis (its next steps, where the document holds some, at the end)."""
     from servescope.report.tables import render_analysis
-    from servescope.report.tune import render_next_steps
 
     render_analysis(doc, console, top=top)
-    render_next_steps(analysis_next_steps(doc, argv=argv, log_lines=log_lines), console)
 
 
 @app.command()

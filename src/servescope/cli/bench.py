@@ -311,6 +311,13 @@ def bench_serve(
                  "interrupted (give -o FILE to keep the points of a run)", code=130)
         finally:
             signal.signal(signal.SIGTERM, previous)
+        from servescope.core.next_steps import serve_next_steps
+
+        steps = serve_next_steps(result, argv=_server_argv(url) or ())
+        if steps:   # in the document, so that -o, --json and `report` say them too
+            import msgspec
+
+            result = msgspec.structs.replace(result, next_steps=steps)
         if output is not None:   # the finished document (the checkpoints wrote it as it grew)
             save(output, encode(result))
         if png is not None:
@@ -320,9 +327,6 @@ def bench_serve(
     if as_json:
         sys.stdout.buffer.write(encode(result))
     else:
-        from servescope.core.next_steps import serve_next_steps
-        from servescope.report.tune import render_next_steps
-
         console = Console(highlight=False)
         render_serve(result, console)
         if old is not None:
@@ -332,7 +336,6 @@ def bench_serve(
             line = knee_change(result, old)
             if line is not None:
                 console.print(line, markup=False, highlight=False)
-        render_next_steps(serve_next_steps(result, argv=_server_argv(url) or ()), console)
     if result.aborted or (not search and any(p.errors for p in result.points)):
         raise typer.Exit(1)
 

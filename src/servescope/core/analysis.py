@@ -333,6 +333,10 @@ class AnalysisDoc(Document, kw_only=True, frozen=True):
     unprofiled: StepReference | None = None
     # Files found in a named directory that could not be read (path -> why): left out, the rest analysed.
     left_out: dict[str, str] = msgspec.field(default_factory=dict)
+    # The catalogue's next steps for this server (data/changes.toml: what `tune` would try), from the findings, the
+    # deployment settings, the server's command line and its log lines beside the traces; absent (not written)
+    # where none applies, so documents without any stay as they were.
+    next_steps: list[str] | msgspec.UnsetType = msgspec.UNSET
 
 
 def decode_analysis(data: bytes, source: str) -> AnalysisDoc:

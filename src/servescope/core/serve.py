@@ -282,3 +282,5 @@ class ServeResult(Document, kw_only=True, frozen=True):
     search: KneeSearch | None = None
     knee: Knee | None = None
     cause: KneeCause | None = None
+    # the catalogue's next steps for this server (what `tune` would try), absent where none applies
+    next_steps: list[str] | msgspec.UnsetType = msgspec.UNSET

@@ -68,6 +68,7 @@ def render_serve(result: ServeResult, console: Console) -> None:
         render_knee(result, console)
         if result.aborted:
             console.print(Text(f"stopped early: {result.aborted}", style="bold red"), overflow="fold")
+        _next_steps(result, console)
         return
     if result.slo:
         console.print(Text(knee_lines_head(result)), overflow="fold")
@@ -101,6 +102,14 @@ def render_serve(result: ServeResult, console: Console) -> None:
             console.print(Text(f"  error: {example}", style="red"), overflow="fold")
     if result.aborted:
         console.print(Text(f"stopped early: {result.aborted}", style="bold red"), overflow="fold")
+    _next_steps(result, console)
+
+
+def _next_steps(result: ServeResult, console: Console) -> None:
+    if result.next_steps:
+        from servescope.report.tune import render_next_steps
+
+        render_next_steps(list(result.next_steps), console)
 
 
 def knee_lines_head(result: ServeResult) -> str:

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from servescope.core.document import encode
 from servescope.core.service import ServiceStatus
+from servescope.report.wrap import hang
 
 __all__ = ["encode_import", "encode_lint", "encode_record", "render_import", "render_lint", "render_restart",
            "render_status"]
@@ -68,7 +69,7 @@ def render_import(result: Any, spec_path: str, env_path: str | None, console: Co
         console.print(f"secrets moved to {escape(env_path or '?')}: {escape(', '.join(result.secrets))}"
                       f" (values not shown); install them as {escape(target)}, mode 0600")
     for note in result.replaced:
-        console.print(f"replaced: {escape(note)}", soft_wrap=True)
+        hang(console, f"replaced: {note}")
 
 
 def render_status(status: ServiceStatus, console: Console) -> None:

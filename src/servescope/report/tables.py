@@ -371,3 +371,7 @@ def render_analysis(doc: AnalysisDoc, console: Console, *, top: int = 15,
                 _render_across(doc, categories, console, cross)
     _render_kernels(categories, console, doc.kernels, top)
     _render_findings(console, doc.findings)
+    if doc.next_steps:
+        from servescope.report.tune import render_next_steps  # noqa: PLC0415 - only where the document holds some
+
+        render_next_steps(list(doc.next_steps), console)

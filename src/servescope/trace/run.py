@@ -35,18 +35,12 @@ class HeadStart(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class AnalyzeRun:
-    """The analysis of the traces named, and what its text view reads besides: the server's command line from
-    the settings evidence and the server log lines saved beside the traces (for the next steps)."""
+    """The analysis of the traces named (its next steps in it), the server's command line from the settings
+    evidence, and the traces read."""
 
     doc: AnalysisDoc
     argv: list[str]
     traces: list[Path]
-
-    def log_lines(self) -> list[str]:
-        """The server log lines saved beside the traces (read when asked: only the text view needs them)."""
-        from servescope.trace.files import log_lines_beside
-
-        return log_lines_beside(self.traces)
 
 
 def analyze_traces(paths: Sequence[Path], *, example: bool = False, example_name: str | None = None,
@@ -88,5 +82,13 @@ def analyze_traces(paths: Sequence[Path], *, example: bool = False, example_name
         request = AnalyzeRequest(paths=discovery, taxonomy=taxonomy, step_gap_us=step_gap_us,
                                  settings=evidence.settings, reference=evidence.reference)
         doc = analyze(request, progress=progress, read_ahead=read_ahead)
-    argv = next((s.argv for s in evidence.settings if s.argv), [])
-    return AnalyzeRun(doc=doc, argv=list(argv), traces=list(found))
+    argv = list(next((s.argv for s in evidence.settings if s.argv), []))
+    from servescope.core.next_steps import analysis_next_steps
+    from servescope.trace.files import log_lines_beside
+
+    steps = analysis_next_steps(doc, argv=argv, log_lines=log_lines_beside(found))
+    if steps:  # in the document, so that -o, --json and `report` say them too
+        import msgspec
+
+        doc = msgspec.structs.replace(doc, next_steps=steps)
+    return AnalyzeRun(doc=doc, argv=argv, traces=list(found))
