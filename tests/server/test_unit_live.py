@@ -94,7 +94,7 @@ def rendered(ready_server: LiveServer, tmp_path: Path) -> tuple[str, Path]:
     assert ready_server.api_key not in body
     spec.write_text(body.replace("/etc/servescope/kimi.env", str(env_file)))
     out = tmp_path / "units" / "kimi.service"
-    result = CliRunner().invoke(app, ["service", "render", str(spec), "-o", str(out)])
+    result = CliRunner().invoke(app, ["service", "render", str(spec), "-o", str(out), "--mkdir"])
     assert result.exit_code == 0, result.output
     checked = verify(out.parent, out.name)
     assert checked.returncode == 0 and checked.stderr == "", checked.stderr
