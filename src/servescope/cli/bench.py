@@ -27,7 +27,7 @@ from servescope.cli.common import (
 from servescope.core.errors import InputError
 
 if TYPE_CHECKING:
-    from servescope.core.serve import ServeResult, SloTarget
+    from servescope.core.serve import ServeResult
 
 N = TypeVar("N", int, float)
 
@@ -274,9 +274,6 @@ def bench_serve(
                         rate=rates, requests=requests, duration_s=duration, warmup_requests=warmup,
                         max_concurrency=max_concurrency, model=model, seed=seed, timeout_s=timeout, workers=workers,
                         api_key=resolve_api_key(api_key))
-        if not as_json:
-            err.print(f"targets: {_describe(targets)}{' (the default; set them with --slo)' if slo is None else ''}",
-                      markup=False, highlight=False)
 
         last: list[ServeResult] = []
 
@@ -285,6 +282,10 @@ def bench_serve(
             if output is not None:
                 save(output, encode(partial))
             if search and not as_json and partial.points:
+                if len(partial.points) == 1:   # the server answered: say what the search holds it to
+                    from servescope.report.serve import knee_lines_head
+
+                    err.print(knee_lines_head(partial), markup=False, highlight=False)
                 err.print(_point_line(partial), markup=False, highlight=False)
 
         def sweep(bar: BarProgress | None) -> ServeResult:
@@ -348,12 +349,6 @@ def _interrupted(partial: ServeResult) -> ServeResult:
         return msgspec.structs.replace(partial, aborted=partial.aborted or "interrupted")
     search = msgspec.structs.replace(partial.search, stopped=f"interrupted after {len(partial.points)} points")
     return msgspec.structs.replace(partial, search=search)
-
-
-def _describe(targets: tuple[SloTarget, ...]) -> str:
-    from servescope.core.knee import describe_slo
-
-    return describe_slo(targets)
 
 
 def _point_line(result: ServeResult) -> str:
