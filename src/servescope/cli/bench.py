@@ -19,6 +19,7 @@ from servescope.cli.common import (
     bench_app,
     err,
     fail,
+    parse_duration,
     print_result,
     save,
     user_errors,
@@ -165,26 +166,6 @@ def _parse_list(option: str, text: str | None, kind: type[N]) -> tuple[N, ...]:
 _SEARCH_WORDS = ("auto", "knee")
 
 
-def parse_budget(text: str | None) -> float | None:
-    """``90``, ``90s``, ``10m``, ``2h`` → seconds; ``None`` → ``None``.
-
-    Raises:
-        InputError: not a positive duration.
-    """
-    if text is None:
-        return None
-    raw = text.strip().lower()
-    scale = {"s": 1.0, "m": 60.0, "h": 3600.0}.get(raw[-1:], None)
-    number = raw[:-1] if scale is not None else raw
-    try:
-        seconds = float(number) * (scale or 1.0)
-    except ValueError:
-        raise InputError("--budget", f"{text!r} is not a duration (e.g. 600, 90s, 10m, 2h)") from None
-    if not seconds > 0 or seconds == float("inf"):
-        raise InputError("--budget", f"{text!r} must be a positive duration")
-    return seconds
-
-
 @bench_app.command("serve")
 def bench_serve(
     url: ServerUrl,
@@ -266,9 +247,7 @@ def bench_serve(
         if not search and not rates and not levels:
             levels = (1, 4, 16, 64)
         targets = parse_slo(slo)
-        seconds = parse_budget(budget)
-        for path in (output, png, html):
-            _check_parent(path)
+        seconds = parse_duration("--budget", budget)
         old = decode_as(_read(compare), str(compare), ServeResult) if compare is not None else None
         spec = LoadSpec(url=url, input_tokens=input_tokens, output_tokens=output_tokens, concurrency=levels,
                         rate=rates, requests=requests, duration_s=duration, warmup_requests=warmup,
@@ -283,9 +262,9 @@ def bench_serve(
                 save(output, encode(partial))
             if search and not as_json and partial.points:
                 if len(partial.points) == 1:   # the server answered: say what the search holds it to
-                    from servescope.report.serve import knee_lines_head
+                    from servescope.report.knee import targets_line
 
-                    err.print(knee_lines_head(partial), markup=False, highlight=False)
+                    err.print(targets_line(partial), markup=False, highlight=False)
                 err.print(_point_line(partial), markup=False, highlight=False)
 
         def sweep(bar: BarProgress | None) -> ServeResult:
@@ -371,11 +350,6 @@ def _server_argv(url: str) -> list[str] | None:
 
     record = local_server(url)
     return list(record.argv) if record is not None else None
-
-
-def _check_parent(path: Path | None) -> None:
-    if path is not None and not path.parent.is_dir():
-        raise InputError(str(path), f"its folder {path.parent} does not exist")
 
 
 def _read(path: Path) -> bytes:

@@ -226,6 +226,25 @@ def emit(doc: T, render: Callable[[T, Console], None], *, as_json: bool, output:
     render(doc, Console(highlight=False))
 
 
+def parse_duration(option: str, text: str | None) -> float | None:
+    """``90``, ``90s``, ``10m``, ``2h`` → seconds; ``None`` → ``None``.
+
+    Raises:
+        InputError: not a positive duration (one line naming ``option``).
+    """
+    if text is None:
+        return None
+    raw = text.strip().lower()
+    scale = {"s": 1.0, "m": 60.0, "h": 3600.0}.get(raw[-1:])
+    try:
+        seconds = float(raw[:-1] if scale else raw) * (scale or 1.0)
+    except ValueError:
+        raise InputError(option, f"{text!r} is not a duration (e.g. 600, 90s, 10m, 2h)") from None
+    if not 0 < seconds < float("inf"):
+        raise InputError(option, f"{text!r} must be a positive duration")
+    return seconds
+
+
 @contextmanager
 def user_errors() -> Iterator[None]:
     """Turn our input errors into one line and exit 2."""

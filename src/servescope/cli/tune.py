@@ -9,25 +9,10 @@ from typing import Annotated
 
 import typer
 
-from servescope.cli.common import ApiKeyOption, JsonFlag, app, err, fail, save, user_errors
+from servescope.cli.common import ApiKeyOption, JsonFlag, app, emit, err, fail, parse_duration, user_errors
 from servescope.core.errors import InputError
 
 __all__ = ["tune"]
-
-
-def _duration(option: str, text: str | None) -> float | None:
-    """``90``, ``90s``, ``10m``, ``2h`` → seconds."""
-    if text is None:
-        return None
-    raw = text.strip().lower()
-    scale = {"s": 1.0, "m": 60.0, "h": 3600.0}.get(raw[-1:])
-    try:
-        seconds = float(raw[:-1] if scale else raw) * (scale or 1.0)
-    except ValueError:
-        raise InputError(option, f"{text!r} is not a duration (e.g. 600, 90s, 10m, 2h)") from None
-    if not 0 < seconds < float("inf"):
-        raise InputError(option, f"{text!r} must be a positive duration")
-    return seconds
 
 
 def _env(pairs: list[str]) -> dict[str, str]:
@@ -142,7 +127,6 @@ def tune(
     crash of servescope, --restore undoes and --resume continues. Exit 0 done (kept or not), 1 a restart not
     confirmed, 2 bad input or a server that does not start as it is, 130 interrupted (restored).
     """
-    from servescope.core.document import encode
     from servescope.report.tune import render_tune, render_tune_html
     from servescope.tune.api import TuneSetup, restore_tune, resume_tune, tune_server
 
@@ -162,24 +146,15 @@ def tune(
                 setup = TuneSetup(
                     launch=launch, unit=unit, unit_file=unit_file, dropin_dir=dropin_dir, url=url, env=_env(env or []),
                     slo=slo, input_tokens=input_tokens, output_tokens=output_tokens,
-                    budget_s=_duration("--budget", budget), max_restarts=max_restarts,
-                    measure_budget_s=_duration("--measure-budget", measure_budget), max_load=max_load,
+                    budget_s=parse_duration("--budget", budget), max_restarts=max_restarts,
+                    measure_budget_s=parse_duration("--measure-budget", measure_budget), max_load=max_load,
                     max_requests=max_requests, repeats=repeats, allow=tuple(allow or ()), catalogue=catalogue,
                     profile=profile, moe_config_dir=moe_config_dir, comm=comm, min_noise=min_noise, keep=not no_keep,
                     ready_timeout_s=ready_timeout, journal=journal, api_key=api_key)
                 doc = tune_server(setup, say=screen, confirm=confirm)
         finally:
             screen.stop()
-        if output is not None:
-            save(output, encode(doc))
-        if html is not None:
-            save(html, render_tune_html(doc))
-    if as_json:
-        sys.stdout.buffer.write(encode(doc))
-    else:
-        from rich.console import Console
-
-        render_tune(doc, Console(highlight=False))
+        emit(doc, render_tune, as_json=as_json, output=output, html=html, render_html=render_tune_html)
     if doc.stopped == "interrupted":
         raise typer.Exit(130)
     if doc.stopped == "not confirmed":

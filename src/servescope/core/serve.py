@@ -191,6 +191,11 @@ class ServePoint(msgspec.Struct, kw_only=True, frozen=True):
     slo: PointSlo | None = None
     step: str | None = None   # the knee search's step that ran it: "probe", "bisect", "repeat"
 
+    @property
+    def load(self) -> float:
+        """The point's load: its streams, or its request rate."""
+        return float(self.concurrency if self.concurrency is not None else self.rate or 0.0)
+
 
 class ServeOptions(msgspec.Struct, kw_only=True, frozen=True):
     """Every option that changes a number."""

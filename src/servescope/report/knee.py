@@ -9,16 +9,18 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from servescope.core.knee import describe_slo
 from servescope.core.serve import PointSlo, ServePoint, ServeResult
 from servescope.report.page import escape
 from servescope.report.wrap import hang
 
-__all__ = ["knee_change", "knee_html", "knee_lines", "render_knee", "slo_line", "slo_table"]
+__all__ = ["knee_change", "knee_html", "knee_lines", "render_knee", "slo_line", "slo_table", "targets_line"]
 
 
-def _targets(result: ServeResult) -> str:
-    text = ", ".join(f"{t.metric.upper()} {t.stat} <= {t.limit_ms:g} ms" for t in result.slo)
-    return text + (" (the default targets; set yours with --slo)" if result.slo_default else "")
+def targets_line(result: ServeResult) -> str:
+    """``targets: TTFT p99 <= 2000 ms, ITL p99 <= 100 ms`` (and whether they are the defaults)."""
+    default = " (the default targets; set yours with --slo)" if result.slo_default else ""
+    return f"targets: {describe_slo(result.slo)}{default}"
 
 
 def _load(point: ServePoint) -> str:
@@ -27,7 +29,7 @@ def _load(point: ServePoint) -> str:
 
 def knee_lines(result: ServeResult) -> list[tuple[str, str]]:
     """The answer of a search as (style, line) pairs: the knee, its spread, what bounds it, the setting."""
-    lines: list[tuple[str, str]] = [("", f"targets: {_targets(result)}")]
+    lines: list[tuple[str, str]] = [("", targets_line(result))]
     search, knee, cause = result.search, result.knee, result.cause
     if search is None:
         return lines

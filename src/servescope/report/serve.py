@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from servescope.core.serve import DEFINITIONS, Dist, ServePoint, ServeResult
-from servescope.report.knee import knee_html, render_knee, slo_line
+from servescope.report.knee import knee_html, render_knee, slo_line, targets_line
 from servescope.report.page import escape, page, warning
 from servescope.report.wrap import hang
 
@@ -71,7 +71,7 @@ def render_serve(result: ServeResult, console: Console) -> None:
         _next_steps(result, console)
         return
     if result.slo:
-        console.print(Text(knee_lines_head(result)), overflow="fold")
+        hang(console, targets_line(result))
     for point in result.points:
         head = Text()
         head.append(point_label(point), style="bold")
@@ -110,12 +110,6 @@ def _next_steps(result: ServeResult, console: Console) -> None:
         from servescope.report.tune import render_next_steps
 
         render_next_steps(list(result.next_steps), console)
-
-
-def knee_lines_head(result: ServeResult) -> str:
-    """The targets line of a fixed sweep judged against them."""
-    targets = ", ".join(f"{t.metric.upper()} {t.stat} <= {t.limit_ms:g} ms" for t in result.slo)
-    return f"targets: {targets}" + (" (the default targets; set yours with --slo)" if result.slo_default else "")
 
 
 def _processes(point: ServePoint) -> str:

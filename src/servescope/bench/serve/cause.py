@@ -58,16 +58,12 @@ def engine_flags(argv: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def _load(point: ServePoint) -> float:
-    return float(point.concurrency if point.concurrency is not None else point.rate or 0.0)
-
-
 def knee_figures(point: ServePoint, *, knee: ServePoint | None, first: ServePoint | None,
                  prompt_tokens: int, flags: Mapping[str, str], client_explains: bool = False) -> dict[str, float]:
     """The figures the rules test (``data/knee.toml`` lists them), for ``point``; missing ones left out."""
     s = point.server
     fig: dict[str, float | None] = {
-        "load": _load(point), "kv_usage_max": s.kv_cache_usage_max, "preemptions": s.preemptions,
+        "load": point.load, "kv_usage_max": s.kv_cache_usage_max, "preemptions": s.preemptions,
         "running_max": s.max_running, "running_mean": s.mean_running, "waiting_max": s.max_waiting,
         "waiting_mean": s.mean_waiting, "queue_ms": s.queue_ms_mean, "prefill_ms": s.prefill_ms_mean,
         "decode_ms": s.decode_ms_mean, "step_tokens": s.step_tokens_mean, "prompt_tokens": float(prompt_tokens),

@@ -61,10 +61,6 @@ class KneeSpec:
     server_argv: Sequence[str] | None = field(default=None, repr=False)
 
 
-def _load_of(point: ServePoint) -> float:
-    return float(point.concurrency if point.concurrency is not None else point.rate or 0.0)
-
-
 def _met(point: ServePoint) -> bool:
     return bool(point.slo and point.slo.met)
 
@@ -122,7 +118,7 @@ def knee_of(points: Sequence[ServePoint], unit: str) -> Knee | None:
     by_load: dict[float, list[ServePoint]] = {}
     for p in points:
         if p.slo is not None:
-            by_load.setdefault(_load_of(p), []).append(p)
+            by_load.setdefault(p.load, []).append(p)
     good = [load for load, ps in by_load.items() if all(_met(p) for p in ps)]
     if not good:
         return None
@@ -160,7 +156,7 @@ class _Search:
     def record(self, point: ServePoint) -> str | None:
         """Move the bracket by ``point``; a reason to stop, if any."""
         self.requests += point.requests
-        load = _load_of(point)
+        load = point.load
         if point.stopped is not None:
             return f"the server stopped answering at {load:g}: {point.stopped}"
         if client_explains(point):
@@ -242,12 +238,12 @@ def _closed(search: _Search, max_load: float, unit: str) -> str:
 def _cause(spec: KneeSpec, points: list[ServePoint], knee: Knee | None) -> KneeCause | None:
     """The cause judged on the least load that missed the targets (beside the knee's point and the first)."""
     missed = [p for p in points if p.slo is not None and (not p.slo.met or client_explains(p))
-              and (knee is None or _load_of(p) > knee.load)]
+              and (knee is None or p.load > knee.load)]
     if not missed:
         return None
-    least = min(_load_of(p) for p in missed)
-    at = [p for p in missed if _load_of(p) == least][0]
-    at_knee = next((p for p in points if knee is not None and _load_of(p) == knee.load), None)
+    least = min(p.load for p in missed)
+    at = [p for p in missed if p.load == least][0]
+    at_knee = next((p for p in points if knee is not None and p.load == knee.load), None)
     return judge_knee(at, knee=at_knee, first=points[0] if points else None,
                       prompt_tokens=spec.load.input_tokens, server_argv=spec.server_argv,
                       client_explains=client_explains(at))

@@ -72,9 +72,8 @@ def summarize(samples: list[Sample], *, output_tokens: int, input_tokens: int) -
     ok = [s for s in samples if s.error is None]
     ttft = [s.ttft_s * 1e3 for s in ok if s.ttft_s is not None]
     e2e = [s.e2e_s * 1e3 for s in ok if s.e2e_s is not None]
-    tpot = [(s.e2e_s - s.ttft_s) * 1e3 / (s.output_tokens - 1) for s in ok
-            if s.e2e_s is not None and s.ttft_s is not None and s.output_tokens is not None and s.output_tokens > 1]
-    itl = [(b - a) * 1e3 for s in ok for a, b in zip(s.chunk_s, s.chunk_s[1:], strict=False)]
+    tpot = [t for t in (s.tpot_ms() for s in ok) if t is not None]
+    itl = [gap for s in ok for gap in s.gaps_ms()]
     out_total = sum(s.output_tokens or 0 for s in ok)
     prompts = [s.prompt_tokens for s in ok if s.prompt_tokens is not None]
     span = (max(s.done_at for s in samples) - min(s.sent_at for s in samples)) if samples else 0.0

@@ -35,16 +35,6 @@ def statistic(values: Sequence[float], stat: str) -> float | None:
     return float(np.percentile(arr, _PERCENTILE[stat]))
 
 
-def _gaps_ms(sample: Sample) -> list[float]:
-    return [(b - a) * 1e3 for a, b in zip(sample.chunk_s, sample.chunk_s[1:], strict=False)]
-
-
-def _tpot_ms(sample: Sample) -> float | None:
-    if sample.e2e_s is None or sample.ttft_s is None or not sample.output_tokens or sample.output_tokens < 2:
-        return None
-    return (sample.e2e_s - sample.ttft_s) * 1e3 / (sample.output_tokens - 1)
-
-
 def request_values(sample: Sample, target: SloTarget) -> float | None:
     """One request's own figure for ``target`` (ms): its TTFT, TPOT, E2E, or its gaps at the target's stat."""
     if target.metric == "ttft":
@@ -52,13 +42,13 @@ def request_values(sample: Sample, target: SloTarget) -> float | None:
     if target.metric == "e2e":
         return None if sample.e2e_s is None else sample.e2e_s * 1e3
     if target.metric == "tpot":
-        return _tpot_ms(sample)
-    return statistic(_gaps_ms(sample), target.stat)
+        return sample.tpot_ms()
+    return statistic(sample.gaps_ms(), target.stat)
 
 
 def _point_values(ok: list[Sample], target: SloTarget) -> list[float]:
     if target.metric == "itl":
-        return [gap for s in ok for gap in _gaps_ms(s)]
+        return [gap for s in ok for gap in s.gaps_ms()]
     return [v for v in (request_values(s, target) for s in ok) if v is not None]
 
 

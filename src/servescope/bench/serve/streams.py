@@ -40,6 +40,16 @@ class Sample:
     sent_at: float = 0.0
     done_at: float = 0.0
 
+    def tpot_ms(self) -> float | None:
+        """``(E2E - TTFT) / (output tokens - 1)`` in ms; ``None`` for a request without two tokens."""
+        if self.e2e_s is None or self.ttft_s is None or self.output_tokens is None or self.output_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) * 1e3 / (self.output_tokens - 1)
+
+    def gaps_ms(self) -> list[float]:
+        """The gaps between successive text chunks (ms)."""
+        return [(b - a) * 1e3 for a, b in zip(self.chunk_s, self.chunk_s[1:], strict=False)]
+
 
 class Point:
     """The shared state of one running point: the client, the body, the server-down flag, the samples."""
