@@ -72,12 +72,34 @@ def test_max_restarts_stops_the_loop_and_says_what_was_left(tmp_path: Path) -> N
     setup = TuneSetup(launch=toy_command(free_port(), "--max-num-seqs", "1"), catalogue=CATALOGUE,
                       journal=tmp_path / "j.json", ready_timeout_s=60, max_restarts=2)
     doc = tune_server(setup, measure=toy_measure())
-    # the first start is not a restart; the rejected flag's start and its rollback are the two
-    assert [(t.change.id, t.outcome) for t in doc.trials] == [("toy-bad-flag", "failed_start")]
+    # the first start is not a restart; the rejected flag's start is one, its rollback none (a launched server
+    # serves only tune: the next trial starts its own configuration), max-num-seqs 2's start the second
+    assert [(t.change.id, t.outcome) for t in doc.trials] == [("toy-bad-flag", "failed_start"),
+                                                               ("max-num-seqs", "kept")]
     assert doc.stopped == "max restarts (2)"
     left = {n.id: n.reason for n in doc.not_tried}
     assert left.get("max-num-seqs") == "budget"
-    assert "--max-num-seqs 1" in doc.keep.command_line and doc.keep.changes == []
+    assert "--max-num-seqs 2" in doc.keep.command_line and doc.keep.changes == ["max-num-seqs"]
+    assert doc.target.left_running is None
+
+
+def test_leave_running_keeps_the_kept_configuration_up(tmp_path: Path) -> None:
+    import shlex
+    import signal
+
+    setup = TuneSetup(launch=toy_command(free_port(), "--max-num-seqs", "1"), catalogue=CATALOGUE,
+                      journal=tmp_path / "j.json", ready_timeout_s=60, max_restarts=3, leave_running=True)
+    doc = tune_server(setup, measure=toy_measure())
+    pid = doc.target.left_running
+    assert pid is not None and _alive(pid)
+    try:
+        # the process left up runs the command line the answer says to keep (its own argv, read from /proc)
+        argv = [w.decode() for w in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if w]
+        kept = shlex.split(doc.keep.command_line)
+        assert doc.keep.changes and argv[argv.index("--max-num-seqs") + 1] == kept[kept.index("--max-num-seqs") + 1]
+        assert argv[argv.index("--max-num-seqs") + 1] != "1" and "--no-such-flag" not in argv
+    finally:
+        os.killpg(pid, signal.SIGTERM)
 
 
 def test_a_client_bound_knee_is_said_to_be_the_clients(tmp_path: Path) -> None:

@@ -104,6 +104,8 @@ def tune(
                                              "fraction).")] = 0.02,
     no_keep: Annotated[bool, typer.Option("--no-keep", help="A unit goes back to its original configuration at "
                                           "the end, even with changes kept.")] = False,
+    leave_running: Annotated[bool, typer.Option("--leave-running", help="A launched server stays up at the end, on "
+                                                "the settings kept (its process in the answer).")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Restart the unit without asking each time.")] = False,
     ready_timeout: Annotated[float, typer.Option("--ready-timeout", min=1.0, help="Seconds a start may take.")]
     = 1800.0,
@@ -150,6 +152,7 @@ def tune(
                     measure_budget_s=parse_duration("--measure-budget", measure_budget), max_load=max_load,
                     max_requests=max_requests, repeats=repeats, allow=tuple(allow or ()), catalogue=catalogue,
                     profile=profile, moe_config_dir=moe_config_dir, comm=comm, min_noise=min_noise, keep=not no_keep,
+                    leave_running=leave_running,
                     ready_timeout_s=ready_timeout, journal=journal, api_key=api_key)
                 doc = tune_server(setup, say=screen, confirm=confirm)
         finally:

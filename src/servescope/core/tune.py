@@ -58,7 +58,8 @@ class Trial(msgspec.Struct, kw_only=True, frozen=True):
 
 class TargetInfo(msgspec.Struct, kw_only=True, frozen=True):
     """What tune changed: ``kind`` ``launch`` (a command servescope starts) or ``unit`` (a systemd unit, changed by
-    the drop-in ``dropin``); ``original``: the command line it started from (secrets redacted)."""
+    the drop-in ``dropin``); ``original``: the command line it started from (secrets redacted); ``left_running``: the
+    process of a launched server left up at the end on the kept settings (``--leave-running``)."""
 
     kind: str
     name: str
@@ -66,6 +67,7 @@ class TargetInfo(msgspec.Struct, kw_only=True, frozen=True):
     original: str
     dropin: str | None = None
     log: str | None = None
+    left_running: int | None = None
 
 
 class TuneOptions(msgspec.Struct, kw_only=True, frozen=True):

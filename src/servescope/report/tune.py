@@ -102,6 +102,9 @@ def render_tune(doc: TuneDoc, console: Console) -> None:
             console.print(Text(f"  {n.id} ({n.reason}): {n.detail}"), overflow="fold")
     for note in doc.evidence:
         console.print(Text(f"evidence: {note}", style="dim"), overflow="fold")
+    if doc.target.left_running is not None:
+        console.print(Text(f"left running: process {doc.target.left_running} on {doc.target.url} (its own session; "
+                           f"stop it with kill -TERM -- -{doc.target.left_running})"), overflow="fold")
     if doc.journal:
         console.print(Text(f"journal: {doc.journal} (`servescope tune --restore --journal {doc.journal}` undoes)",
                            style="dim"), overflow="fold")

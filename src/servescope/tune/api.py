@@ -63,6 +63,7 @@ class TuneSetup:
     comm: Path | None = None
     min_noise: float = 0.02
     keep: bool = True
+    leave_running: bool = False
     ready_timeout_s: float = 1800.0
     journal: Path = Path("servescope-tune.journal.json")
     log_dir: Path | None = None
@@ -169,7 +170,8 @@ def _request(setup: TuneSetup, api_key: str | None) -> TuneRequest:
                        input_tokens=setup.input_tokens, output_tokens=setup.output_tokens, budget_s=setup.budget_s,
                        max_restarts=setup.max_restarts, measure_budget_s=setup.measure_budget_s,
                        allow=setup.allow, catalogue=setup.catalogue, profile=setup.profile,
-                       min_noise=setup.min_noise, inputs=_inputs(setup), keep=setup.keep, api_key=api_key)
+                       min_noise=setup.min_noise, inputs=_inputs(setup), keep=setup.keep,
+                       leave_running=setup.leave_running, api_key=api_key)
 
 
 def _measure(setup: TuneSetup, api_key: str | None) -> Measure:

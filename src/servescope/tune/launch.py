@@ -117,6 +117,10 @@ class LaunchTarget:
     def running(self) -> bool:
         return self._popen is not None and self._popen.poll() is None
 
+    def pid(self) -> int | None:
+        """The running server's process (its own session: it outlives servescope when left running)."""
+        return self._popen.pid if self.running() and self._popen is not None else None
+
     def start(self, config: ServerConfig, progress: Callable[[float, str], None] | None = None) -> Started:
         """Start ``config`` (stopping any server of ours first) and wait until it is ready or gone."""
         self.stop()

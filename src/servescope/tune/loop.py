@@ -33,6 +33,7 @@ from servescope.core.tune import KeepSettings, KneeFigure, TargetInfo, Trial, Tu
 from servescope.tune.edit import ServerConfig, apply_edits, merge_edits, shell_line
 from servescope.tune.evidence import gather_evidence, platform_here, server_version
 from servescope.tune.journal import Journal, JournalProcess, write_journal
+from servescope.tune.launch import LaunchTarget
 from servescope.tune.measure import Measure, Measured
 from servescope.tune.target import Target
 from servescope.tune.unit import NotConfirmed, UnitTarget
@@ -61,6 +62,7 @@ class TuneRequest:
     min_noise: float = 0.02
     inputs: Mapping[str, str] = field(default_factory=dict)
     keep: bool = True
+    leave_running: bool = False
     api_key: str | None = field(default=None, repr=False)
 
 
@@ -139,6 +141,7 @@ class _Run:
         self.stopped = "running"
         self.restored = False
         self.last: Measured | None = None
+        self.left_running: int | None = None
 
     # ---------------------------------------------------------------------------------------- bookkeeping
 
@@ -199,6 +202,13 @@ class _Run:
         return matched.candidates
 
     def rollback(self, what: str) -> None:
+        if isinstance(self.target, LaunchTarget):
+            # a launched server serves nobody but tune: the next trial starts its own configuration anyway, so the
+            # last good one is started again only where it is needed (--leave-running at the end); a unit serves
+            # users, and goes back at once
+            self.target.stop()
+            self.say(f"{what}: rolled back (stopped; the next start takes the last good configuration)", False)
+            return
         ok, reason, _, _ = self.start(self.config(), f"{what}: rolling back")
         if not ok:
             raise InputError(self.target.name, f"the last good configuration did not start again: {reason}")
@@ -320,6 +330,13 @@ class _Run:
                 self.restore()
             else:
                 self.restored = not self.kept
+        elif self.request.leave_running and isinstance(self.target, LaunchTarget):
+            if not self.target.running():
+                ok, reason, _, _ = self.start(self.config(), "left running", counts=False)
+                if not ok:
+                    self.evidence_notes.append(f"the kept configuration did not start again to be left running: "
+                                               f"{reason}")
+            self.left_running = self.target.pid()
         else:
             self.target.stop()
         self.save("done" if not self.restored or not self.kept else "restored")
@@ -343,7 +360,7 @@ class _Run:
             target=TargetInfo(kind=self.target.kind, name=self.target.name, url=self.target.url,
                               original=shell_line(original, secrets=[r.api_key]),
                               dropin=str(self.target.dropin_path) if isinstance(self.target, UnitTarget) else None,
-                              log=self.journal.log_dir),
+                              log=self.journal.log_dir, left_running=self.left_running),
             options=TuneOptions(slo=list(r.slo), input_tokens=r.input_tokens, output_tokens=r.output_tokens,
                                 budget_s=r.budget_s, max_restarts=r.max_restarts,
                                 measure_budget_s=r.measure_budget_s, allow=list(r.allow),
