@@ -162,3 +162,30 @@ def test_the_text_says_the_all_reduce_is_the_captures(tp8: tuple[Path, float]) -
     text = " ".join(result.stdout.split())
     assert ("all_reduce over 8, 14 KiB: NCCL (custom: not on > 2 PCIe-only GPUs); calibrated: capture.profile.json"
             in text)
+
+
+def test_the_collectives_come_from_the_document_alone(tmp_path: Path) -> None:
+    """The document records each decode collective's sizes, group and kernels (schema version 2), as plain json
+    over the traces counts them; with the traces gone, plan prices the all-reduce from it all the same."""
+    capture, _ = _capture(tmp_path / "gone", ranks=TP)
+    expected: dict[str, dict[int, int]] = {}  # collective name -> nccl-tests bytes -> calls, rank 0
+    with gzip.open(tmp_path / "gone" / "rank0.pt.trace.json.gz", "rt", encoding="utf-8") as fh:
+        for e in json.load(fh)["traceEvents"]:
+            args = e.get("args", {})
+            if e["cat"] == "kernel" and "Collective name" in args:
+                key = "Out msg nelems" if "allgather" in args["Collective name"] else "In msg nelems"
+                sizes = expected.setdefault(args["Collective name"], {})
+                sizes[args[key] * 2] = sizes.get(args[key] * 2, 0) + 1  # bf16: 2 bytes
+    for trace in (tmp_path / "gone").glob("rank*.pt.trace.json.gz"):
+        trace.unlink()
+    doc = json.loads(capture.read_bytes())
+    decode = doc["ranks"][0]["phases"]["decode"]["collectives"]
+    assert {s["bytes"]: s["calls"] for s in decode["comm.all_reduce"]["sizes"]} == expected["allreduce"]
+    assert {s["bytes"]: s["calls"] for s in decode["comm.all_gather"]["sizes"]} == expected["_allgather_base"]
+    assert decode["comm.all_reduce"]["group"] == decode["comm.all_gather"]["group"] == TP
+    assert decode["comm.all_reduce"]["kernels"] == {AR: sum(expected["allreduce"].values())}
+    plan = run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=TP, batches=(1,), context=1032,
+                                calibrate=str(capture), env={"NCCL_PROTO": "LL"}))
+    ar = (plan.layouts[0].points[0].collectives_per_step["all_reduce"].paths or [])[0]
+    assert ar.origin == "calibrated" and ar.us_each == pytest.approx(_published_us(HIDDEN * 2), rel=1e-6)
+    assert any(n.startswith("calibrated all_gather over 8 GPUs (nccl)") for n in plan.notes)

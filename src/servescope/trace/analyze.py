@@ -18,6 +18,7 @@ import msgspec
 
 from servescope import __version__
 from servescope.core.analysis import AnalysisDoc, InputFile, RankAnalysis, StepReference, TraceInfo
+from servescope.core.categories import category_entries
 from servescope.core.errors import InputError
 from servescope.trace.breakdown import RankBreakdown, break_down
 from servescope.trace.classify import CaptureReference, capture_reference, is_capture
@@ -205,10 +206,11 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
             TraceInfo(path=str(t.data.path), rank=t.rank, role=t.role, events=t.data.event_count,
                       rank_source=t.rank_source,
                       world_size=(t.data.distributed or {}).get("world_size"),
-                      malformed_events=t.data.malformed, malformed_examples=t.data.malformed_examples)
+                      malformed_events=t.data.malformed, malformed_examples=t.data.malformed_examples,
+                      device=t.data.metadata.get("device_name"))
             for t in sorted(traces, key=lambda t: (t.role != "worker", t.rank or 0))
         ] + [TraceInfo(path=str(c.path), rank=_capture_rank(c), role="capture", events=c.event_count,
-                       rank_source="capture") for c in captures],
+                       rank_source="capture", device=c.metadata.get("device_name")) for c in captures],
         ranks=rank_docs,
         kernels=kernels,
         device_totals={str(r): b.device_totals for r, b in per_rank.items()},
@@ -219,4 +221,5 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
         deployment=deployment,
         unprofiled=request.reference,
         left_out=left_out,
+        category_table=category_entries(taxonomy.table),
     )
