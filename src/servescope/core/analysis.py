@@ -67,18 +67,21 @@ class MessageSize(msgspec.Struct, kw_only=True, frozen=True):
     """The calls of one collective at one message size (nccl-tests' size: an all-gather's gathered output, any
     other collective's input), and their time in µs."""
 
-    bytes: int
-    calls: int
-    total_us: float
+    bytes: int  # the message size, bytes
+    calls: int  # kernels that moved it
+    total_us: float  # their time together
 
 
 class CollectiveStats(msgspec.Struct, kw_only=True, frozen=True):
     """The kernels of one communication category within one phase of one rank: the sizes they moved and the group.
 
-    ``sizes``: by size, the calls whose kernel recorded its message (PyTorch's ``In msg nelems`` / ``Out msg
-    nelems`` and ``dtype``); the category's other calls recorded none (vLLM's custom all-reduce, a CPU
-    ``shm_allreduce``). ``group``: the ranks of the group they ran over (the kernels' ``Group size``, the most
-    frequent; None: not recorded). ``kernels``: calls by kernel name (the implementation that ran).
+    Attributes:
+        group: the ranks of the group they ran over (the kernels' ``Group size``, the most frequent; None: not
+            recorded).
+        sizes: by size, the calls whose kernel recorded its message (PyTorch's ``In msg nelems`` / ``Out msg
+            nelems`` and ``dtype``); the category's other calls recorded none (vLLM's custom all-reduce, a CPU
+            ``shm_allreduce``).
+        kernels: calls by kernel name, most first (the implementation that ran).
     """
 
     group: int | None = None
@@ -111,7 +114,8 @@ class PhaseStats(msgspec.Struct, kw_only=True):
     quant_top_kernel: str | None = None  # the kernel with the most quantization / cast time in this phase
     quant_top_category: str | None = None  # its category (quantize, elementwise: standalone; norm, activation: fused)
     quant_top_share: float = 0.0  # its share of device_us_per_step
-    # per communication category (categories' collective mark) in this phase: sizes, group, kernels
+    # per communication category in this phase: the message sizes its kernels recorded, their group and kernel names
+    # (plan --calibrate prices the capture's collectives from them)
     collectives: dict[str, CollectiveStats] = msgspec.field(default_factory=dict)
 
 
@@ -334,21 +338,21 @@ class TraceInfo(msgspec.Struct, kw_only=True):
     # events left out as malformed (a field of the wrong type, a negative duration, a time out of range)
     malformed_events: int = 0
     malformed_examples: list[str] = msgspec.field(default_factory=list)
-    device: str | None = None  # the first device the trace's header names (deviceProperties); None: none named
+    device: str | None = None  # the first device the trace's header names (deviceProperties); null: none (CPU)
 
 
 class CategoryEntry(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     """One category as the analysis's taxonomy resolved it (``core.categories.Category`` without its name and
     group, which ``AnalysisDoc.categories`` holds): what every view and ``plan`` read of it."""
 
-    label: str
-    role: str
-    colour: str | None = None
-    words: str | None = None
-    collective: str | None = None
-    generic: bool = False
-    by_name: bool = False
-    streams: bool = False
+    label: str  # what the views call it
+    role: str  # its part of a step in the planner: weights, attention, collectives, other
+    colour: str | None = None  # #rrggbb in the HTML report (absent: a hue of its group's)
+    words: str | None = None  # what a sentence calls its kernels (absent: the label)
+    collective: str | None = None  # the collective a communication category's kernels run (all_reduce)
+    generic: bool = False  # a name in it says nothing of the layer it serves (copy, fill, sort)
+    by_name: bool = False  # its operators are filed by their own name (bookkeeping)
+    streams: bool = False  # every kernel of this weights category reads a weight matrix (gemm)
 
 
 class InputFile(msgspec.Struct, kw_only=True):
