@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from servescope.core.analysis import CollectiveStats, MessageSize, StepRow
-from servescope.core.categories import Category
+from servescope.core.categories import COMMUNICATION, Category
 from servescope.trace.table import TraceData
 from servescope.trace.work import Work
 
@@ -48,20 +48,26 @@ def phase_collectives(data: TraceData, work: Work, category: npt.NDArray[np.int3
                       steps: Sequence[StepRow]) -> dict[str, dict[str, CollectiveStats]]:
     """Per phase, per communication category (``names`` indexed by ``category``, marked in ``table``), the
     collectives of the work rows launched by ``steps`` (``step_of``: each work row's step index, -1: none)."""
-    comm = np.array([table[n].group == "communication" if n in table else False for n in names], dtype=bool)
-    phase_of = {s.index: s.phase for s in steps}
+    comm = np.array([table[n].group == COMMUNICATION if n in table else False for n in names], dtype=bool)
     rows = np.flatnonzero(comm[category] & (step_of >= 0)) if len(category) else np.zeros(0, dtype=np.int64)
     if len(rows) == 0:
         return {}
+    labels = sorted({s.phase for s in steps})
+    code = np.full(int(step_of.max()) + 1, -1, dtype=np.int64)  # step index -> its phase's place in labels
+    for s in steps:
+        if s.index < len(code):
+            code[s.index] = labels.index(s.phase)
     gathered = np.array([table[n].collective == ALL_GATHER if n in table else False for n in names],
                         dtype=bool)[category[rows]]
     size, group = _sizes(work, rows, gathered)
     kernel = work.table.name[work.rows[rows]]
     dur = work.dur_us[rows]
     out: dict[str, dict[str, CollectiveStats]] = {}
-    phases = np.array([phase_of.get(int(s), "") for s in step_of[rows].tolist()])
-    for phase in sorted(set(phases.tolist()) - {""}):
-        in_phase = phases == phase
+    phases = code[step_of[rows]]
+    for at, phase in enumerate(labels):
+        in_phase = phases == at
+        if not in_phase.any():
+            continue
         for c in np.unique(category[rows][in_phase]).tolist():
             sel = in_phase & (category[rows] == c)
             sized = sel & (size >= 0)
