@@ -56,6 +56,7 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,7 @@ from servescope.plan.cost import collectives_per_step
 from servescope.plan.hardware import HardwareProfile
 from servescope.plan.layouts import Layout
 from servescope.plan.model import ModelArch
-from servescope.plan.paths import Point, allreduce_path
+from servescope.plan.paths import IMPLS, Point, allreduce_path, engine_rules
 
 __all__ = ["CALIBRATED", "GEMM_NAME", "ProductionHost", "Streaming", "batch_groups", "calls_per_part",
            "capture_context", "capture_routing", "capture_tp", "captured_points", "phase_parts", "production_host",
@@ -88,13 +89,7 @@ __all__ = ["CALIBRATED", "GEMM_NAME", "ProductionHost", "Streaming", "batch_grou
 # activation quantisation, whose time follows the tokens, not the weights).
 GEMM_NAME = re.compile(r"gemm|gemv|nvjet|xmma|matmul|grouped_?mm|scaled_mm|fused_moe|marlin|machete", re.IGNORECASE)
 CALIBRATED = "calibrated"
-# kernel name -> the implementation (paths.IMPLS) it is
-_IMPL_NAME = (("custom_1stage", re.compile(r"cross_device_reduce_1stage")),
-              ("custom_2stage", re.compile(r"cross_device_reduce_2stage")),
-              ("symm_mem_multimem", re.compile(r"multimem", re.I)),
-              ("nccl_symm_mem", re.compile(r"^(void\s+)?ncclSymk")),
-              ("nccl", re.compile(r"^(void\s+)?(nccl|rccl)(Dev)?Kernel_")),
-              ("quick_reduce", re.compile(r"allreduce_prototype")))
+_RULES_FILE = "data/comm/vllm-0.26.toml"  # the [[kernel]] entries: an implementation by its kernels' names
 
 
 def read_capture(path: str | Path) -> tuple[str, AnalysisDoc, Any]:
@@ -271,8 +266,27 @@ def batch_groups(steps: list[StepRow], streaming: Streaming, *, device_only: boo
     return out
 
 
+@cache
+def _impl_patterns() -> tuple[tuple[str, re.Pattern[str]], ...]:
+    """(implementation, kernel-name pattern) of ``data/comm/vllm-0.26.toml``'s ``[[kernel]]`` entries, in order.
+
+    Raises:
+        InputError: an entry names an implementation not in :data:`~servescope.plan.paths.IMPLS`, or a bad pattern.
+    """
+    out = []
+    for i, entry in enumerate(engine_rules().get("kernel", []), 1):
+        impl = entry.get("impl")
+        if impl not in IMPLS:
+            raise InputError(_RULES_FILE, f"kernel {i}: impl {impl!r} is not one of {', '.join(IMPLS)}")
+        try:
+            out.append((impl, re.compile(entry["pattern"])))
+        except (KeyError, re.error) as exc:
+            raise InputError(_RULES_FILE, f"kernel {i}: bad pattern ({exc})") from None
+    return tuple(out)
+
+
 def _impl_of(name: str) -> str | None:
-    return next((impl for impl, rx in _IMPL_NAME if rx.search(name)), None)
+    return next((impl for impl, rx in _impl_patterns() if rx.search(name)), None)
 
 
 def captured_points(doc: AnalysisDoc, rank: RankAnalysis, arch: ModelArch, hw: HardwareProfile,
