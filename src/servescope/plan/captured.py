@@ -41,13 +41,13 @@ calls per step and mean time a call, and the message sizes they moved:
 
 Each op becomes a :class:`~servescope.plan.paths.Point` over the group its kernels recorded (else the capture's
 ranks), for the capture's hardware profile, on the implementation the engine ran: the kernel names say it
-(``cross_device_reduce_1stage`` = custom one-shot, ``ncclDevKernel_*`` = NCCL, ``multimem`` = torch symmetric
-memory); where they do not, or say another than vLLM's rules pick for that size, the rules' choice (and a note).
-:class:`~servescope.plan.collectives.CommCosts` prices every collective of the same op, group size and
-implementation from it before any published figure, for every layout: a user's TP=8 trace gives the TP=8 layout's
-all-reduce (and the TP=8 EP=8 layout's) their own measured time. Within its sizes the point is interpolated, past
-its largest carried on by the curve's (else the α-β estimate's) shape, below its smallest held (a one-size point) or
-extended (``paths.point_time_us``).
+(``data/comm/vllm-0.26.toml`` ``[[kernel]]``: ``cross_device_reduce_1stage`` = custom one-shot, ``ncclDevKernel_*``
+= NCCL, ``multimem`` = torch symmetric memory); where they do not, or say another than vLLM's rules pick for that
+size, the rules' choice (and a note). :class:`~servescope.plan.collectives.CommCosts` prices every collective of the
+same op, group size and implementation from it before any published figure, for every layout: a user's TP=8 trace
+gives the TP=8 layout's all-reduce (and the TP=8 EP=8 layout's) their own measured time. Within its sizes the point
+is interpolated, past its largest carried on by the curve's (else the α-β estimate's) shape, below its smallest held
+(a one-size point) or extended (``paths.point_time_us``).
 """
 
 from __future__ import annotations
