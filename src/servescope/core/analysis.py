@@ -21,6 +21,8 @@ __all__ = [
     "BASES",
     "Advice",
     "BatchStep",
+    "CategoryEntry",
+    "CollectiveStats",
     "Finding",
     "Gain",
     "SettingEvidence",
@@ -28,6 +30,7 @@ __all__ = [
     "Verdict",
     "InputFile",
     "KernelRow",
+    "MessageSize",
     "PhaseStats",
     "RankAnalysis",
     "StepRow",
@@ -37,7 +40,10 @@ __all__ = [
     "decode_analysis",
 ]
 
-SCHEMA_VERSION = 1
+# 2 (2026-12-06): the device of each trace (TraceInfo.device), the resolved category table (category_table) and each
+# phase's collectives (PhaseStats.collectives). A version-1 document still reads: its category table is resolved
+# on reading (upgraded), and what needs the rest says that the document does not record it.
+SCHEMA_VERSION = 2
 
 
 class Summary(msgspec.Struct, kw_only=True):
@@ -55,6 +61,32 @@ class CategoryStats(msgspec.Struct, kw_only=True):
     per_step_us: float
     calls_per_step: float
     mean_call_us: float
+
+
+class MessageSize(msgspec.Struct, kw_only=True, frozen=True):
+    """The calls of one collective at one message size (nccl-tests' size: an all-gather's gathered output, any
+    other collective's input), and their time in µs."""
+
+    bytes: int  # the message size, bytes
+    calls: int  # kernels that moved it
+    total_us: float  # their time together
+
+
+class CollectiveStats(msgspec.Struct, kw_only=True, frozen=True):
+    """The kernels of one communication category within one phase of one rank: the sizes they moved and the group.
+
+    Attributes:
+        group: the ranks of the group they ran over (the kernels' ``Group size``, the most frequent; None: not
+            recorded).
+        sizes: by size, the calls whose kernel recorded its message (PyTorch's ``In msg nelems`` / ``Out msg
+            nelems`` and ``dtype``); the category's other calls recorded none (vLLM's custom all-reduce, a CPU
+            ``shm_allreduce``).
+        kernels: calls by kernel name, most first (the implementation that ran).
+    """
+
+    group: int | None = None
+    sizes: list[MessageSize] = msgspec.field(default_factory=list)
+    kernels: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class PhaseStats(msgspec.Struct, kw_only=True):
@@ -82,6 +114,9 @@ class PhaseStats(msgspec.Struct, kw_only=True):
     quant_top_kernel: str | None = None  # the kernel with the most quantization / cast time in this phase
     quant_top_category: str | None = None  # its category (quantize, elementwise: standalone; norm, activation: fused)
     quant_top_share: float = 0.0  # its share of device_us_per_step
+    # per communication category in this phase: the message sizes its kernels recorded, their group and kernel names
+    # (plan --calibrate prices the capture's collectives from them)
+    collectives: dict[str, CollectiveStats] = msgspec.field(default_factory=dict)
 
 
 class StepRow(msgspec.Struct, kw_only=True, frozen=True):
@@ -303,6 +338,21 @@ class TraceInfo(msgspec.Struct, kw_only=True):
     # events left out as malformed (a field of the wrong type, a negative duration, a time out of range)
     malformed_events: int = 0
     malformed_examples: list[str] = msgspec.field(default_factory=list)
+    device: str | None = None  # the first device the trace's header names (deviceProperties); null: none (CPU)
+
+
+class CategoryEntry(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """One category as the analysis's taxonomy resolved it (``core.categories.Category`` without its name and
+    group, which ``AnalysisDoc.categories`` holds): what every view and ``plan`` read of it."""
+
+    label: str  # what the views call it
+    role: str  # its part of a step in the planner: weights, attention, collectives, other
+    colour: str | None = None  # #rrggbb in the HTML report (absent: a hue of its group's)
+    words: str | None = None  # what a sentence calls its kernels (absent: the label)
+    collective: str | None = None  # the collective a communication category's kernels run (all_reduce)
+    generic: bool = False  # a name in it says nothing of the layer it serves (copy, fill, sort)
+    by_name: bool = False  # its operators are filed by their own name (bookkeeping)
+    streams: bool = False  # every kernel of this weights category reads a weight matrix (gemm)
 
 
 class InputFile(msgspec.Struct, kw_only=True):
@@ -337,6 +387,19 @@ class AnalysisDoc(Document, kw_only=True, frozen=True):
     # deployment settings, the server's command line and its log lines beside the traces; absent (not written)
     # where none applies, so documents without any stay as they were.
     next_steps: list[str] | msgspec.UnsetType = msgspec.UNSET
+    # Each category of ``categories`` as the taxonomy resolved it (label, colour, planner role, words, marks): the
+    # views and plan read it here, never the taxonomy again. Empty in a version-1 document until it is upgraded.
+    category_table: dict[str, CategoryEntry] = msgspec.field(default_factory=dict)
+
+    def upgraded(self) -> AnalysisDoc:
+        """This document in the current schema: a version-1 one gets the category table its taxonomy gives
+        (``core.categories.legacy_category_table``: the user file it names where it still is, else the bundled
+        one), as the views resolved it when it was written; a current one as it is."""
+        if self.schema_version >= 2 or self.category_table:
+            return self
+        from servescope.core.categories import legacy_category_table
+
+        return msgspec.structs.replace(self, category_table=legacy_category_table(self))
 
 
 def decode_analysis(data: bytes, source: str) -> AnalysisDoc:

@@ -8,8 +8,10 @@ a colour to a stable hue of the group's (the HTML report picks it), a role to ``
 ``communication`` group and ``other`` for the rest. So adding a category is one entry there, and the reports and
 the planner (:func:`categories_of`) learn it without a change of code.
 
-An analysis document keeps each category's group and names its taxonomy (``options.taxonomy``: ``builtin`` or the
-user file's path); :func:`categories_of` reads the rest from that taxonomy.
+An analysis document keeps each category's group (``categories``) and the rest as its taxonomy resolved it
+(``category_table``: :func:`category_entries`); :func:`categories_of` reads both from the document alone, never the
+taxonomy again. A version-1 document, written before the table, gets it on reading from the taxonomy it names
+(:func:`legacy_category_table`: the user file where it still is, else the bundled one).
 
 Example:
     >>> bundled_categories()["gemm"].role
@@ -31,7 +33,7 @@ from servescope.core.errors import InputError
 from servescope.core.files import unreadable
 
 if TYPE_CHECKING:
-    from servescope.core.analysis import AnalysisDoc
+    from servescope.core.analysis import AnalysisDoc, CategoryEntry
 
 __all__ = [
     "BUILTIN_SOURCE",
@@ -44,7 +46,9 @@ __all__ = [
     "bundled_categories",
     "bundled_taxonomy",
     "categories_of",
+    "category_entries",
     "category_table",
+    "legacy_category_table",
     "read_taxonomy",
 ]
 
@@ -203,17 +207,39 @@ def _loads(text: str, source: str) -> dict[str, Any]:
         raise InputError(source, f"bad TOML: {exc}") from None
 
 
+def category_entries(table: Mapping[str, Category]) -> dict[str, CategoryEntry]:
+    """Each category of ``table`` as an analysis document keeps it (its group aside, in ``categories``)."""
+    from servescope.core.analysis import CategoryEntry
+
+    return {name: CategoryEntry(label=c.label, role=c.role, colour=c.colour, words=c.words, collective=c.collective,
+                                generic=c.generic, by_name=c.by_name, streams=c.streams)
+            for name, c in table.items()}
+
+
 def categories_of(doc: AnalysisDoc) -> CategoryTable:
-    """Every category of the analysis ``doc``, as the taxonomy it names declares it (the user file read again,
-    where it still can be; else the bundled one). A category that taxonomy does not declare in the document's
-    group (the file gone or changed since) keeps the document's group and takes that group's defaults."""
-    source = doc.options.get("taxonomy")
-    table = _declared(source) if isinstance(source, str) else bundled_categories()
+    """Every category of the analysis ``doc``, as its ``category_table`` keeps it (read from the document alone);
+    a category the table does not hold takes its group's defaults (label = name, no colour, the group's role)."""
     out = CategoryTable()
     for name, group in doc.categories.items():
-        known = table.get(name)
-        out[name] = known if known is not None and known.group == group else _unknown(name, group)
+        entry = doc.category_table.get(name)
+        out[name] = _unknown(name, group) if entry is None else Category(
+            name, group, entry.label, entry.colour, entry.role, entry.words, entry.collective, entry.generic,
+            entry.by_name, entry.streams)
     return out
+
+
+def legacy_category_table(doc: AnalysisDoc) -> dict[str, CategoryEntry]:
+    """The category table of a version-1 analysis ``doc`` (written without one), as the views resolved it then:
+    from the taxonomy it names (the user file read again, where it still can be; else the bundled one). A
+    category that taxonomy does not declare in the document's group (the file gone or changed since) takes that
+    group's defaults."""
+    source = doc.options.get("taxonomy")
+    table = _declared(source) if isinstance(source, str) else bundled_categories()
+    resolved = {}
+    for name, group in doc.categories.items():
+        known = table.get(name)
+        resolved[name] = known if known is not None and known.group == group else _unknown(name, group)
+    return category_entries(resolved)
 
 
 @lru_cache(maxsize=8)

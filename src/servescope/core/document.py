@@ -75,7 +75,7 @@ def _kind(name: str, title: str, command: str, type_path: str, version: int = 1)
 
 
 KINDS: tuple[DocumentKind, ...] = (
-    _kind("analysis", "analysis", "analyze", "analysis:AnalysisDoc"),
+    _kind("analysis", "analysis", "analyze", "analysis:AnalysisDoc", version=2),
     _kind("plan", "plan", "plan", "plan:PlanDoc"),
     _kind("bench_serve", "bench serve", "bench serve", "serve:ServeResult"),
     _kind("bench_comm", "bench comm", "bench comm", "comm_result:CommResultDoc"),
@@ -171,15 +171,20 @@ def decode(data: bytes, source: str, *, expect: tuple[DocumentKind, ...] = KINDS
         source: the file name or URL, named in the error.
         expect: the kinds accepted; by default every kind.
 
+    A kind whose type has an ``upgraded()`` method is returned through it: an older version's document in the
+    current schema where the missing fields can be told (the analysis's category table).
+
     Raises:
         InputError: not a document of ``expect`` (see :func:`read_header`), or a field is missing or of the
             wrong type; the line names the field's path (``$.ranks[0].steps``).
     """
     kind, _ = read_header(data, source, expect=expect)
     try:
-        return msgspec.json.decode(data, type=kind.type())
+        doc = msgspec.json.decode(data, type=kind.type())
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise InputError(source, f"not a servescope {kind.title} ({exc})") from None
+    upgrade = getattr(doc, "upgraded", None)  # an older version made current where it can be (AnalysisDoc)
+    return upgrade() if callable(upgrade) else doc
 
 
 def decode_as(data: bytes, source: str, kind: type[D]) -> D:

@@ -29,36 +29,40 @@ the capture's decode phase on the rank it fits (the one that spent least time in
 transfer and the launch, and no more wait for the last rank than the step itself holds), each ``comm.*`` category's
 calls per step and mean time a call, and the message sizes they moved:
 
-- from the kernels of that rank's trace that ran inside its decode steps (``StepRow`` windows of the analysis):
-  NCCL kernels carry ``In msg nelems`` / ``Out msg nelems`` and ``dtype`` in their args (PyTorch's profiler,
-  ``record_param_comms``); the size is nccl-tests' (all-reduce: the buffer; all-gather: the gathered output), and
-  the time at each size is the mean duration of the kernels of that size;
-- where the kernels carry no size (vLLM's custom all-reduce, a CPU ``shm_allreduce``) or the trace is not at
-  hand: the model's own message at the capture's batch (:func:`servescope.plan.cost.collectives_per_step` of
-  TP = the capture's ranks), at the category's mean time a call.
+- from the document's record of that rank's decode phase (``PhaseStats.collectives``, made by ``analyze`` from the
+  kernels its decode steps launched; the trace is not read again): NCCL kernels carry ``In msg nelems`` / ``Out msg
+  nelems``, ``dtype`` and ``Group size`` in their args (PyTorch's profiler, ``record_param_comms``); the size is
+  nccl-tests' (all-reduce: the buffer; all-gather: the gathered output), and the time at each size is the mean
+  duration of the kernels of that size;
+- where the kernels carry no size (vLLM's custom all-reduce, a CPU ``shm_allreduce``) or the document records none
+  (schema version 1, said in a note naming the file): the model's own message at the capture's batch
+  (:func:`servescope.plan.cost.collectives_per_step` of TP = the capture's ranks), at the category's mean time a
+  call.
 
-Each op becomes a :class:`~servescope.plan.paths.Point` over the capture's group size, for the capture's hardware
-profile, on the implementation the engine ran: the kernel names say it (``cross_device_reduce_1stage`` = custom
-one-shot, ``ncclDevKernel_*`` = NCCL, ``multimem`` = torch symmetric memory); where they do not, or say another
-than vLLM's rules pick for that size, the rules' choice (and a note). :class:`~servescope.plan.collectives.CommCosts`
-prices every collective of the same op, group size and implementation from it before any published figure, for
-every layout: a user's TP=8 trace gives the TP=8 layout's all-reduce (and the TP=8 EP=8 layout's) their own
-measured time. Within its sizes the point is interpolated, past its largest carried on by the curve's (else the
-α-β estimate's) shape, below its smallest held (a one-size point) or extended (``paths.point_time_us``).
+Each op becomes a :class:`~servescope.plan.paths.Point` over the group its kernels recorded (else the capture's
+ranks), for the capture's hardware profile, on the implementation the engine ran: the kernel names say it
+(``data/comm/vllm-0.26.toml`` ``[[kernel]]``: ``cross_device_reduce_1stage`` = custom one-shot, ``ncclDevKernel_*``
+= NCCL, ``multimem`` = torch symmetric memory); where they do not, or say another than vLLM's rules pick for that
+size, the rules' choice (and a note). :class:`~servescope.plan.collectives.CommCosts` prices every collective of the
+same op, group size and implementation from it before any published figure, for every layout: a user's TP=8 trace
+gives the TP=8 layout's all-reduce (and the TP=8 EP=8 layout's) their own measured time. Within its sizes the point
+is interpolated, past its largest carried on by the curve's (else the α-β estimate's) shape, below its smallest held
+(a one-size point) or extended (``paths.point_time_us``).
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 from collections import Counter
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from servescope.core.analysis import (
     AnalysisDoc,
+    CollectiveStats,
     KernelRow,
     PhaseStats,
     RankAnalysis,
@@ -72,7 +76,7 @@ from servescope.plan.cost import collectives_per_step
 from servescope.plan.hardware import HardwareProfile
 from servescope.plan.layouts import Layout
 from servescope.plan.model import ModelArch
-from servescope.plan.paths import Point, allreduce_path
+from servescope.plan.paths import IMPLS, Point, allreduce_path, engine_rules
 
 __all__ = ["CALIBRATED", "GEMM_NAME", "ProductionHost", "Streaming", "batch_groups", "calls_per_part",
            "capture_context", "capture_routing", "capture_tp", "captured_points", "phase_parts", "production_host",
@@ -85,21 +89,7 @@ __all__ = ["CALIBRATED", "GEMM_NAME", "ProductionHost", "Streaming", "batch_grou
 # activation quantisation, whose time follows the tokens, not the weights).
 GEMM_NAME = re.compile(r"gemm|gemv|nvjet|xmma|matmul|grouped_?mm|scaled_mm|fused_moe|marlin|machete", re.IGNORECASE)
 CALIBRATED = "calibrated"
-# kernel name -> op, in the order of data/taxonomy.toml's communication rules (all-reduce first)
-_OP_NAME = (("all_reduce", re.compile(r"allreduce|all_reduce|cross_device_reduce", re.I)),
-            ("all_gather", re.compile(r"allgather|all_gather", re.I)),
-            ("reduce_scatter", re.compile(r"reducescatter|reduce_scatter", re.I)),
-            ("all_to_all", re.compile(r"alltoall|all_to_all", re.I)),
-            ("send_recv", re.compile(r"Kernel_(SendRecv|Send|Recv)")))
-# kernel name -> the implementation (paths.IMPLS) it is
-_IMPL_NAME = (("custom_1stage", re.compile(r"cross_device_reduce_1stage")),
-              ("custom_2stage", re.compile(r"cross_device_reduce_2stage")),
-              ("symm_mem_multimem", re.compile(r"multimem", re.I)),
-              ("nccl_symm_mem", re.compile(r"^(void\s+)?ncclSymk")),
-              ("nccl", re.compile(r"^(void\s+)?(nccl|rccl)(Dev)?Kernel_")),
-              ("quick_reduce", re.compile(r"allreduce_prototype")))
-_DTYPE_BYTES = {"bfloat16": 2, "half": 2, "float16": 2, "float": 4, "float32": 4, "double": 8, "int": 4, "long": 8,
-                "byte": 1, "char": 1, "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
+_RULES_FILE = "data/comm/vllm-0.26.toml"  # the [[kernel]] entries: an implementation by its kernels' names
 
 
 def read_capture(path: str | Path) -> tuple[str, AnalysisDoc, Any]:
@@ -276,51 +266,27 @@ def batch_groups(steps: list[StepRow], streaming: Streaming, *, device_only: boo
     return out
 
 
-def _op_of(name: str) -> str | None:
-    return next((op for op, rx in _OP_NAME if rx.search(name)), None)
+@cache
+def _impl_patterns() -> tuple[tuple[str, re.Pattern[str]], ...]:
+    """(implementation, kernel-name pattern) of ``data/comm/vllm-0.26.toml``'s ``[[kernel]]`` entries, in order.
+
+    Raises:
+        InputError: an entry names an implementation not in :data:`~servescope.plan.paths.IMPLS`, or a bad pattern.
+    """
+    out = []
+    for i, entry in enumerate(engine_rules().get("kernel", []), 1):
+        impl = entry.get("impl")
+        if impl not in IMPLS:
+            raise InputError(_RULES_FILE, f"kernel {i}: impl {impl!r} is not one of {', '.join(IMPLS)}")
+        try:
+            out.append((impl, re.compile(entry["pattern"])))
+        except (KeyError, re.error) as exc:
+            raise InputError(_RULES_FILE, f"kernel {i}: bad pattern ({exc})") from None
+    return tuple(out)
 
 
 def _impl_of(name: str) -> str | None:
-    return next((impl for impl, rx in _IMPL_NAME if rx.search(name)), None)
-
-
-def _size(op: str, args: dict[str, Any]) -> int | None:
-    """nccl-tests' size of one call from a kernel's args, ``None`` when they do not give it."""
-    width = _DTYPE_BYTES.get(str(args.get("dtype", "")).lower())
-    key = "Out msg nelems" if op == "all_gather" else "In msg nelems"
-    nelems = args.get(key)
-    if width is None or not isinstance(nelems, int) or nelems <= 0:
-        return None
-    return nelems * width
-
-
-def _decode_kernels(path: str, windows: list[tuple[float, float]]) -> dict[str, list[tuple[str, int | None, float]]]:
-    """Per op, ``(name, bytes or None, µs)`` of the collective kernels of the trace at ``path`` that ran inside
-    ``windows``; empty when the trace is not at hand or is not JSON."""
-    try:
-        with (gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz")
-              else Path(path).open(encoding="utf-8")) as fh:
-            data = json.load(fh)
-    except (OSError, EOFError, ValueError):
-        return {}
-    events = data.get("traceEvents") if isinstance(data, dict) else data
-    out: dict[str, list[tuple[str, int | None, float]]] = {}
-    starts = sorted(windows)
-    for e in events if isinstance(events, list) else []:
-        if not isinstance(e, dict) or e.get("cat") != "kernel" or not isinstance(e.get("name"), str):
-            continue
-        ts, dur = e.get("ts"), e.get("dur")
-        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
-            continue
-        if not any(a <= ts <= b for a, b in starts):
-            continue
-        op = _op_of(e["name"])
-        if op is None:
-            continue
-        args = e.get("args")
-        args = args if isinstance(args, dict) else {}
-        out.setdefault(op, []).append((e["name"], _size(op, args), float(dur)))
-    return out
+    return next((impl for impl, rx in _impl_patterns() if rx.search(name)), None)
 
 
 def captured_points(doc: AnalysisDoc, rank: RankAnalysis, arch: ModelArch, hw: HardwareProfile,
@@ -329,28 +295,25 @@ def captured_points(doc: AnalysisDoc, rank: RankAnalysis, arch: ModelArch, hw: H
     phase = rank.phases["decode"]
     if tp <= 1:
         return [], []
-    windows = [(s.start_us, s.start_us + s.span_us) for s in rank.steps if s.phase == "decode"]
-    trace = next((t.path for t in doc.traces if t.rank == rank.rank and t.role == "worker"), None)
-    kernels = _decode_kernels(trace, windows) if trace and windows else {}
     modelled = {c.op: c for c in collectives_per_step(arch, Layout(kind="tp", tp=tp), batch)}
     points: list[Point] = []
     notes: list[str] = []
+    if doc.schema_version < 2:
+        notes.append(f"{source}: an analysis of schema version {doc.schema_version}, which records no collective "
+                     f"message sizes: the model's are used (analyze its traces again to record them)")
     where = f"{source} (rank {rank.rank}, {phase.steps} decode steps at batch {batch})"
     table = categories_of(doc)
     for category, stats in sorted(phase.categories.items()):
         op = table[category].collective  # the collective its kernels run (taxonomy.toml); comm.other: none
         if op is None or stats.calls_per_step <= 0 or stats.mean_call_us <= 0:
             continue
-        seen = kernels.get(op, [])
-        sized: dict[int, list[float]] = {}
-        for _, nbytes, us in seen:
-            if nbytes is not None:
-                sized.setdefault(nbytes, []).append(us)
-        if sized and sum(len(v) for v in sized.values()) >= 0.5 * len(seen):
-            sizes = sorted(sized)
-            times = [sum(sized[b]) / len(sized[b]) for b in sizes]
-            how = (f"{sum(len(v) for v in sized.values())} kernels in its decode steps, mean time at each message "
-                   f"size of their args")
+        seen = phase.collectives.get(category, CollectiveStats())
+        sized = sum(s.calls for s in seen.sizes)
+        group = seen.group or tp
+        if seen.sizes and sized >= 0.5 * stats.calls_per_step * phase.steps:
+            sizes = [s.bytes for s in seen.sizes]
+            times = [s.total_us / s.calls for s in seen.sizes]
+            how = f"{sized} kernels in its decode steps, mean time at each message size of their args"
         elif op in modelled:
             sizes, times = [modelled[op].bytes_each], [stats.mean_call_us]
             how = (f"{stats.calls_per_step:.0f} a decode step at {stats.mean_call_us:.1f} µs a call; message size "
@@ -359,21 +322,24 @@ def captured_points(doc: AnalysisDoc, rank: RankAnalysis, arch: ModelArch, hw: H
             notes.append(f"{category}: {stats.calls_per_step:.0f} calls a decode step measured, but TP={tp} runs no "
                          f"{op} in the model and the kernels carry no size: not used")
             continue
-        named = Counter(i for i in (_impl_of(n) for n, _, _ in seen) if i)
+        named: Counter[str] = Counter()
+        for name, calls in seen.kernels.items():  # the implementation most of its calls ran, by kernel name
+            named.update({impl: calls} if (impl := _impl_of(name)) else {})
         impl = named.most_common(1)[0][0] if named else None
         if op == "all_reduce":
-            rule = allreduce_path(sizes[len(sizes) // 2], tp, hw, env).impl
+            rule = allreduce_path(sizes[len(sizes) // 2], group, hw, env).impl
             if impl is not None and impl != rule:
                 notes.append(f"calibrated all_reduce: the capture ran {impl} where vLLM 0.26's rules pick {rule} "
-                             f"for {sizes[len(sizes) // 2]:,} B on {tp} GPUs of {hw.name}: its times priced as {rule}")
+                             f"for {sizes[len(sizes) // 2]:,} B on {group} GPUs of {hw.name}: its times priced as "
+                             f"{rule}")
             impl = rule
         else:
             impl = "nccl"
-        points.append(Point(op=op, impl=impl, profiles=(hw.name,), group=tp, bytes=tuple(sizes), us=tuple(times),
-                            origin=CALIBRATED, source=f"{where}: {how}"))
+        points.append(Point(op=op, impl=impl, profiles=(hw.name,), group=group, bytes=tuple(sizes),
+                            us=tuple(times), origin=CALIBRATED, source=f"{where}: {how}"))
         shown = ", ".join(f"{t:.1f} µs at {b:,} B" for b, t in zip(sizes, times, strict=True))
-        notes.append(f"calibrated {op} over {tp} GPUs ({impl}): {shown}, from the capture ({how}); every layout's "
-                     f"{op} over {tp} GPUs on that path is priced from it")
+        notes.append(f"calibrated {op} over {group} GPUs ({impl}): {shown}, from the capture ({how}); every "
+                     f"layout's {op} over {group} GPUs on that path is priced from it")
     return points, notes
 
 

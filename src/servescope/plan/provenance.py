@@ -4,10 +4,10 @@ A calibration (``--calibrate``, an ``analyze --json`` document) is checked again
 
 - *work kind*: a rank whose work is CPU operators (``RankAnalysis.work_kind == "cpu_op"``: a trace without
   device events) against a GPU plan; the hardware profiles describe GPUs;
-- *device*: the analysis document does not record the device, so it is read from the ``deviceProperties`` of
-  the traces it names (``inputs``), when they are on this machine, else from the ``device`` of a
-  ``provenance.json`` beside them; the name must contain one of the hardware profile's ``match`` strings.
-  Neither at hand: not checked, said in the notes;
+- *device*: the device the analysis recorded for its worker traces (``TraceInfo.device``, from their
+  ``deviceProperties``: the traces are not read again), else the ``device`` of a ``provenance.json`` beside them; the
+  name must contain one of the hardware profile's ``match`` strings. Neither (a CPU trace, or a document of schema
+  version 1, which recorded no device): not checked, said in the notes;
 - *model*: by its shape when one is known: the ``model_shape`` (a HF config) of a ``provenance.json`` beside the
   worker traces, compared field by field (width, layers, heads, KV heads, MLP widths, experts, vocabulary) with
   the planned model; else by name: the served model's name (``profile.model`` of a ``profile --json``
@@ -37,7 +37,6 @@ differs) unless ``--force``; with it the input is used and named in the headline
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import shlex
@@ -51,15 +50,13 @@ from servescope.plan.hardware import HardwareProfile
 from servescope.plan.model import ModelArch, arch_from_hf_config
 
 __all__ = ["GPU_BACKENDS", "calibration_differences", "capture_model", "capture_quantization",
-           "curve_differences", "model_key", "shape_differences", "trace_device"]
+           "curve_differences", "model_key", "shape_differences"]
 
 # Fields of the architecture whose difference makes a capture another model (shape comparison).
 SHAPE_FIELDS = ("hidden", "layers", "heads", "kv_heads", "intermediate", "moe_intermediate", "experts", "top_k",
                 "vocab")
 
 GPU_BACKENDS = ("nccl", "rccl")
-_HEAD_BYTES = 1 << 16  # deviceProperties sits in the trace's header, before traceEvents
-_DEVICE = re.compile(rb'"deviceProperties"\s*:\s*\[\s*\{[^}]*?"name"\s*:\s*"([^"]+)"')
 
 
 def model_key(name: str) -> str:
@@ -70,17 +67,6 @@ def model_key(name: str) -> str:
     for suffix in (".json", ".toml", ".config"):
         base = base.removesuffix(suffix)
     return re.sub(r"[^a-z0-9]", "", base.lower())
-
-
-def trace_device(path: str) -> str | None:
-    """The first device name in a Kineto trace's header, ``None`` when the file is not here or has none."""
-    try:
-        with (gzip.open(path, "rb") if path.endswith(".gz") else Path(path).open("rb")) as fh:
-            head = fh.read(_HEAD_BYTES)
-    except (OSError, EOFError):
-        return None
-    found = _DEVICE.search(head)
-    return found.group(1).decode("utf-8", "replace") if found else None
 
 
 def _provenance_devices(doc: AnalysisDoc, beside: Path | None) -> list[str]:
@@ -107,19 +93,6 @@ def _capture_folders(doc: AnalysisDoc, beside: Path | None = None) -> list[Path]
     folder: a capture copied from the server it was made on keeps its files together, not its absolute paths)."""
     folders = [f for f in sorted({Path(t.path).parent for t in doc.traces if t.role == "worker"}) if f.is_dir()]
     return folders + ([beside] if beside is not None and beside.is_dir() and beside not in folders else [])
-
-
-def _worker_trace_paths(doc: AnalysisDoc, beside: Path | None = None) -> list[str]:
-    """The worker traces a capture names, each where it is on this machine: at its recorded path, else a file of
-    the same name in ``beside``; traces found at neither are left out."""
-    found = []
-    for trace in (t for t in doc.traces if t.role == "worker"):
-        moved = beside / Path(trace.path).name if beside is not None else None
-        if Path(trace.path).is_file():
-            found.append(trace.path)
-        elif moved is not None and moved.is_file():
-            found.append(str(moved))
-    return found
 
 
 def _command_words(settings: Any) -> list[str] | None:
@@ -214,7 +187,7 @@ def calibration_differences(doc: AnalysisDoc, raw: Any, arch: ModelArch, hw: Har
     if "cpu_op" in kinds:
         diffs.append(f"work kind: CPU operators (a trace without GPU kernels), the plan is for GPU kernels on "
                      f"{hw.gpu or hw.name}")
-    devices = sorted({d for d in (trace_device(p) for p in _worker_trace_paths(doc, beside)) if d})
+    devices = sorted({t.device for t in doc.traces if t.role == "worker" and t.device})
     if not devices:
         devices = _provenance_devices(doc, beside)
     if devices:
@@ -223,8 +196,9 @@ def calibration_differences(doc: AnalysisDoc, raw: Any, arch: ModelArch, hw: Har
             diffs.append(f"device: captured on {', '.join(other)}, the plan is for {hw.gpu or hw.name} "
                          f"(profile {hw.name} matches {', '.join(hw.match) or 'no device name'})")
     else:
-        unchecked.append("device (the analysis does not record it, and neither its traces nor a provenance.json "
-                         "are here)")
+        recorded = ("its traces name none" if doc.schema_version >= 2 else
+                    f"an analysis of schema version {doc.schema_version} does not record it: analyze its traces again")
+        unchecked.append(f"device ({recorded}, and no provenance.json lies beside them)")
     served, shape, where = capture_model(doc, raw, beside)
     if shape is not None:
         differ = shape_differences(shape, arch)

@@ -3,7 +3,7 @@
 The page needs no network to view: plotly.js is inlined in the first chart and every later chart reuses it.
 Chart divs have stable ids, ``chart-steps-rank{R}`` (time per step by category on rank R) and
 ``chart-shares`` (category shares of one phase on every rank). Every name from a trace is escaped. A category
-shows with the label and colour its taxonomy gives it (:mod:`servescope.core.categories`).
+shows with the label and colour the document's category table gives it (:mod:`servescope.core.categories`).
 """
 
 from __future__ import annotations

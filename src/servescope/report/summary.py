@@ -3,7 +3,7 @@
 Per phase (decode first): the step time, tokens, the top categories with their share of the device time and
 time per step, the idle share of the step, and the verdict the analysis stored for the phase (the host, the
 collectives, or the kernels of one category bound it: decided with the findings, by the same rules). Then the
-top findings. Everything here is read from the analysis document (a category's label from the taxonomy it names,
+top findings. Everything here is read from the analysis document (a category's label from its category table,
 :mod:`servescope.core.categories`), so a saved analysis summarises as a fresh one.
 """
 

@@ -1,8 +1,8 @@
 """Terminal tables of an analysis document (``servescope analyze`` / ``servescope report``).
 
 Only renders: every figure comes from the :class:`~servescope.core.analysis.AnalysisDoc`, a category's label from
-the taxonomy the document names (:mod:`servescope.core.categories`). Times print as ms with 3 decimals or µs with 1,
-shares as % with 1, and anything not available as ``N/A``.
+the document's category table (:func:`servescope.core.categories.categories_of`). Times print as ms with 3 decimals
+or µs with 1, shares as % with 1, and anything not available as ``N/A``.
 """
 
 from __future__ import annotations

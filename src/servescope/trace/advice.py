@@ -110,9 +110,9 @@ def host_values(ra: RankAnalysis, phase: str, stats: PhaseStats, facts: RankFact
         })
     values["host_exposed_us"] = exposed
     values["overlap_bound_us"] = min(exposed, busy)
-    step_gaps = facts.gaps.get(phase, []) if facts is not None else []
+    step_gaps = facts.measures.of_phase(phase) if facts is not None else []  # each step's measures, made once
     if step_gaps:
-        replayed = facts.replayed_steps if facts is not None else frozenset()  # decided by the steps, kept once
+        replayed = facts.measures.replayed_steps if facts is not None else frozenset()  # decided by the steps
         eager = [g.step for g in step_gaps if g.step not in replayed]
         values["eager_step_share"] = len(eager) / len(step_gaps)
         values["eager_steps_text"] = _steps_text(eager)

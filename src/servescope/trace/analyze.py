@@ -18,6 +18,7 @@ import msgspec
 
 from servescope import __version__
 from servescope.core.analysis import AnalysisDoc, InputFile, RankAnalysis, StepReference, TraceInfo
+from servescope.core.categories import category_entries
 from servescope.core.errors import InputError
 from servescope.trace.breakdown import RankBreakdown, break_down
 from servescope.trace.classify import CaptureReference, capture_reference, is_capture
@@ -26,6 +27,7 @@ from servescope.trace.engine import ENGINE_SETTING, engine_evidence
 from servescope.trace.facts import RankFacts, rank_facts
 from servescope.trace.files import EXAMPLE_NAME, EXAMPLES, Discovery, example_trace_dir, find_traces
 from servescope.trace.findings import find_bottlenecks, load_rules
+from servescope.trace.measures import StepMeasures, measure_steps
 from servescope.trace.ranks import RankedTrace, assign_ranks, compare_ranks, rank_from_name
 from servescope.trace.readahead import ReadAhead
 from servescope.trace.steps import Steps, find_steps
@@ -101,12 +103,15 @@ def _captures_by_rank(captures: list[TraceData], taxonomy: Taxonomy) -> dict[int
 
 class RankContext(msgspec.Struct, frozen=True):
     """What every stage of one worker rank's analysis reads, made once: its trace, its work (each row with the
-    runtime call that launched it and whether a graph replayed it) and its steps (each work row's step)."""
+    runtime call that launched it and whether a graph replayed it), its steps (each work row's step) and, once the
+    breakdown measured them, each step's measures (rows, busy, idle gaps, graph time, phase), which the facts and
+    the rules read."""
 
     rank: int
     data: TraceData
     work: Work
     steps: Steps
+    measures: StepMeasures | None = None
 
 
 def rank_context(trace: RankedTrace, *, gap_us: float | None = None) -> RankContext:
@@ -122,22 +127,25 @@ class _Rank(msgspec.Struct, frozen=True):
     doc: RankAnalysis
     breakdown: RankBreakdown
     facts: RankFacts
+    context: RankContext  # with its step measures
 
 
 def _analyze_rank(context: RankContext, taxonomy: Taxonomy, capture: CaptureReference | None) -> _Rank:
     """Break one rank's work down by step and phase, and take its facts; its document part built whole."""
     result = break_down(context.data, context.work, context.steps, taxonomy, rank=context.rank, capture=capture)
-    facts = rank_facts(context.data, context.rank, result.steps, context.work, context.steps)
+    measures = measure_steps(context.work, context.steps, result.steps)
+    context = msgspec.structs.replace(context, measures=measures)
+    facts = rank_facts(context.data, context.rank, result.steps, context.work, context.steps, measures)
     steps = result.steps
     doc = RankAnalysis(
         rank=context.rank, path=str(context.data.path), work_kind=context.work.kind,
         step_source=context.steps.source, unattributed_us=result.unattributed_us, phases=result.phases,
         steps=steps, basis_share=result.basis_share, graph_replay_share=facts.graph_replay_share,
-        between_steps_us=sum(r.gap_before_us or 0.0 for r in steps),
+        between_steps_us=sum(m.gap_before_us or 0.0 for m in measures.steps),
         steps_window_us=steps[-1].start_us + steps[-1].span_us - steps[0].start_us if steps else 0.0,
         steps_overlap=result.overlap,
     )
-    return _Rank(doc, result, facts)
+    return _Rank(doc, result, facts, context)
 
 
 def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
@@ -178,7 +186,7 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
     comm = [c for c in taxonomy.categories if taxonomy.is_communication(c)]
     facts = {r.doc.rank: r.facts for r in ranks}
     deployment = deployment_settings([c.data for c in contexts], [r.steps for r in rank_docs],
-                                     [set(r.facts.replayed_steps) for r in ranks], request.settings,
+                                     [set(r.facts.measures.replayed_steps) for r in ranks], request.settings,
                                      graph_engine=any(c.steps.graphs_by_default for c in contexts))
     engine = engine_evidence([c.data for c in contexts], [c.steps.serves for c in contexts], request.settings)
     if engine is not None:  # which engine's flags advice may name (none on a training run)
@@ -205,10 +213,11 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
             TraceInfo(path=str(t.data.path), rank=t.rank, role=t.role, events=t.data.event_count,
                       rank_source=t.rank_source,
                       world_size=(t.data.distributed or {}).get("world_size"),
-                      malformed_events=t.data.malformed, malformed_examples=t.data.malformed_examples)
+                      malformed_events=t.data.malformed, malformed_examples=t.data.malformed_examples,
+                      device=t.data.metadata.get("device_name"))
             for t in sorted(traces, key=lambda t: (t.role != "worker", t.rank or 0))
         ] + [TraceInfo(path=str(c.path), rank=_capture_rank(c), role="capture", events=c.event_count,
-                       rank_source="capture") for c in captures],
+                       rank_source="capture", device=c.metadata.get("device_name")) for c in captures],
         ranks=rank_docs,
         kernels=kernels,
         device_totals={str(r): b.device_totals for r, b in per_rank.items()},
@@ -219,4 +228,5 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
         deployment=deployment,
         unprofiled=request.reference,
         left_out=left_out,
+        category_table=category_entries(taxonomy.table),
     )

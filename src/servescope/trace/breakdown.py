@@ -36,6 +36,7 @@ from servescope.core.analysis import (
 )
 from servescope.trace.cadence import follow_cadence
 from servescope.trace.classify import CaptureReference, Classified, classify_work, first_most
+from servescope.trace.collectives import phase_collectives
 from servescope.trace.formats import step_formats
 from servescope.trace.precision import Precision, phase_quant, precision_of
 from servescope.trace.steps import PHASES, Steps
@@ -178,6 +179,7 @@ def break_down(data: TraceData, work: Work, steps: Steps, taxonomy: Taxonomy, *,
         step_rows, overlap = follow_cadence(step_rows, marks, start[order], end[order],
                                             step_formats().overlap_tolerance)
     phases: dict[str, PhaseStats] = {}
+    collectives = phase_collectives(data, work, cat, categories, taxonomy.table, steps.step_of, step_rows)
     for phase in PHASES:
         picked = [i for i, r in enumerate(step_rows) if r.phase == phase]
         if picked:
@@ -185,7 +187,7 @@ def break_down(data: TraceData, work: Work, steps: Steps, taxonomy: Taxonomy, *,
                                  [step_device[i] for i in picked], categories)
             quant = _quant(data, names, dur, cat, categories, precision, steps.step_of,
                            [step_rows[i].index for i in picked], sum(step_device[i] for i in picked))
-            phases[phase] = msgspec.structs.replace(stats, **quant) if quant else stats
+            phases[phase] = msgspec.structs.replace(stats, **quant, collectives=collectives.get(phase, {}))
 
     kernels = _kernel_rows(data, names, kinds, classified, dur, categories, rank)
     totals: dict[str, DeviceTotal] = {}

@@ -120,10 +120,11 @@ class Collector:
             if args is None or args.collective is None:
                 continue
             row = first + offset
-            if args.in_nelems is not None and args.dtype is not None:
-                width = _DTYPE_BYTES.get(args.dtype.lower())
-                if width is not None:
-                    self.device.msg_bytes[row] = args.in_nelems * width
+            width = _DTYPE_BYTES.get(args.dtype.lower()) if args.dtype is not None else None
+            if args.in_nelems is not None and width is not None:
+                self.device.msg_bytes[row] = args.in_nelems * width
+            out = args.out_nelems * width if args.out_nelems is not None and width is not None else -1
+            self.device.msg_out[row] = (out, args.group_size if args.group_size is not None else -1)
 
 
 def drop_bad_times(sink: Collector) -> None:

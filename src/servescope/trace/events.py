@@ -18,6 +18,8 @@ class _Args(msgspec.Struct, gc=False):  # no cycles: skip GC tracking of 1e6 obj
     correlation: int | None = None
     collective: str | None = msgspec.field(default=None, name="Collective name")
     in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: int | None = msgspec.field(default=None, name="Out msg nelems")
+    group_size: int | None = msgspec.field(default=None, name="Group size")
     dtype: str | None = None
     kernel: str | None = None  # on a runtime launch: the kernel it launched (newer Kineto, ROCm)
 

@@ -222,7 +222,7 @@ def _phase_values(ra: RankAnalysis, phase: str, stats: PhaseStats, facts: RankFa
     }
     if attention and values["attention_share"]:
         values["attention_us_per_step"] = sum(s.per_step_us for s in attention)
-    gaps = facts.gaps.get(phase, []) if facts is not None else []
+    gaps = facts.measures.of_phase(phase) if facts is not None else []  # each step's, measured once
     if gaps:
         shares = [g.idle_us / g.span_us for g in gaps if g.span_us > 0]
         idle_total = sum(g.idle_us for g in gaps)
@@ -237,7 +237,7 @@ def _phase_values(ra: RankAnalysis, phase: str, stats: PhaseStats, facts: RankFa
         values["largest_gap_of_idle_pct"] = 100 * values["largest_gap_of_idle"]
     values["idle_pct"] = 100 * values.get("idle_share", values["idle_share_mean"])
     values["idle_pct_mean"] = 100 * values["idle_share_mean"]
-    values["phase_graph_share"] = facts.phase_graph_share.get(phase, 0.0) if facts is not None else None
+    values["phase_graph_share"] = (facts.measures.graph_share(phase) or 0.0) if facts is not None else None
     return values
 
 

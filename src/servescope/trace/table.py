@@ -59,25 +59,26 @@ class Table:
     """One table of events, a row per event in trace order: ``kind`` (``KIND_*``; -1 for runtime launches),
     ``name`` (an index into :attr:`TraceData.names`), ``ts_us``, ``dur_us``, ``correlation`` (-1 where absent)
     and ``thread`` (an index into :attr:`TraceData.threads`), read as numpy arrays; ``msg_bytes`` holds the
-    message size of the collectives that record it (row -> bytes), ``kernel`` the kernel a runtime launch
-    names (row -> name id)."""
+    message size of the collectives that record it (row -> bytes of their input), ``msg_out`` their output's size
+    and group (row -> (bytes or -1, ranks or -1)), ``kernel`` the kernel a runtime launch names (row -> name id)."""
 
-    __slots__ = ("_columns", "_arrays", "msg_bytes", "kernel")
+    __slots__ = ("_columns", "_arrays", "msg_bytes", "msg_out", "kernel")
 
     def __init__(self) -> None:
         self._columns: tuple[array[Any], ...] = tuple(array(code) for code in _TYPECODES)
         self._arrays: tuple[Any, ...] | None = None
         self.msg_bytes: dict[int, int] = {}
+        self.msg_out: dict[int, tuple[int, int]] = {}
         self.kernel: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self._columns[2])
 
     def __getstate__(self) -> tuple[Any, ...]:
-        return self._columns, self.msg_bytes, self.kernel
+        return self._columns, self.msg_bytes, self.msg_out, self.kernel
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
-        self._columns, self.msg_bytes, self.kernel = state
+        self._columns, self.msg_bytes, self.msg_out, self.kernel = state
         self._arrays = None
 
     # -- written by the decoder -----------------------------------------------------------------------------
@@ -115,6 +116,7 @@ class Table:
         else:
             threads.fromlist([thread_ids[i] for i in o_threads])
         self.msg_bytes.update({first + row: size for row, size in other.msg_bytes.items()})
+        self.msg_out.update({first + row: out for row, out in other.msg_out.items()})
         self.kernel.update({first + row: name_ids[name] for row, name in other.kernel.items()})
 
     def drop(self, rows: set[int]) -> None:
@@ -125,6 +127,7 @@ class Table:
         new_row = {old: new for new, old in enumerate(keep)}
         self._columns = tuple(array(column.typecode, [column[r] for r in keep]) for column in self._columns)
         self.msg_bytes = {new_row[r]: v for r, v in self.msg_bytes.items() if r in new_row}
+        self.msg_out = {new_row[r]: v for r, v in self.msg_out.items() if r in new_row}
         self.kernel = {new_row[r]: v for r, v in self.kernel.items() if r in new_row}
 
     def bad_time_rows(self, max_ts_us: float) -> list[int]:
