@@ -191,6 +191,22 @@ def test_the_readmes_screen_is_what_the_command_prints(command: str) -> None:
     assert missing == [], f"README.md's `{shown_command}` shows lines the command no longer prints: update it"
 
 
+# The README's screens of recorded GPU runs: each is its document rendered again by `report` (the answer it printed)
+_RECORDED = {"servescope bench serve http://127.0.0.1:8012": "tests/data/knee/h100/knee-seqs.json",
+             "servescope tune --launch": "tests/data/tune/h100/tune-seqs.json"}
+
+
+@pytest.mark.parametrize("command", sorted(_RECORDED))
+def test_the_readmes_recorded_screens_are_their_documents(command: str) -> None:
+    [shown] = [lines for c, lines in _screens() if c.startswith(command)]
+    shown = [line for line in shown if not line.startswith("    ")]  # the command's own continuation lines
+    result = CliRunner().invoke(app, ["report", str(ROOT / _RECORDED[command])], env={"COLUMNS": "100"})
+    assert result.exit_code == 0, result.output
+    printed = iter(line.rstrip() for line in result.stdout.splitlines())
+    missing = [line for line in shown if not any(line == p for p in printed)]
+    assert missing == [], f"README.md's `{command}` shows lines its document no longer renders: update it"
+
+
 def test_the_readmes_links_lead_somewhere() -> None:
     text = README.read_text(encoding="utf-8")
     targets = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text) if "://" not in t]
