@@ -7,6 +7,8 @@ each live server beside them) and their server logs; the knee's causes are given
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import pytest
@@ -159,6 +161,23 @@ def test_max_num_seqs_from_the_running_cap_and_in_place_at_its_cap() -> None:
     assert cands["max-num-seqs"].current == "64"
     assert cands["max-num-seqs"].value == "128"
     _, out = _ids(ChangeEvidence(knee_cause="scheduler_cap", argv=["vllm", "serve", "m", "--max-num-seqs", "1024"]))
+    assert out["max-num-seqs"] == "in_place"
+
+
+def test_max_num_seqs_stays_within_the_kv_caches_room() -> None:
+    # the H100 seqs server's second trial (tests/data/tune/h100/tune-seqs.json): 64 running filled 36% of the KV
+    # cache at a knee of 128 streams; doubling to 256 outran the cache (-17%). The room: 64 / 0.36 x 0.9 = 160
+    doc = json.loads((Path(__file__).parents[1] / "data" / "tune" / "h100" / "tune-seqs.json").read_text())
+    [second] = [t for t in doc["trials"] if t["change"]["value"] == "256"]
+    assert "64 of 256 streams" in doc["evidence"][-1] and "KV cache at 36%" in doc["evidence"][-1]
+    ev = ChangeEvidence(knee_cause="scheduler_cap", argv=["vllm", "serve", "m", "--max-num-seqs", "64"], load=128,
+                        cause_figures={"running_max": 64.0, "kv_usage_max": 0.36})
+    cands, _ = _ids(ev)
+    assert second["outcome"] == "rolled_back" and cands["max-num-seqs"].value == str(round(64 / 0.36 * 0.9))
+    # a cache that was full leaves no room: the flag stays (in place), the KV cache's own change speaks
+    full = ChangeEvidence(knee_cause="scheduler_cap", argv=["vllm", "serve", "m", "--max-num-seqs", "64"], load=128,
+                          cause_figures={"running_max": 64.0, "kv_usage_max": 0.97})
+    _, out = _ids(full)
     assert out["max-num-seqs"] == "in_place"
 
 

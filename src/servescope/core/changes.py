@@ -349,7 +349,20 @@ def _new_value(rule: Mapping[str, Any], current: str | None, ev: ChangeEvidence)
     else:
         raise ValueError(f"data/changes.toml: unknown value rule {kind!r}")
     new = min(max(new, rule.get("floor", -math.inf)), rule.get("cap", math.inf))
+    if (room := _room(rule.get("room"), ev)) is not None:
+        new = max(now, min(new, room))
     return str(int(round(new))) if rule.get("integer") else f"{new:.4g}"
+
+
+def _room(spec: Mapping[str, Any] | None, ev: ChangeEvidence) -> float | None:
+    """``room = {figure, per, share}``: the most the measured use leaves room for, ``figure / per * share`` (e.g.
+    the requests that ran at once over the share of the KV cache they filled); None where a figure is missing."""
+    if spec is None:
+        return None
+    figure, per = _figure(ev, spec["figure"]), _figure(ev, spec["per"])
+    if figure is None or per is None or per <= 0:
+        return None
+    return float(figure / per * spec.get("share", 1.0))
 
 
 # ------------------------------------------------------------------------------------------------ matching
