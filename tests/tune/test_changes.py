@@ -8,7 +8,6 @@ each live server beside them) and their server logs; the knee's causes are given
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 
 import pytest
