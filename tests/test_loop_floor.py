@@ -52,8 +52,8 @@ def test_the_loop_calls_features_through_their_public_functions(path: Path, own:
 
 def test_a_planted_import_of_the_cli_or_a_private_name_fails() -> None:
     planted = ("from servescope.cli.common import emit\n"
-               "from servescope.server.profile import _serving, profile_server\n"
+               "from servescope.server.profile import _complete, profile_server\n"
                "import servescope.trace.analyze\n"
                "from servescope.tune.loop import run_tune\n")
     assert loop_violations(planted, "servescope.tune") == [
-        "servescope.cli.common.emit", "servescope.server.profile._serving", "servescope.trace.analyze"]
+        "servescope.cli.common.emit", "servescope.server.profile._complete", "servescope.trace.analyze"]

@@ -73,11 +73,9 @@ def profile(
 
 
 def _render(result: ProfileResult, console: Console, *, top: int) -> None:
-    """What was captured, the analysis of its traces, and the next steps for the server's command line."""
-    from servescope.core.next_steps import analysis_next_steps
+    """What was captured, then the analysis of its traces (with its next steps)."""
     from servescope.report.profile import render_capture
     from servescope.report.tables import render_analysis
-    from servescope.report.tune import render_next_steps
     from servescope.server.timing import after_profile_note
 
     capture, doc = result.capture, result.analysis
@@ -92,4 +90,3 @@ def _render(result: ProfileResult, console: Console, *, top: int) -> None:
                    other_batches_ms={s.batch: s.step_us / 1e3 for s in (doc.unprofiled.other_batches
                                                                          if doc.unprofiled else ())})
     render_analysis(doc, console, top=top)
-    render_next_steps(analysis_next_steps(doc, argv=capture.process.argv if capture.process else ()), console)

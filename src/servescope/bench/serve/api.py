@@ -91,7 +91,7 @@ def parse_loads(concurrency: str | None, rate: str | None
 
 def server_argv(url: str) -> list[str] | None:
     """The command line of the server at ``url`` where it runs on this machine (what settings are in place)."""
-    from servescope.server.profile import local_server
+    from servescope.server.process import local_server
 
     record = local_server(url)
     return list(record.argv) if record is not None else None
