@@ -284,15 +284,22 @@ def clean_pairs() -> list[dict[str, Any]]:
     return rows
 
 
+def _markdown(head: list[str], rows: list[list[str]], *, fp8: bool = False) -> str:
+    """A Markdown table of ``head`` and ``rows``, each row's hyphens typeset as minus signs (``fp8``: but the
+    one of ``fp8-``, a name)."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        line = ("| " + " | ".join(row) + " |").replace("-", "−")
+        lines.append(line.replace("fp8−", "fp8 ") if fp8 else line)
+    return "\n".join(lines)
+
+
 def clean_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| configuration | scheduling | direction | other server's step (ms) | alone (ms) | error | with the "
-             "timed batches (ms) | error |", "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        p = r["predicted"]
-        lines.append(f"| {r['kind']} {r['flavour']} | {'serial' if r['serial'] else 'async'} | {r['direction']} | "
-                     f"{r['truth']:.2f} | {p['alone']:.2f} | {r['alone_error']:+.1%} | {p['timed']:.2f} | "
-                     f"{r['timed_error']:+.1%} |")
-    return "\n".join(lines[:2] + [line.replace("-", "−").replace("fp8−", "fp8 ") for line in lines[2:]])
+    head = ["configuration", "scheduling", "direction", "other server's step (ms)", "alone (ms)", "error",
+            "with the timed batches (ms)", "error"]
+    return _markdown(head, [[f"{r['kind']} {r['flavour']}", "serial" if r["serial"] else "async", r["direction"],
+                             f"{r['truth']:.2f}", f"{r['predicted']['alone']:.2f}", f"{r['alone_error']:+.1%}",
+                             f"{r['predicted']['timed']:.2f}", f"{r['timed_error']:+.1%}"] for r in rows], fp8=True)
 
 
 def same_state_table(rows: list[dict[str, Any]]) -> str:
@@ -400,15 +407,12 @@ def measure(pairs: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| capture pair | step b1 / b16 (ms) | device b1 / b16 | host b1 / b16 | step 16→1 | step 1→16 | "
-             "device 16→1 | device 1→16 |", "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        t = r["truth"]
-        lines.append(f"| {r['kind']} {r['flavour']} | {t[1]['step']:.2f} / {t[16]['step']:.2f} | "
-                     f"{t[1]['device']:.2f} / {t[16]['device']:.2f} | {t[1]['host']:.2f} / {t[16]['host']:.2f} | "
-                     f"{r['error'][(16, 1)]:+.1%} | {r['error'][(1, 16)]:+.1%} | {r['device'][(16, 1)]:+.1%} | "
-                     f"{r['device'][(1, 16)]:+.1%} |")
-    return "\n".join(lines[:2] + [line.replace("-", "−") for line in lines[2:]])
+    head = ["capture pair", "step b1 / b16 (ms)", "device b1 / b16", "host b1 / b16", "step 16→1", "step 1→16",
+            "device 16→1", "device 1→16"]
+    return _markdown(head, [[f"{r['kind']} {r['flavour']}",
+                             *(f"{r['truth'][1][k]:.2f} / {r['truth'][16][k]:.2f}" for k in ("step", "device", "host")),
+                             *(f"{r[k][d]:+.1%}" for k in ("error", "device") for d in ((16, 1), (1, 16)))]
+                            for r in rows])
 
 
 def production(pairs: list[tuple[str, str, str]]) -> list[dict[str, Any]]:

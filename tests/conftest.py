@@ -8,6 +8,7 @@ the corpus is not beside the checkout, and counted in one line under pytest's he
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,16 @@ def pytest_report_collectionfinish(config: pytest.Config, start_path: Path, item
         return f"../shared: {SHARED}: {count} tests read it"
     return (f"../shared: not found at {SHARED}: {count} tests that read it are skipped (the traces and GPU "
             f"recordings the project may not ship; CI sets {REQUIRE_ENV}=1 and fails without it)")
+
+
+@pytest.fixture
+def written(tmp_path: Path) -> Callable[..., Path]:
+    """``written(text, name="bad.toml")``: a file of this test's folder holding ``text``, for tests of what a
+    loader says about a bad input file."""
+
+    def write(text: str, name: str = "bad.toml") -> Path:
+        path = tmp_path / name
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    return write

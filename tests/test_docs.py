@@ -8,35 +8,26 @@ real documents (a fresh ``analyze --example --json``; recordings of bench serve,
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from servescope.cli import app
+from tracefiles import tool as load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-
-
-def _tool(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize(("tool", "page"), [("gen_json_keys", "json-keys.md"),
                                             ("gen_cli_reference", "commands.md")])
 def test_the_generated_page_is_what_its_script_writes(tool: str, page: str) -> None:
     written = (DOCS / page).read_text(encoding="utf-8")
-    assert written == _tool(tool).render(), f"docs/{page} is out of date: run .venv/bin/python tools/{tool}.py"
+    assert written == load_tool(tool).render(), f"docs/{page} is out of date: run .venv/bin/python tools/{tool}.py"
 
 
 # ------------------------------------------------------------------------------------------------ key tables

@@ -9,18 +9,14 @@ rewrites the store in the same commit, where its diff can be read.
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from tracefiles import ROOT, SHARED
+from tracefiles import SHARED, tool
 
-_spec = importlib.util.spec_from_file_location("snapshot_documents", ROOT / "tools" / "snapshot_documents.py")
-assert _spec is not None and _spec.loader is not None
-snap = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(snap)
+snap = tool("snapshot_documents")
 
 
 def _id(path: Path) -> str:

@@ -80,13 +80,24 @@ def load_events(path: Path) -> list[dict[str, Any]]:
     return doc["traceEvents"] if isinstance(doc, dict) else doc
 
 
+def _script(path: Path, name: str) -> ModuleType:
+    """The script at ``path`` as the module ``name``, loaded once for the whole test run (the tools and
+    benchmarks are scripts, not a package)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while the class is built
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def benchmark(name: str) -> ModuleType:
     """The script ``benchmarks/NAME.py`` as a module, loaded once for the whole test run (tests that check the
     numbers a benchmark prints call its own functions, and share what it has computed)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return _script(ROOT / "benchmarks" / f"{name}.py", name)
+
+
+def tool(name: str) -> ModuleType:
+    """The script ``tools/NAME.py`` as a module, loaded once for the whole test run."""
+    return _script(ROOT / "tools" / f"{name}.py", f"_servescope_tools_{name}")

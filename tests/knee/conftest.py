@@ -6,34 +6,23 @@ where the machine has one, so that the client measures the server rather than it
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from children import default_signals
+from tracefiles import tool
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_NUM_SEQS = 2
 
 
-def _tool(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"_servescope_knee_tools_{name}", ROOT / "tools" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-capture = _tool("capture_vllm_cpu")
-VENV = _tool("vllm_venv").vllm_venv()
+capture = tool("capture_vllm_cpu")
+VENV = tool("vllm_venv").vllm_venv()
 
 
 @pytest.fixture(scope="package")

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -316,9 +317,8 @@ def test_a_user_preset_file(tmp_path: Path) -> None:
     (json.dumps({**KIMI_K25, "text_config": {**KIMI_TEXT, "vocab_size": None}}),
      "text_config: missing field 'vocab_size'"),
 ])
-def test_bad_config_names_the_file_and_field(tmp_path: Path, text: str, problem: str) -> None:
-    path = tmp_path / "config.json"
-    path.write_text(text, encoding="utf-8")
+def test_bad_config_names_the_file_and_field(written: Callable[..., Path], text: str, problem: str) -> None:
+    path = written(text, "config.json")
     with pytest.raises(InputError) as info:
         load_model_arch(path)
     assert info.value.source.startswith(str(path))
@@ -339,11 +339,9 @@ def test_missing_file_and_unknown_preset(tmp_path: Path) -> None:
     ("hidden = true", "hidden: expected int"),
     ("hidden = 1024", "missing field 'layers'"),
 ])
-def test_bad_preset_file(tmp_path: Path, text: str, problem: str) -> None:
-    path = tmp_path / "bad.toml"
-    path.write_text(text, encoding="utf-8")
+def test_bad_preset_file(written: Callable[..., Path], text: str, problem: str) -> None:
     with pytest.raises(InputError, match=problem):
-        load_model_arch(path)
+        load_model_arch(written(text))
 
 
 QWEN15_MOE_A27B: dict[str, Any] = {  # Qwen/Qwen1.5-MoE-A2.7B config.json (the fields the planner reads)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,9 +125,8 @@ def test_an_engines_attention_kernel_has_its_own_floor() -> None:
     ("memory_gb = 1\nhbm_gbps = 1\n[attention_kernel_rate]\nFlash = 1.5\n", "not a fraction of hbm_gbps"),
     ("memory_gb = 1\nhbm_gbps = 1\nattention_kernel_rate = 0.9\n", "attention_kernel_rate: expected a table"),
 ])
-def test_bad_profiles_name_the_file(tmp_path: Path, text: str, words: str) -> None:
-    path = tmp_path / "bad.toml"
-    path.write_text(text, encoding="utf-8")
+def test_bad_profiles_name_the_file(written: Callable[..., Path], text: str, words: str) -> None:
+    path = written(text)
     with pytest.raises(InputError, match=words) as info:
         load_hardware(path)
     assert str(path) in str(info.value)

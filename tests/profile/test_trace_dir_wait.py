@@ -11,18 +11,19 @@ import json
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+
+from httpd import serving
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "vllm-cpu-fallback"
 TRACES = ("rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz", "frontend.async_llm.pt.trace.json.gz")
 
 
-def _server(trace_dir: Path, *, creates: bool) -> ThreadingHTTPServer:
+def _handler(trace_dir: Path, *, creates: bool) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: object) -> None:
             return None
@@ -58,19 +59,14 @@ def _server(trace_dir: Path, *, creates: bool) -> ThreadingHTTPServer:
                 text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
                 self._send(text.encode(), "text/event-stream")
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    return Handler
 
 
 @pytest.fixture
 def served(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[str, Path]]:
     trace_dir = tmp_path / "not-yet" / "prof"
-    server = _server(trace_dir, creates=request.param)
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", trace_dir
-    finally:
-        server.shutdown()
+    with serving(_handler(trace_dir, creates=request.param)) as url:
+        yield url, trace_dir
 
 
 def _profile(url: str, trace_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:

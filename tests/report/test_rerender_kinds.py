@@ -18,9 +18,8 @@ import shlex
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from typer.testing import CliRunner
 from deploy.conftest import FakeSystemctl, systemctl  # noqa: F401 (systemctl: the deploy tests' fixture)
 from gpu.fake_pynvml import load_recording, make_fake_pynvml
 from gpu.gpu_inputs import RECORDING, fake_nvidia_smi
+from httpd import serving
 from server.sse import running_sse_server
 from servescope.cli import app
 from servescope.core.document import read_header
@@ -92,15 +92,8 @@ class _OpenAIHandler(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def openai_server() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _OpenAIHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with serving(_OpenAIHandler) as url:
+        yield url
 
 
 def _dead_port() -> int:

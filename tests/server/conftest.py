@@ -13,22 +13,20 @@ cache); without it the fixture fails (never skips) and names ``tools/install_vll
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import secrets
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from children import default_signals
+from tracefiles import tool
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_NAME = "tiny-llama"
@@ -37,18 +35,8 @@ READY_TIMEOUT_S = 300.0
 _ORDER = {"no_server": 0, "while_loading": 1, "kills_server": 3}
 
 
-def _load_tool(name: str) -> ModuleType:
-    """Import ``tools/<name>.py`` by path (the tools are scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(f"_servescope_tools_{name}", ROOT / "tools" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-capture_tool = _load_tool("capture_vllm_cpu")
-venv_tool = _load_tool("vllm_venv")
+capture_tool = tool("capture_vllm_cpu")
+venv_tool = tool("vllm_venv")
 VENV = venv_tool.vllm_venv()
 
 

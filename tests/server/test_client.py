@@ -7,7 +7,6 @@ import functools
 import http.server
 import json
 import socket
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from httpd import serving
 from servescope.core.redact import redact
 from servescope.server.client import ApiKey, ServerClient, normalize_base_url, resolve_api_key
 from servescope.server.errors import EndpointNotFound, NotOpenAICompatible, ServerTimeout
@@ -96,14 +96,8 @@ def static_site(tmp_path: Path) -> Iterator[str]:
     (tmp_path / "v1").mkdir()
     (tmp_path / "v1" / "models").write_text("<html><body>models page</body></html>")
     handler = functools.partial(_QuietHandler, directory=str(tmp_path))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(handler) as url:
+        yield url
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

@@ -116,7 +116,8 @@ def test_restore_after_kill_9_puts_the_unit_back(toy_unit: ToyUnit, tmp_path: Pa
     assert "already in place" in again.stdout
 
 
-def test_restore_after_kill_9_stops_the_orphaned_server(tmp_path: Path) -> None:
+def _killed_while_measuring(tmp_path: Path) -> int:
+    """A launched tune run killed with SIGKILL while it measures its first trial: its server's pid (the journal's)."""
     spec = {"mode": "launch", "port": free_port(), "flags": ["--max-num-seqs", "1"],
             "journal": str(tmp_path / "j.json"), "marker": str(tmp_path / "marker"),
             "out": str(tmp_path / "doc.json"), "delay_s": 60.0}
@@ -124,7 +125,13 @@ def test_restore_after_kill_9_stops_the_orphaned_server(tmp_path: Path) -> None:
     _wait_for(tmp_path / "marker", "measuring 2", proc)
     proc.kill()
     proc.wait(timeout=30)
-    pid = read_journal(tmp_path / "j.json").process.pid  # type: ignore[union-attr]
+    process = read_journal(tmp_path / "j.json").process
+    assert process is not None
+    return process.pid
+
+
+def test_restore_after_kill_9_stops_the_orphaned_server(tmp_path: Path) -> None:
+    pid = _killed_while_measuring(tmp_path)
     assert _alive(pid)  # the trial's server outlived servescope (its own session)
     done = subprocess.run([sys.executable, "-m", "servescope", "tune", "--restore", "--journal",
                            str(tmp_path / "j.json")], capture_output=True, text=True, timeout=120)
@@ -136,14 +143,7 @@ def test_restore_after_kill_9_stops_the_orphaned_server(tmp_path: Path) -> None:
 def test_resume_after_kill_9_continues_where_it_stopped(tmp_path: Path) -> None:
     from servescope.tune.api import resume_tune
 
-    spec = {"mode": "launch", "port": free_port(), "flags": ["--max-num-seqs", "1"],
-            "journal": str(tmp_path / "j.json"), "marker": str(tmp_path / "marker"),
-            "out": str(tmp_path / "doc.json"), "delay_s": 60.0}
-    proc = _run(tmp_path, spec)
-    _wait_for(tmp_path / "marker", "measuring 2", proc)
-    proc.kill()
-    proc.wait(timeout=30)
-    orphan = read_journal(tmp_path / "j.json").process.pid  # type: ignore[union-attr]
+    orphan = _killed_while_measuring(tmp_path)
     doc = resume_tune(tmp_path / "j.json", measure=toy_measure())
     assert not _alive(orphan)
     # the baseline of the first run is kept; the interrupted trial is tried again and pays

@@ -46,7 +46,7 @@ from servescope.core.gemm import (
     MatmulCeiling,
 )
 
-__all__ = ["DTYPES", "list_hardware_profiles", "load_datasheet", "run_gemm_bench"]
+__all__ = ["DTYPES", "list_hardware_profiles", "load_datasheet", "run_gemm_bench", "run_model_gemm_bench"]
 
 DTYPES = ("bfloat16", "float16", "float32")
 _ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -149,6 +149,21 @@ def run_gemm_bench(shapes: Sequence[GemmShape], *, device: str = "auto", dtype: 
                                  copy_bytes=copy_n, matmul_size=mm_size, hardware=profile, seed=seed),
         shapes=tuple(shapes), timings=tuple(timings), copy_ceiling=copy_ceiling, matmul_ceiling=matmul_ceiling,
         datasheet=datasheet, notes=notes)
+
+
+def run_model_gemm_bench(model: str, *, tp: int = 1, batches: Sequence[int] = (1, 16, 64), device: str = "auto",
+                         iters: int = 50, progress: Progress | None = None) -> GemmBenchDoc:
+    """:func:`run_gemm_bench` of the per-rank decode GEMMs of ``model`` (a preset, a ``config.json`` or a hub id)
+    at tensor parallelism ``tp``, for each decode batch of ``batches``: what ``bench gemm`` runs.
+
+    Raises:
+        InputError: an unknown model, or a device or extra that is missing.
+    """
+    from servescope.plan.model import gemm_shapes, load_model_arch
+
+    arch = load_model_arch(model)
+    shapes = [s for b in batches for s in gemm_shapes(arch, tp=tp, batch=b)]
+    return run_gemm_bench(shapes, device=device, iters=iters, progress=progress)
 
 
 def _withhold_beaten_ceilings(timings: list[GemmTiming], copy: CopyCeiling, matmul: MatmulCeiling,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -20,7 +20,6 @@ from servescope.cli.common import (
     app,
     emit,
     fail,
-    save,
     user_errors,
     with_progress,
 )
@@ -75,7 +74,7 @@ def analyze(
             paths or [], example=example, example_name=example_name, taxonomy=taxonomy, step_gap_us=step_gap_us,
             settings=settings or [], warn=_warn, progress=progress, head_start=head_start))
         emit(run.doc, lambda doc, console: _render_text(doc, console, top=top),
-             as_json=as_json, output=output, html=html, render_html=_render_html)
+             as_json=as_json, output=output, html=html, render_html=_render_html, blank_line=True)
 
 
 def _warn(line: str) -> None:
@@ -109,21 +108,19 @@ def report(
     The document's ``schema`` field says which kind it is. With `--html` it writes the page and prints one line
     saying where (`--json` still prints the document).
     """
-    from rich.console import Console
-
     from servescope.core.document import read_document
     from servescope.report.rerender import render_document, render_html, render_text
 
-    with user_errors():
-        doc = read_document(document)
+    def text(doc: Any, console: Console) -> None:
         if html is not None:
-            save(html, render_html(doc, top=top))
-    if as_json:
-        sys.stdout.write(render_document(doc, "json"))
-    elif html is not None:
-        typer.echo(f"wrote {html} (HTML of {document})")
-    else:
-        render_text(doc, Console(highlight=False), top=top)
+            typer.echo(f"wrote {html} (HTML of {document})")
+        else:
+            render_text(doc, console, top=top)
+
+    with user_errors():
+        emit(read_document(document), text, as_json=as_json, html=html,
+             render_html=lambda doc: render_html(doc, top=top),
+             encode=lambda doc: render_document(doc, "json").encode())
 
 
 @app.command()
@@ -135,14 +132,9 @@ def diff(
     taxonomy: Annotated[Path | None, typer.Option("--taxonomy", help="Kernel rules file, as for analyze.")] = None,
 ) -> None:
     """Two analyses side by side: time per step by category, before → after, and findings that changed."""
-    from rich.console import Console
-
     from servescope.report.diff import encode_diff, render_diff
     from servescope.trace.diff import diff_paths
 
     with user_errors():
-        doc = diff_paths(before, after, phase=phase, taxonomy=taxonomy)
-    if as_json:
-        sys.stdout.buffer.write(encode_diff(doc))
-        return
-    render_diff(doc, Console(highlight=False))
+        emit(diff_paths(before, after, phase=phase, taxonomy=taxonomy), render_diff, as_json=as_json,
+             encode=encode_diff)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import signal
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -17,20 +15,18 @@ from servescope.cli.common import (
     ModelPreset,
     ServerUrl,
     bench_app,
+    emit,
     err,
     fail,
+    interrupted_by_sigterm,
     parse_duration,
-    print_result,
     save,
     user_errors,
     with_progress,
 )
-from servescope.core.errors import InputError
 
 if TYPE_CHECKING:
     from servescope.core.serve import ServeResult
-
-N = TypeVar("N", int, float)
 
 
 @bench_app.command("gemm")
@@ -46,21 +42,14 @@ def bench_gemm(
     as_json: JsonFlag = False,
 ) -> None:
     """Time the model's per-rank decode GEMMs; TFLOP/s and GB/s against ceilings measured in the same run."""
-    from servescope.bench.gemm import run_gemm_bench
-    from servescope.core.atomic import write_bytes_atomic
-    from servescope.core.document import encode
-    from servescope.plan.model import gemm_shapes, load_model_arch
+    from servescope.bench.gemm import run_model_gemm_bench
     from servescope.plan.planner import parse_batches
     from servescope.report.gpu import render_gemm
 
     with user_errors():
-        batches = parse_batches(",".join(batch))
-        arch = load_model_arch(model)
-        shapes = [s for b in batches for s in gemm_shapes(arch, tp=tp, batch=b)]
-        doc = run_gemm_bench(shapes, device=device, iters=iters, progress=None if as_json else _gemm_progress)
-        if output is not None:
-            write_bytes_atomic(output, encode(doc))
-    print_result(doc, render_gemm, as_json=as_json)
+        doc = run_model_gemm_bench(model, tp=tp, batches=parse_batches(",".join(batch)), device=device, iters=iters,
+                                   progress=None if as_json else _gemm_progress)
+        emit(doc, render_gemm, as_json=as_json, output=output)
 
 
 def _gemm_progress(done: int, total: int) -> None:
@@ -69,10 +58,6 @@ def _gemm_progress(done: int, total: int) -> None:
         err.print(f"bench gemm: measuring the copy and matmul ceilings, then {total} shapes", markup=False)
     else:
         err.print(f"bench gemm: {done}/{total} shapes timed", markup=False)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 @bench_app.command("comm")
@@ -118,8 +103,6 @@ def bench_comm(
     """Collective latency curves (nccl-tests algbw/busbw), one fresh process group per NCCL env variant."""
     from servescope.bench.comm import CommRequest
     from servescope.bench.comm import bench_comm as measure
-    from servescope.core.atomic import write_text_atomic
-    from servescope.core.document import encode
     from servescope.plan.planner import parse_batches
     from servescope.report.comm import render_comm
 
@@ -135,35 +118,16 @@ def bench_comm(
                               timeout_s=timeout, keep_going=keep_going)
         # what it measures, each op and variant as it finishes: a default run takes a minute on a CPU
         progress = None if as_json else (lambda m: err.print(f"bench comm: {m}", markup=False))
-        previous = signal.signal(signal.SIGTERM, _interrupt)   # `timeout`/systemd stop: end the workers too
         try:
-            doc = measure(request, progress=progress)
+            with interrupted_by_sigterm():   # `timeout`/systemd stop: end the workers too
+                doc = measure(request, progress=progress)
         except KeyboardInterrupt:
             fail(f"interrupted; the variants that finished are in {output}" if output else "interrupted", code=130)
-        finally:
-            signal.signal(signal.SIGTERM, previous)
         if env_out is not None:
-            write_text_atomic(env_out, "\n".join(doc.environment) + "\n")
-        if json_out is not None:
-            save(json_out, encode(doc))
-    print_result(doc, render_comm, as_json=as_json)
+            save(env_out, "\n".join(doc.environment) + "\n")
+        emit(doc, render_comm, as_json=as_json, output=json_out)
     if doc.failures:
         fail(f"{len(doc.failures)} failed: {doc.failures[0]}")
-
-
-def _parse_list(option: str, text: str | None, kind: type[N]) -> tuple[N, ...]:
-    if not text:
-        return ()
-    try:
-        values = tuple(kind(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise InputError(option, f"not a comma-separated list of numbers: {text!r}") from None
-    if any(v <= 0 for v in values):
-        raise InputError(option, f"values must be positive: {text!r}")
-    return values
-
-
-_SEARCH_WORDS = ("auto", "knee")
 
 
 @bench_app.command("serve")
@@ -223,137 +187,81 @@ def bench_serve(
     is kept), 2 for bad input or a server that cannot be benchmarked, 130 when interrupted (the points so far
     are in -o).
     """
-    from servescope.bench.serve.sweep import LoadSpec, run_bench_serve
+    from servescope.bench.serve.api import LoadSpec, ServeRequest, bench_serve, interrupted, parse_loads
     from servescope.core.document import decode_as, encode
-    from servescope.core.knee import parse_slo
+    from servescope.core.files import read_bytes
     from servescope.core.serve import ServeResult
-    from servescope.report.serve import (
-        compare_points,
-        render_compare,
-        render_serve,
-        render_serve_html,
-        render_serve_png,
-    )
+    from servescope.report.serve import render_serve_html, render_serve_png
     from servescope.server.client import resolve_api_key
 
     with user_errors():
-        search_rate = rate is not None and rate.strip().lower() in _SEARCH_WORDS
-        search_conc = concurrency is not None and concurrency.strip().lower() in _SEARCH_WORDS
-        rates = () if search_rate else _parse_list("--rate", rate, float)
-        levels = () if search_conc else _parse_list("--concurrency", concurrency, int)
-        if (rate is not None) and (concurrency is not None):
-            raise InputError("--concurrency/--rate", "give one of them, not both")
-        search = search_rate or search_conc or (slo is not None and not rates and not levels)
-        if not search and not rates and not levels:
-            levels = (1, 4, 16, 64)
-        targets = parse_slo(slo)
-        seconds = parse_duration("--budget", budget)
-        old = decode_as(_read(compare), str(compare), ServeResult) if compare is not None else None
-        spec = LoadSpec(url=url, input_tokens=input_tokens, output_tokens=output_tokens, concurrency=levels,
+        levels, rates, search = parse_loads(concurrency, rate)
+        old = decode_as(read_bytes(compare), str(compare), ServeResult) if compare is not None else None
+        load = LoadSpec(url=url, input_tokens=input_tokens, output_tokens=output_tokens, concurrency=levels,
                         rate=rates, requests=requests, duration_s=duration, warmup_requests=warmup,
                         max_concurrency=max_concurrency, model=model, seed=seed, timeout_s=timeout, workers=workers,
                         api_key=resolve_api_key(api_key))
-
+        request = ServeRequest(load=load, slo=slo, search=search, tolerance=tolerance, repeats=repeats,
+                               budget_s=parse_duration("--budget", budget), max_requests=max_requests, start=start,
+                               max_load=max_load)
         last: list[ServeResult] = []
 
         def checkpoint(partial: ServeResult) -> None:
             last[:] = [partial]
             if output is not None:
                 save(output, encode(partial))
-            if search and not as_json and partial.points:
-                if len(partial.points) == 1:   # the server answered: say what the search holds it to
-                    from servescope.report.knee import targets_line
-
-                    err.print(targets_line(partial), markup=False, highlight=False)
-                err.print(_point_line(partial), markup=False, highlight=False)
+            if request.searches and not as_json and partial.points:
+                _search_lines(partial)
 
         def sweep(bar: BarProgress | None) -> ServeResult:
             def show(label: str, done: int, planned: int) -> None:
                 if bar is not None:
                     bar.advance(f"{label}: {done}/{planned or '?'} requests")
-            if search:
-                from servescope.bench.serve.knee import KneeSpec, find_knee
+            return bench_serve(request, progress=show, checkpoint=checkpoint)
 
-                knee_spec = KneeSpec(load=spec, slo=targets, mode="rate" if search_rate else "concurrency",
-                                     tolerance=tolerance, budget_s=seconds, max_requests=max_requests,
-                                     repeats=repeats, start=start, max_load=max_load, slo_default=slo is None,
-                                     server_argv=_server_argv(url))
-                return find_knee(knee_spec, progress=show, checkpoint=checkpoint)
-            return run_bench_serve(spec, progress=show, checkpoint=checkpoint, slo=targets, slo_default=slo is None)
-
-        previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
-            result = with_progress(as_json, sweep)
+            with interrupted_by_sigterm():
+                result = with_progress(as_json, sweep)
         except KeyboardInterrupt:
             if output is not None and last:
-                save(output, encode(_interrupted(last[0])))
+                save(output, encode(interrupted(last[0])))
             fail(f"interrupted; the points measured so far are in {output}" if output else
                  "interrupted (give -o FILE to keep the points of a run)", code=130)
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-        from servescope.core.next_steps import serve_next_steps
-
-        steps = serve_next_steps(result, argv=_server_argv(url) or ())
-        if steps:   # in the document, so that -o, --json and `report` say them too
-            import msgspec
-
-            result = msgspec.structs.replace(result, next_steps=steps)
-        if output is not None:   # the finished document (the checkpoints wrote it as it grew)
-            save(output, encode(result))
         if png is not None:
             save(png, render_serve_png(result))
-        if html is not None:
-            save(html, render_serve_html(result))
-    if as_json:
-        sys.stdout.buffer.write(encode(result))
-    else:
-        console = Console(highlight=False)
-        render_serve(result, console)
-        if old is not None:
-            from servescope.report.knee import knee_change
-
-            render_compare(compare_points(result, old), console)
-            line = knee_change(result, old)
-            if line is not None:
-                console.print(line, markup=False, highlight=False)
-    if result.aborted or (not search and any(p.errors for p in result.points)):
+        emit(result, lambda doc, console: _render_serve(doc, old, console), as_json=as_json, output=output,
+             html=html, render_html=render_serve_html)
+    if result.aborted or (not request.searches and any(p.errors for p in result.points)):
         raise typer.Exit(1)
 
 
-def _interrupted(partial: ServeResult) -> ServeResult:
-    """The document as it stood, its search marked as interrupted."""
-    import msgspec
+def _render_serve(result: ServeResult, old: ServeResult | None, console: Console) -> None:
+    """The sweep or search, and with ``--compare`` the deltas against the older result."""
+    from servescope.report.serve import compare_points, render_compare, render_serve
 
-    if partial.search is None:
-        return msgspec.structs.replace(partial, aborted=partial.aborted or "interrupted")
-    search = msgspec.structs.replace(partial.search, stopped=f"interrupted after {len(partial.points)} points")
-    return msgspec.structs.replace(partial, search=search)
+    render_serve(result, console)
+    if old is not None:
+        from servescope.report.knee import knee_change
+
+        render_compare(compare_points(result, old), console)
+        line = knee_change(result, old)
+        if line is not None:
+            console.print(line, markup=False, highlight=False)
 
 
-def _point_line(result: ServeResult) -> str:
-    """The search's progress after a point: its step, load, verdict and goodput."""
+def _search_lines(partial: ServeResult) -> None:
+    """The search's progress on stderr after a point: first the targets it holds the server to (once the server
+    answered), then the point's step, load, verdict and goodput."""
+    from servescope.report.knee import targets_line
     from servescope.report.serve import point_label
 
-    point = result.points[-1]
+    if len(partial.points) == 1:
+        err.print(targets_line(partial), markup=False, highlight=False)
+    point = partial.points[-1]
     verdict = "met" if point.slo and point.slo.met else f"missed ({', '.join(point.slo.missed_by)})" \
         if point.slo else "not judged"
     good = point.slo.goodput_tokens_per_s if point.slo else None
     checks = "; ".join(f"{c.target} {c.value_ms:.1f} ms" for c in (point.slo.checks if point.slo else [])
                        if c.value_ms is not None)
-    return (f"knee search, {point.step or 'point'} {point_label(point)}: {verdict}; {checks}; goodput "
-            f"{good or 0:.1f} tok/s")
-
-
-def _server_argv(url: str) -> list[str] | None:
-    """The command line of the server at ``url`` where it runs on this machine (what settings are in place)."""
-    from servescope.server.profile import local_server
-
-    record = local_server(url)
-    return list(record.argv) if record is not None else None
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise InputError(str(path), f"cannot read ({exc.strerror or exc})") from None
+    err.print(f"knee search, {point.step or 'point'} {point_label(point)}: {verdict}; {checks}; goodput "
+              f"{good or 0:.1f} tok/s", markup=False, highlight=False)

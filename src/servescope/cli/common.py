@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "OUTPUT_OPTIONS", "ApiKeyOption", "BarProgress", "HtmlReport", "JsonDocumentOut", "JsonFlag", "MkdirFlag",
     "ModelPreset", "ServerUrl", "TopKernels", "app", "bench_app", "capture_app", "check_outputs", "emit", "err", "fail",
-    "gpu_app", "print_result", "save", "service_app",
+    "gpu_app", "interrupted_by_sigterm", "parse_assignments", "save", "service_app",
     "user_errors", "with_progress",
 ]
 
@@ -186,25 +186,13 @@ def save(path: Path, data: bytes | str) -> None:
         raise InputError(str(path), f"cannot write: {exc.strerror or exc}") from None
 
 
-def print_result(result: T, render: Callable[[T, Console], None], *, as_json: bool,
-                 encode: Callable[[T], bytes] | None = None) -> None:
-    """A command's result on stdout: with ``--json`` its JSON (``encode``, by default the document's), else
-    ``render`` on a console of the terminal's width."""
-    if as_json:
-        from servescope.core.document import encode as encode_document
-
-        sys.stdout.buffer.write((encode or encode_document)(result))
-    else:
-        from rich.console import Console
-
-        render(result, Console(highlight=False))
-
-
 def emit(doc: T, render: Callable[[T, Console], None], *, as_json: bool, output: Path | None = None,
-         html: Path | None = None, render_html: Callable[[T], str] | None = None) -> None:
-    """A document's outputs: ``-o`` its JSON, ``--html`` its page (``render_html``), each written atomically; on
-    stdout its JSON and a newline with ``--json``, else ``render`` on a console of the terminal's width. The JSON
-    is encoded once for both.
+         html: Path | None = None, render_html: Callable[[T], str] | None = None,
+         encode: Callable[[T], bytes] | None = None, blank_line: bool = False) -> None:
+    """A command's result, the one way every command gives it: ``-o`` its JSON, ``--html`` its page
+    (``render_html``), each written atomically; on stdout its JSON with ``--json``, else ``render`` on a console
+    of the terminal's width. The JSON is ``encode`` (by default the document's), encoded once for both;
+    ``blank_line`` ends stdout's JSON with one more newline (analyze, profile and tune always have).
 
     Raises:
         InputError: an output file cannot be written (one line naming it, exit 2 under :func:`user_errors`).
@@ -213,17 +201,35 @@ def emit(doc: T, render: Callable[[T, Console], None], *, as_json: bool, output:
     if as_json or output is not None:
         from servescope.core.document import encode as encode_document
 
-        encoded = encode_document(doc)
+        encoded = (encode or encode_document)(doc)
     if output is not None and encoded is not None:
         save(output, encoded)
     if html is not None and render_html is not None:
         save(html, render_html(doc))
     if as_json and encoded is not None:
-        sys.stdout.buffer.write(encoded + b"\n")
+        sys.stdout.buffer.write(encoded + b"\n" if blank_line else encoded)
         return
     from rich.console import Console
 
     render(doc, Console(highlight=False))
+
+
+def parse_assignments(option: str, pairs: list[str], *, strip: bool = False) -> dict[str, str]:
+    """Repeated ``NAME=VALUE`` options as a dict (the last of a name wins); ``strip``: without the spaces around
+    each name and value.
+
+    Raises:
+        InputError: a pair without ``=`` or a name (one line naming ``option``).
+    """
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if strip:
+            key, value = key.strip(), value.strip()
+        if not sep or not key:
+            raise InputError(option, f"{pair!r} is not NAME=VALUE")
+        out[key] = value
+    return out
 
 
 def parse_duration(option: str, text: str | None) -> float | None:
@@ -246,11 +252,28 @@ def parse_duration(option: str, text: str | None) -> float | None:
 
 
 @contextmanager
-def user_errors() -> Iterator[None]:
-    """Turn our input errors into one line and exit 2."""
+def interrupted_by_sigterm() -> Iterator[None]:
+    """SIGTERM (``timeout``, ``systemctl stop``) raises KeyboardInterrupt inside, as ctrl-c does: a long
+    measurement then ends its workers and keeps what it finished."""
+    import signal
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         yield
-    except InputError as exc:
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def user_errors(*also: type[Exception]) -> Iterator[None]:
+    """Turn our input errors, and errors of the types ``also`` (systemctl's, the GPUs'), into one line and exit 2."""
+    kinds: tuple[type[Exception], ...] = (InputError, *also)
+    try:
+        yield
+    except kinds as exc:
         fail(str(exc))
 
 

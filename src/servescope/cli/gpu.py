@@ -9,7 +9,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from servescope.cli.common import fail, gpu_app, print_result, save, user_errors
+from servescope.cli.common import emit, fail, gpu_app, user_errors
 
 T = TypeVar("T")
 Prefer = Annotated[str, typer.Option("--prefer", help="nvml or nvidia-smi (the other is the fallback).")]
@@ -27,10 +27,8 @@ def _show(query: Callable[..., T], render: Callable[[T, Console], None], *, pref
         record: Any = query(prefer=prefer)
     except (GpuUnavailable, GpuQueryError, ValueError) as exc:
         fail(str(exc))
-    if output is not None:
-        with user_errors():
-            save(output, encode_dataclass(record))
-    print_result(record, render, as_json=as_json, encode=encode_dataclass)
+    with user_errors():
+        emit(record, render, as_json=as_json, output=output, encode=encode_dataclass)
 
 
 @gpu_app.command("list")

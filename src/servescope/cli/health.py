@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from servescope.cli.common import ApiKeyOption, BarProgress, app, print_result, save, user_errors, with_progress
+from servescope.cli.common import ApiKeyOption, BarProgress, app, emit, user_errors, with_progress
 
 if TYPE_CHECKING:
     from servescope.core.health import HealthResult
@@ -62,7 +62,6 @@ def health(
     OpenAI-compatible).
     """
     from servescope.cli.common import err
-    from servescope.core.document import encode
     from servescope.gpu.inventory import memory_used_probe
     from servescope.report.health import render_health
     from servescope.server.client import resolve_api_key
@@ -82,8 +81,6 @@ def health(
             return check_health(request, progress=show)
 
         result = with_progress(as_json, check) if wait else check_health(request)
-        if output is not None:
-            save(output, encode(result))
-    print_result(result, render_health, as_json=as_json)
+        emit(result, render_health, as_json=as_json, output=output)
     if not result.ready:
         raise typer.Exit(1)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
-from servescope.cli.common import JsonDocumentOut, ModelPreset, app, user_errors
-from servescope.core.errors import InputError
+from servescope.cli.common import JsonDocumentOut, ModelPreset, app, emit, parse_assignments, user_errors
+
+if TYPE_CHECKING:
+    from servescope.core.plan import PlanDoc
 
 
 @app.command("plan")
@@ -47,44 +48,22 @@ def plan(
     html_out: Annotated[Path | None, typer.Option("--html", help="Write an HTML report with a chart here.")] = None,
 ) -> None:
     """Predict the decode step per parallel layout (TP, TP+EP, DP-attention+EP, PP, TP×PP) and batch."""
-    from servescope.core.atomic import write_text_atomic
     from servescope.plan.planner import PlanRequest, parse_batches, run_plan
-    from servescope.report.plan import plan_to_json, render_plan, render_plan_headline, render_plan_html
+    from servescope.report.plan import plan_to_json, render_plan_html
 
     with user_errors():
-        for flag, path in (("--comm", comm), ("--calibrate", calibrate), ("--topology", topology)):
-            if path is not None and not path.is_file():
-                raise InputError(str(path), _not_a_file(path, flag))
-        pairs: dict[str, str] = {}
-        for item in env or []:
-            key, sep, value = item.partition("=")
-            if not sep or not key.strip():
-                raise InputError("--env", f"expected KEY=VALUE, got {item!r}")
-            pairs[key.strip()] = value.strip()
         request = PlanRequest(model=model, hardware=hardware, gpus=gpus, batches=parse_batches(",".join(batch)),
                               context=context, comm=None if comm is None else str(comm),
                               calibrate=None if calibrate is None else str(calibrate), graph=not eager,
-                              force=force, env=pairs, topology=None if topology is None else str(topology))
-        doc = run_plan(request)
-        text = plan_to_json(doc)
-        if output is not None:
-            write_text_atomic(output, text)
-        if html_out is not None:
-            write_text_atomic(html_out, render_plan_html(doc))
-    if as_json:
-        sys.stdout.write(text)
-    else:
-        console = Console(highlight=False)
-        render_plan_headline(doc, console)
-        render_plan(doc, console)
+                              force=force, env=parse_assignments("--env", env or [], strip=True),
+                              topology=None if topology is None else str(topology))
+        emit(run_plan(request), _render, as_json=as_json, output=output, html=html_out,
+             render_html=render_plan_html, encode=lambda doc: plan_to_json(doc).encode())
 
 
-def _not_a_file(path: Path, flag: str) -> str:
-    """Why ``path`` cannot be read as ``flag``'s document, naming the JSON documents a folder holds."""
-    if not path.is_dir():
-        return f"no such file ({flag})"
-    found = sorted(p.name for p in path.glob("*.json"))
-    hint = f"; it holds {', '.join(found[:4])}{', …' if len(found) > 4 else ''}" if found else ""
-    kind = {"--calibrate": "an analyze --json or profile --json document",
-            "--topology": "an `nvidia-smi topo -m` text file"}.get(flag, "a bench comm --json curve")
-    return f"a folder, not a file ({flag} takes {kind}{hint})"
+def _render(doc: PlanDoc, console: Console) -> None:
+    """The plan's headline, then its layouts."""
+    from servescope.report.plan import render_plan, render_plan_headline
+
+    render_plan_headline(doc, console)
+    render_plan(doc, console)

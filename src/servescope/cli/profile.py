@@ -4,20 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
-from servescope.cli.common import (
-    HtmlReport,
-    JsonDocumentOut,
-    ServerUrl,
-    TopKernels,
-    app,
-    save,
-    user_errors,
-)
+from servescope.cli.common import HtmlReport, JsonDocumentOut, ServerUrl, TopKernels, app, emit, user_errors
+
+if TYPE_CHECKING:
+    from servescope.server.profile import ProfileResult
 
 
 @app.command()
@@ -59,11 +54,9 @@ def profile(
     """
     from servescope.plan.planner import parse_batches
     from servescope.report.html import render_analysis_html
-    from servescope.report.profile import encode_profile, render_capture
-    from servescope.report.tables import render_analysis
+    from servescope.report.profile import encode_profile
     from servescope.server.client import resolve_api_key
     from servescope.server.profile import ProfileRequest, profile_server
-    from servescope.server.timing import after_profile_note
 
     with user_errors():
         request = ProfileRequest(url=url, batch=batch, output_tokens=output_tokens, input_tokens=input_tokens,
@@ -73,16 +66,19 @@ def profile(
                                  unprofiled_batches=parse_batches(unprofiled_batches, "--unprofiled-batches")
                                  if unprofiled_batches else ())
         result = profile_server(request, say=lambda line: print(line, file=sys.stderr, flush=True))
-        capture, doc = result.capture, result.analysis
-        data = encode_profile(doc, capture.trace_files, capture=capture.record())
-        if output is not None:
-            save(output, data)
-        if html is not None:
-            save(html, render_analysis_html(doc))
-    if as_json:
-        sys.stdout.buffer.write(data + b"\n")
-        return
-    console = Console(highlight=False)
+        emit(result, lambda done, console: _render(done, console, top=top), as_json=as_json, output=output,
+             html=html, render_html=lambda done: render_analysis_html(done.analysis), blank_line=True,
+             encode=lambda done: encode_profile(done.analysis, done.capture.trace_files,
+                                                capture=done.capture.record()))
+
+
+def _render(result: ProfileResult, console: Console, *, top: int) -> None:
+    """What was captured, then the analysis of its traces (with its next steps)."""
+    from servescope.report.profile import render_capture
+    from servescope.report.tables import render_analysis
+    from servescope.server.timing import after_profile_note
+
+    capture, doc = result.capture, result.analysis
     render_capture(console, url=capture.url, model=capture.model, batch=capture.batch,
                    output_tokens=capture.output_tokens, input_tokens=capture.input_tokens,
                    trace_files=capture.trace_files, usage=capture.usage,
@@ -94,7 +90,3 @@ def profile(
                    other_batches_ms={s.batch: s.step_us / 1e3 for s in (doc.unprofiled.other_batches
                                                                          if doc.unprofiled else ())})
     render_analysis(doc, console, top=top)
-    from servescope.core.next_steps import analysis_next_steps
-    from servescope.report.tune import render_next_steps
-
-    render_next_steps(analysis_next_steps(doc, argv=capture.process.argv if capture.process else ()), console)

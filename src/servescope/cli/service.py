@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
-from servescope.cli.common import JsonFlag, MkdirFlag, fail, print_result, service_app, user_errors
-from servescope.core.errors import InputError
+from servescope.cli.common import JsonFlag, MkdirFlag, emit, service_app, user_errors
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise InputError(str(path), "not a text file") from None
-    except OSError as exc:
-        raise InputError(str(path), f"cannot read ({exc.strerror or exc})") from None
+def _systemctl_errors() -> type[Exception]:
+    from servescope.deploy.systemctl import SystemctlError
+
+    return SystemctlError
 
 
 @service_app.command("render")
@@ -30,8 +25,7 @@ def service_render(
     mkdir: MkdirFlag = False,
 ) -> None:
     """Render the systemd unit(s) of a spec (multi-node: Ray head, server and worker units)."""
-    from servescope.core.atomic import write_text_atomic
-    from servescope.deploy.render import render_units
+    from servescope.deploy.render import render_units, write_units
     from servescope.deploy.spec import load_spec
 
     with user_errors():
@@ -42,18 +36,8 @@ def service_render(
                     typer.echo(f"# ---- {unit.filename} (runs on: {unit.role})")
                 typer.echo(unit.text)
             return
-        if len(units) == 1 and not output.is_dir():
-            write_text_atomic(output, units[0].text, mkdir=mkdir)
-            typer.echo(f"wrote {output}")
-            return
-        if output.exists() and not output.is_dir():
-            raise InputError(str(output), "a multi-node spec renders several units: give a folder")
-        if not output.exists() and not mkdir:
-            raise InputError(f"--output {output}", "folder does not exist (a multi-node spec renders several "
-                             "units into it): create it, or pass --mkdir")
-        for unit in units:
-            write_text_atomic(output / unit.filename, unit.text, mkdir=mkdir)
-            typer.echo(f"wrote {output / unit.filename} (runs on: {unit.role})")
+        for path, role in write_units(units, output, mkdir=mkdir):
+            typer.echo(f"wrote {path}" if role is None else f"wrote {path} (runs on: {role})")
 
 
 @service_app.command("lint")
@@ -70,14 +54,12 @@ def service_lint(
     = False,
 ) -> None:
     """Explain each problem of a unit, with its line and what to do. Exit 1 when an error-level rule fires."""
-    from servescope.deploy.lint import lint_unit, parse_unit
-    from servescope.gpu.topology import link_kind
+    from servescope.deploy.lint import lint_unit_file
     from servescope.report.service import encode_lint, render_lint
 
     with user_errors():
-        unit = parse_unit(_read(unit_path), str(unit_path))
-        result = lint_unit(unit, topology=link_kind(topology), load_time_s=load_time, host=not no_host)
-    print_result(result, render_lint, as_json=as_json, encode=encode_lint)
+        result = lint_unit_file(unit_path, topology=topology, load_time_s=load_time, host=not no_host)
+    emit(result, render_lint, as_json=as_json, encode=encode_lint)
     if result.errors:
         raise typer.Exit(1)
 
@@ -97,30 +79,22 @@ def service_import(
     Every directive is carried (a spec key, or verbatim in the spec's `[extra]` table) or replaced by the rendered
     unit's own, which the spec's comments name (`Type=exec` with a readiness wait, the GPU memory guard); what a
     spec cannot hold (a value systemd expands at start, a secret given twice) is refused naming its line."""
-    from servescope.deploy.importer import import_unit, spec_toml, write_import
-    from servescope.deploy.unitfile import load_unit
+    from servescope.deploy.importer import import_unit_file, spec_toml
     from servescope.report.service import encode_import, render_import
 
-    with user_errors():  # with its drop-ins (UNIT.d/*.conf), as systemd runs it: each setting is carried
-        result = import_unit(load_unit(unit_path))
-        env_path = None
-        if output is not None:
-            env = write_import(result, output, mkdir=mkdir)
-            env_path = None if env is None else str(env)
-        elif result.secrets and not as_json:
-            typer.echo(f"# {len(result.secrets)} secret(s) not written: use -o to write them to NAME.env", err=True)
-    if as_json:
-        sys.stdout.buffer.write(encode_import(result, None if output is None else str(output)))
-    elif output is None:
-        typer.echo(spec_toml(result), nl=False)
-    else:
-        render_import(result, str(output), env_path, Console(highlight=False))
+    with user_errors():
+        result, env_path = import_unit_file(unit_path, output=output, mkdir=mkdir)
+    if output is None and result.secrets and not as_json:
+        typer.echo(f"# {len(result.secrets)} secret(s) not written: use -o to write them to NAME.env", err=True)
 
+    def text(doc: Any, console: Console) -> None:
+        if output is None:
+            typer.echo(spec_toml(doc), nl=False)
+        else:
+            render_import(doc, str(output), None if env_path is None else str(env_path), console)
 
-def _systemctl_errors() -> type[Exception]:
-    from servescope.deploy.systemctl import SystemctlError
-
-    return SystemctlError
+    emit(result, text, as_json=as_json,
+         encode=lambda doc: encode_import(doc, None if output is None else str(output)))
 
 
 @service_app.command("install")
@@ -131,21 +105,16 @@ def service_install(
     """Copy a unit into the systemd folder and reload systemd."""
     from servescope.deploy.lifecycle import install_unit
 
-    with user_errors():
-        try:
-            target = install_unit(unit_path, directory=directory)
-        except (_systemctl_errors(), PermissionError) as exc:
-            fail(str(exc))
+    with user_errors(_systemctl_errors(), PermissionError):
+        target = install_unit(unit_path, directory=directory)
     typer.echo(f"installed {target}; systemd reloaded")
 
 
 def _simple(action: str, name: str) -> None:
     from servescope.deploy import lifecycle
 
-    try:
+    with user_errors(_systemctl_errors()):
         getattr(lifecycle, f"{action}_service")(name)
-    except _systemctl_errors() as exc:
-        fail(str(exc))
     typer.echo(f"{action}: {lifecycle.unit_name(name)}")
 
 
@@ -170,12 +139,9 @@ def service_status_cmd(
     from servescope.deploy.lifecycle import service_status
     from servescope.report.service import encode_record, render_status
 
-    with user_errors():
-        try:
-            status = service_status(name)
-        except _systemctl_errors() as exc:
-            fail(str(exc))
-    print_result(status, render_status, as_json=as_json, encode=encode_record)
+    with user_errors(_systemctl_errors()):
+        status = service_status(name)
+    emit(status, render_status, as_json=as_json, encode=encode_record)
 
 
 @service_app.command("restart")
@@ -195,12 +161,9 @@ def service_restart(
     from servescope.report.service import encode_record, render_restart
     from servescope.server.health import restart_until_ready
 
-    with user_errors():
-        try:
-            result = restart_until_ready(name, url=url, max_used_mib=max_used_mib, gpu_timeout_s=gpu_timeout,
-                                         ready_timeout_s=ready_timeout)
-        except (_systemctl_errors(), GpuUnavailable, GpuQueryError) as exc:
-            fail(str(exc))
-    print_result(result, render_restart, as_json=as_json, encode=encode_record)
+    with user_errors(_systemctl_errors(), GpuUnavailable, GpuQueryError):
+        result = restart_until_ready(name, url=url, max_used_mib=max_used_mib, gpu_timeout_s=gpu_timeout,
+                                     ready_timeout_s=ready_timeout)
+    emit(result, render_restart, as_json=as_json, encode=encode_record)
     if not result.started or result.ready is False:
         raise typer.Exit(1)

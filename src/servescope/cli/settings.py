@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from servescope.cli.common import app, print_result, user_errors
+from servescope.cli.common import app, emit, user_errors
 
 
 @app.command("settings")
@@ -43,4 +43,4 @@ def settings(
     with user_errors():
         doc = read_settings(SettingsRequest(unit=unit, unit_file=unit_file, pid=pid, url=url,
                                             api_key=resolve_api_key(api_key), timeout_s=timeout, all_env=all_env))
-    print_result(doc, render_settings, as_json=as_json)
+        emit(doc, render_settings, as_json=as_json)

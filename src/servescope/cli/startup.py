@@ -1,6 +1,10 @@
 """Start-up tricks, in one place: what a command does before typer is imported and after its work is done, each
 with its reason and what it was measured to save.
 
+Every command imports only **the module that declares it** (:data:`COMMAND_MODULES`, :func:`load_commands`):
+typer builds every declared command when the app runs (~80 ms for all of them), and each command imports its
+feature code inside itself.
+
 ``analyze`` is the command people time against other tools (benchmarks/analyze_vs_hta.py: the 35 MB trace in
 ~0.4 s on a 2-core VM, start-up included), so it alone gets them:
 
@@ -22,11 +26,36 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-__all__ = ["FAST_COMMANDS", "finish", "prepare", "release"]
+if TYPE_CHECKING:
+    import typer
+
+__all__ = ["ALL_MODULES", "COMMAND_MODULES", "FAST_COMMANDS", "finish", "load_commands", "prepare", "release"]
+
+# Each top-level command (or group) and the modules that declare it; a group's commands may come from more
+# than one module.
+COMMAND_MODULES: dict[str, tuple[str, ...]] = {
+    "analyze": ("analyze",), "report": ("analyze",), "diff": ("analyze",), "plan": ("plan",),
+    "profile": ("profile",), "health": ("health",), "settings": ("settings",), "tune": ("tune",),
+    "capture": ("capture",), "gpu": ("gpu",), "bench": ("bench",), "service": ("service",),
+}
+ALL_MODULES = ("analyze", "bench", "capture", "gpu", "plan", "profile", "health", "service", "settings", "tune")
+"""Every module, in the order that gives `servescope --help` and `servescope bench --help` their order."""
 
 FAST_COMMANDS = frozenset({"analyze"})
 """The commands that get the tricks above."""
+
+
+def load_commands(modules: tuple[str, ...]) -> typer.Typer:
+    """The root app with the commands of ``modules`` (of ``servescope.cli``) declared on it."""
+    import importlib
+
+    from servescope.cli import common
+
+    for name in modules:
+        importlib.import_module(f"servescope.cli.{name}")
+    return common.app
 
 
 def prepare(command: str | None, args: Sequence[str]) -> None:

@@ -9,20 +9,20 @@ from typing import Annotated
 
 import typer
 
-from servescope.cli.common import ApiKeyOption, JsonFlag, app, emit, err, fail, parse_duration, user_errors
+from servescope.cli.common import (
+    ApiKeyOption,
+    JsonFlag,
+    app,
+    emit,
+    err,
+    fail,
+    parse_assignments,
+    parse_duration,
+    user_errors,
+)
 from servescope.core.errors import InputError
 
 __all__ = ["tune"]
-
-
-def _env(pairs: list[str]) -> dict[str, str]:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise InputError("--env", f"{pair!r} is not NAME=VALUE")
-        out[key] = value
-    return out
 
 
 class _Screen:
@@ -146,7 +146,8 @@ def tune(
                 doc = resume_tune(journal, api_key=api_key, say=screen, confirm=confirm)
             else:
                 setup = TuneSetup(
-                    launch=launch, unit=unit, unit_file=unit_file, dropin_dir=dropin_dir, url=url, env=_env(env or []),
+                    launch=launch, unit=unit, unit_file=unit_file, dropin_dir=dropin_dir, url=url,
+                    env=parse_assignments("--env", env or []),
                     slo=slo, input_tokens=input_tokens, output_tokens=output_tokens,
                     budget_s=parse_duration("--budget", budget), max_restarts=max_restarts,
                     measure_budget_s=parse_duration("--measure-budget", measure_budget), max_load=max_load,
@@ -157,7 +158,8 @@ def tune(
                 doc = tune_server(setup, say=screen, confirm=confirm)
         finally:
             screen.stop()
-        emit(doc, render_tune, as_json=as_json, output=output, html=html, render_html=render_tune_html)
+        emit(doc, render_tune, as_json=as_json, output=output, html=html, render_html=render_tune_html,
+             blank_line=True)
     if doc.stopped == "interrupted":
         raise typer.Exit(130)
     if doc.stopped == "not confirmed":

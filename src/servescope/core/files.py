@@ -11,7 +11,7 @@ from typing import Any
 
 from servescope.core.errors import InputError
 
-__all__ = ["HARDWARE_DIR", "hardware_profile_names", "read_json", "unreadable"]
+__all__ = ["HARDWARE_DIR", "hardware_profile_names", "read_bytes", "read_json", "read_text", "unreadable"]
 
 #: Where the bundled hardware profiles live inside the package.
 HARDWARE_DIR = ("data", "hardware")
@@ -32,6 +32,32 @@ def read_json(path: str | Path | Traversable, *, source: str | None = None) -> A
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(where, f"not JSON: {exc.msg} at line {exc.lineno}") from None
+
+
+def read_bytes(path: Path) -> bytes:
+    """The bytes of the file a user named.
+
+    Raises:
+        InputError: ``PATH: cannot read (WHY)``.
+    """
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise InputError(str(path), f"cannot read ({exc.strerror or exc})") from None
+
+
+def read_text(path: Path) -> str:
+    """The UTF-8 text of the file a user named.
+
+    Raises:
+        InputError: ``PATH: not a text file`` or ``PATH: cannot read (WHY)``.
+    """
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InputError(str(path), "not a text file") from None
+    except OSError as exc:
+        raise InputError(str(path), f"cannot read ({exc.strerror or exc})") from None
 
 
 def unreadable(source: str, exc: OSError | UnicodeDecodeError,

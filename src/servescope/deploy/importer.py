@@ -23,9 +23,9 @@ from servescope.core.redact import MASK, redact
 from servescope.deploy.lint import exec_command, time_span_s
 from servescope.deploy.render import DEPENDENCIES, WANTED_BY
 from servescope.deploy.spec import defaults, directives, is_secret_name, parse_spec
-from servescope.deploy.unitfile import UnitEntry, UnitFile, split_command_lines, split_words
+from servescope.deploy.unitfile import UnitEntry, UnitFile, load_unit, split_command_lines, split_words
 
-__all__ = ["ImportResult", "detect_engine", "import_unit", "spec_toml", "write_import"]
+__all__ = ["ImportResult", "detect_engine", "import_unit", "import_unit_file", "spec_toml", "write_import"]
 
 # ExecStart flags whose value is a secret, and the variable the engine reads it from instead
 _SECRET_FLAGS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
@@ -336,3 +336,16 @@ def write_import(result: ImportResult, output: Path, *, mkdir: bool = False) -> 
     env = output.with_name(f"{result.name}.env")
     write_text_atomic(env, "".join(f"{k}={v}\n" for k, v in result.secrets.items()), mode=0o600)
     return env
+
+
+def import_unit_file(path: Path, *, output: Path | None = None,
+                     mkdir: bool = False) -> tuple[ImportResult, Path | None]:
+    """:func:`import_unit` of the unit at ``path`` with its drop-ins (``UNIT.d/*.conf``), as systemd runs it; with
+    ``output``, the spec written there and its secrets beside it (:func:`write_import`). The result and the
+    secrets file written (None: none written).
+
+    Raises:
+        InputError: as :func:`import_unit`, or a file that cannot be read or written.
+    """
+    result = import_unit(load_unit(path))
+    return result, (None if output is None else write_import(result, output, mkdir=mkdir))

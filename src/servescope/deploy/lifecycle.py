@@ -13,6 +13,7 @@ from pathlib import Path
 
 from servescope.core.atomic import write_bytes_atomic
 from servescope.core.errors import InputError
+from servescope.core.files import read_bytes
 from servescope.core.service import ServiceStatus
 from servescope.deploy.systemctl import run_systemctl, show_unit
 from servescope.gpu.inventory import WaitResult, wait_until_gpu_memory_free
@@ -43,10 +44,7 @@ def install_unit(path: Path, *, directory: Path = SYSTEM_DIR) -> Path:
 
     from servescope.deploy.systemctl import SystemctlError
 
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputError(str(path), f"cannot read ({exc.strerror or exc})") from None
+    data = read_bytes(path)
     if shutil.which("systemctl") is None:
         raise SystemctlError(f"systemctl not found on PATH (is this a systemd machine?); {directory / path.name} "
                              "not written")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from servescope.core.engines import detect_engine, engine
+from servescope.core.files import read_text
 from servescope.deploy.spec import defaults, is_secret_name
 from servescope.deploy.unitfile import (
     ExecCommand,
@@ -32,8 +33,8 @@ from servescope.deploy.unitfile import (
     split_words,
 )
 
-__all__ = ["Finding", "LintResult", "directive", "environment", "exec_command", "lint_unit", "parse_unit",
-           "time_span_s"]
+__all__ = ["Finding", "LintResult", "directive", "environment", "exec_command", "lint_unit", "lint_unit_file",
+           "parse_unit", "time_span_s"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,3 +363,17 @@ def lint_unit(unit: UnitFile, *, topology: str | None = None, load_time_s: float
     findings.sort(key=lambda f: (f.line or 0, f.rule))
     note = _nccl_note(unit, topology, findings)
     return LintResult(unit.path, topology, tuple(findings), () if note is None else (note,))
+
+
+def lint_unit_file(path: Path, *, topology: str | None = None, load_time_s: float | None = None,
+                   host: bool = True) -> LintResult:
+    """:func:`lint_unit` of the one unit file at ``path`` (its drop-ins not applied); ``topology``: "nvlink",
+    "pcie", an ``nvidia-smi topo -m`` file, or None for this machine's GPUs (:func:`gpu.topology.link_kind`).
+
+    Raises:
+        InputError: the file cannot be read or parsed, or the topology file is not ``nvidia-smi topo -m`` output.
+    """
+    from servescope.gpu.topology import link_kind
+
+    unit = parse_unit(read_text(path), str(path))
+    return lint_unit(unit, topology=link_kind(topology), load_time_s=load_time_s, host=host)

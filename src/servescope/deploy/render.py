@@ -16,10 +16,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from servescope.core.atomic import write_text_atomic
+from servescope.core.errors import InputError
 from servescope.deploy.spec import Spec, defaults, engine_args
 
 __all__ = ["DEPENDENCIES", "WANTED_BY", "RenderedUnit", "quote_word", "render_units", "servescope_argv",
-           "start_limit_interval_s", "start_timeout_s"]
+           "start_limit_interval_s", "start_timeout_s", "write_units"]
 
 DEPENDENCIES = ("network-online.target", "nvidia-persistenced.service")
 """What every rendered unit is ordered after and wants (``After=``, ``Wants=``)."""
@@ -239,3 +241,26 @@ def render_units(spec: Spec) -> tuple[RenderedUnit, ...]:
         RenderedUnit(f"{spec.name}.service", "head", _server_unit(spec, after=[head], extra_args=extra)),
         RenderedUnit(f"{spec.name}-ray-worker.service", "workers", _ray_unit(spec, "worker")),
     )
+
+
+def write_units(units: tuple[RenderedUnit, ...], output: Path, *, mkdir: bool = False) -> list[tuple[Path, str | None]]:
+    """Write ``units`` atomically: one unit to the file ``output`` (unless it is a folder), several into the
+    folder ``output``; each path written with the role it runs on (None for a lone unit). ``mkdir``: create the
+    folder when it is missing.
+
+    Raises:
+        InputError: several units and ``output`` a file, or a missing folder without ``mkdir``.
+    """
+    if len(units) == 1 and not output.is_dir():
+        write_text_atomic(output, units[0].text, mkdir=mkdir)
+        return [(output, None)]
+    if output.exists() and not output.is_dir():
+        raise InputError(str(output), "a multi-node spec renders several units: give a folder")
+    if not output.exists() and not mkdir:
+        raise InputError(f"--output {output}", "folder does not exist (a multi-node spec renders several "
+                         "units into it): create it, or pass --mkdir")
+    written: list[tuple[Path, str | None]] = []
+    for unit in units:
+        write_text_atomic(output / unit.filename, unit.text, mkdir=mkdir)
+        written.append((output / unit.filename, unit.role))
+    return written

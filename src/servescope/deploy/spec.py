@@ -39,6 +39,7 @@ import msgspec
 
 from servescope.core.engines import engine, engine_ids
 from servescope.core.errors import InputError
+from servescope.core.files import read_text
 
 __all__ = [
     "ArgValue",
@@ -229,11 +230,7 @@ def parse_spec(text: str, source: str) -> Spec:
 
 def load_spec(path: str | Path) -> Spec:
     """The spec in the TOML file at ``path``. Raises InputError (one line) for any problem."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(str(path), f"cannot read ({exc.strerror or exc})") from None
-    return parse_spec(text, str(path))
+    return parse_spec(read_text(Path(path)), str(path))
 
 
 def _describe(exc: msgspec.ValidationError) -> str:

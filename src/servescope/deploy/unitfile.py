@@ -87,14 +87,7 @@ class UnitFile:
 
     def get_all(self, section: str, key: str) -> list[str]:
         """Every value of a list-valued key, in order; an empty assignment drops the ones before it."""
-        values: list[str] = []
-        for entry in self.entries:
-            if entry.section == section and entry.key == key:
-                if entry.value == "":
-                    values.clear()
-                else:
-                    values.append(entry.value)
-        return values
+        return [entry.value for entry in self.entries_of(section, key)]
 
     def entries_of(self, section: str, key: str) -> list[UnitEntry]:
         """The assignments of a list-valued key that count, in order: an empty one drops those before it."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servescope.core.errors import InputError
+from servescope.core.files import read_text
 from servescope.core.gpu import GpuSnapshot
 from servescope.gpu.errors import GpuQueryError, GpuUnavailable
 from servescope.gpu.inventory import take_snapshot
@@ -254,15 +255,8 @@ def link_kind(source: str | None) -> str | None:
     if source in ("nvlink", "pcie"):
         return source
     if source is not None:
-        path = Path(source)
         try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise InputError(str(path), "not a text file") from None
-        except OSError as exc:
-            raise InputError(str(path), f"cannot read ({exc.strerror or exc})") from None
-        try:
-            topo = parse_topo_matrix(text)
+            topo = parse_topo_matrix(read_text(Path(source)))
         except (ValueError, GpuQueryError) as exc:  # the matrix parser names what the text lacks
             raise InputError(source, f"not `nvidia-smi topo -m` output ({exc})") from None
         return "nvlink" if topo.has_nvlink else "pcie"

@@ -60,6 +60,7 @@ from servescope.plan.ep_vs_tp import LAST, ep_vs_tp
 from servescope.plan.factors import Factors, default_factors, wait_caveat
 from servescope.plan.hardware import HardwareProfile, load_hardware
 from servescope.plan.host_cycle import check_notes, corrections
+from servescope.plan.inputs import check_input_file
 from servescope.plan.layouts import Layout, candidate_layouts
 from servescope.plan.model import ModelArch, load_model_arch
 from servescope.plan.provenance import calibration_differences, curve_differences
@@ -324,6 +325,8 @@ def run_plan(request: PlanRequest) -> PlanDoc:
         InputError: unknown model or hardware, a bad curve or analysis file, ``gpus`` below 1, a batch
             below 1 or a negative context.
     """
+    for flag, given in (("--comm", request.comm), ("--calibrate", request.calibrate), ("--topology", request.topology)):
+        check_input_file(given, flag)
     if request.gpus < 1:
         raise InputError("--gpus", f"expected 1 or more, got {request.gpus}")
     if request.context < 1:

@@ -13,18 +13,21 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
+from servescope.core.engines import Engine, detect_engine, engine
 from servescope.core.errors import InputError
 from servescope.core.health import ProcessInfo
 from servescope.core.redact import redact
 from servescope.core.settings import ProcessRecord, ProcessSeen
 
-__all__ = ["find_processes", "process_start_ticks", "read_log_tail", "read_process", "read_process_record",
-           "read_unit", "read_unit_log_tail"]
+__all__ = ["find_processes", "is_local_url", "local_server", "process_start_ticks", "read_log_tail", "read_process",
+           "read_process_record", "read_unit", "read_unit_log_tail", "serving_engine"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _TAIL_BYTES = 64 * 1024
@@ -268,3 +271,39 @@ def find_processes(match: Callable[[list[str]], bool], *, proc: Path = Path("/pr
         found.append(ProcessSeen(pid=int(entry.name), ppid=int(fields[1]) if len(fields) > 1 else None,
                                  argv=argv))
     return sorted(found, key=lambda seen: seen.pid)
+
+
+def is_local_url(url: str) -> bool:
+    """True when ``url``'s host is this machine (loopback, or one of its own names/addresses)."""
+    host = (urlsplit(url).hostname or "").lower()
+    if host in ("localhost", "::1") or host.startswith("127."):
+        return True
+    names = {socket.gethostname().lower(), socket.getfqdn().lower()}
+    if host in names:
+        return True
+    try:
+        own = {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)}
+    except OSError:
+        return False
+    return host in own
+
+
+def serving_engine(argv: list[str], port: int) -> Engine | None:
+    """The engine (``data/engines.toml``) that ``argv`` runs on ``port``, else None."""
+    found = detect_engine(argv)
+    for i, arg in enumerate(argv if found is not None else ()):
+        if arg == f"--port={port}" or (arg == "--port" and i + 1 < len(argv) and argv[i + 1] == str(port)):
+            return engine(found[0]) if found is not None else None
+    return None
+
+
+def local_server(url: str, proc: Path = Path("/proc")) -> ProcessRecord | None:
+    """The process serving ``url``'s port on this machine (the lowest pid of those that do), else None."""
+    port = urlsplit(url).port
+    if port is None or not is_local_url(url):
+        return None
+    pids = [p.pid for p in find_processes(lambda argv: serving_engine(argv, port) is not None, proc=proc)]
+    try:
+        return read_process_record(min(pids), proc=proc) if pids else None
+    except (OSError, InputError):
+        return None

@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from servescope.core.engines import Engine, detect_engine, engine, engines
+from servescope.core.engines import engines
 from servescope.core.errors import InputError
 from servescope.server.batches import PromptSupply, send, timed_batch, timed_runs
 from servescope.server.client import ApiKey, ServerClient
 from servescope.server.earlier import earlier_profile_note
 from servescope.server.errors import EndpointNotFound, NotOpenAICompatible, ServerError
-from servescope.server.process import find_processes, read_process_record
+from servescope.server.process import is_local_url, local_server, serving_engine
 from servescope.server.prompts import make_prompts
 from servescope.server.timing import ServerTiming, median_run, step_reference
 
@@ -46,10 +46,8 @@ __all__ = [
     "ProfileCapture",
     "ProfileRequest",
     "ProfileResult",
-    "local_server",
     "capture_profile",
     "discover_trace_dir",
-    "is_local_url",
     "profile_server",
     "wait_for_traces",
 ]
@@ -158,21 +156,6 @@ class ProfileResult:
     analysis: AnalysisDoc
 
 
-def is_local_url(url: str) -> bool:
-    """True when ``url``'s host is this machine (loopback, or one of its own names/addresses)."""
-    host = (urlsplit(url).hostname or "").lower()
-    if host in ("localhost", "::1") or host.startswith("127."):
-        return True
-    names = {socket.gethostname().lower(), socket.getfqdn().lower()}
-    if host in names:
-        return True
-    try:
-        own = {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)}
-    except OSError:
-        return False
-    return host in own
-
-
 def discover_trace_dir(url: str, *, proc: Path = Path("/proc")) -> Path | None:
     """The profiler dir of the local engine process serving ``url``'s port, from its cmdline or env (the flags and
     variable of its entry in ``data/engines.toml``); else None.
@@ -189,7 +172,7 @@ def discover_trace_dir(url: str, *, proc: Path = Path("/proc")) -> Path | None:
             argv = (entry / "cmdline").read_bytes().decode("utf-8", "replace").split("\0")
         except OSError:
             continue
-        server = _serving(argv, port)
+        server = serving_engine(argv, port)
         if server is None:
             continue
         for i, arg in enumerate(argv):
@@ -205,15 +188,6 @@ def discover_trace_dir(url: str, *, proc: Path = Path("/proc")) -> Path | None:
         for item in env:
             if server.profiler_dir_env and item.startswith(server.profiler_dir_env + "="):
                 return Path(item.split("=", 1)[1])
-    return None
-
-
-def _serving(argv: list[str], port: int) -> Engine | None:
-    """The engine (``data/engines.toml``) that ``argv`` runs on ``port``, else None."""
-    found = detect_engine(argv)
-    for i, arg in enumerate(argv if found is not None else ()):
-        if arg == f"--port={port}" or (arg == "--port" and i + 1 < len(argv) and argv[i + 1] == str(port)):
-            return engine(found[0]) if found is not None else None
     return None
 
 
@@ -451,7 +425,8 @@ def capture_profile(request: ProfileRequest, *, say: Callable[[str], None] = _qu
 
 
 def profile_server(request: ProfileRequest, *, say: Callable[[str], None] = _quiet) -> ProfileResult:
-    """Capture the server's decode steps (:func:`capture_profile`) and analyze exactly the new trace files.
+    """Capture the server's decode steps (:func:`capture_profile`) and analyze exactly the new trace files; the
+    analysis holds the next steps for the server's command line (so that -o, --json and ``report`` say them too).
 
     Raises:
         InputError: as :func:`capture_profile`, or a trace file the analysis cannot read.
@@ -461,26 +436,18 @@ def profile_server(request: ProfileRequest, *, say: Callable[[str], None] = _qui
         ...                                        output_tokens=32))  # doctest: +SKIP
         >>> result.analysis.ranks[0].phases["decode"].steps                    # doctest: +SKIP
     """
+    import msgspec
+
+    from servescope.core.next_steps import analysis_next_steps
     from servescope.trace.analyze import AnalyzeRequest, analyze
 
     capture = capture_profile(request, say=say)
     reference = step_reference(capture.unprofiled_server, capture.unprofiled_runs, capture.unprofiled_by_batch,
                                caveat=capture.profiled_before)
-    return ProfileResult(capture=capture, analysis=analyze(AnalyzeRequest(
-        paths=capture.trace_files, settings=live_deployment(capture.url, capture.server_version, capture.process),
-        reference=reference)))
-
-
-def local_server(url: str, proc: Path = Path("/proc")) -> ProcessRecord | None:
-    """The process serving ``url``'s port on this machine (the lowest pid of those that do), else None."""
-    port = urlsplit(url).port
-    if port is None or not is_local_url(url):
-        return None
-    pids = [p.pid for p in find_processes(lambda argv: _serving(argv, port) is not None, proc=proc)]
-    try:
-        return read_process_record(min(pids), proc=proc) if pids else None
-    except (OSError, InputError):
-        return None
+    doc = analyze(AnalyzeRequest(paths=capture.trace_files, reference=reference,
+                                 settings=live_deployment(capture.url, capture.server_version, capture.process)))
+    steps = analysis_next_steps(doc, argv=capture.process.argv if capture.process else ())
+    return ProfileResult(capture=capture, analysis=msgspec.structs.replace(doc, next_steps=steps) if steps else doc)
 
 
 def live_deployment(url: str, version: str | None, record: ProcessRecord | None) -> list[DeploymentInput]:

@@ -19,6 +19,7 @@ from typing import Any
 from servescope.core.comm_result import CommResultDoc
 from servescope.core.document import decode_as
 from servescope.core.errors import InputError
+from servescope.core.files import read_bytes
 from servescope.core.knee import parse_slo
 from servescope.core.tune import TuneDoc
 from servescope.tune.edit import ServerConfig
@@ -84,10 +85,7 @@ class TuneSetup:
 
 def _comm_env(path: Path) -> str:
     """``K=V K=V`` of the ``Environment=`` lines a ``bench comm`` document found best."""
-    try:
-        doc = decode_as(path.read_bytes(), str(path), CommResultDoc)
-    except OSError as exc:
-        raise InputError(str(path), f"cannot read ({exc.strerror or exc})") from None
+    doc = decode_as(read_bytes(path), str(path), CommResultDoc)
     pairs = [line.removeprefix("Environment=").strip('"') for line in doc.environment
              if line.startswith("Environment=")]
     return " ".join(p for p in pairs if "=" in p)

@@ -19,6 +19,7 @@ from servescope.core.changes import flag_values
 from servescope.core.errors import InputError
 from servescope.server.health import HealthRequest, check_health
 from servescope.server.process import process_start_ticks, read_log_tail
+from servescope.server.sessions import session_pids, wait_session_gone
 from servescope.tune.edit import ServerConfig
 from servescope.tune.target import Started
 
@@ -28,37 +29,12 @@ _STOP_GRACE_S = 30.0
 _KILL_GRACE_S = 10.0
 
 
-def _session_pids(sid: int, proc: Path = Path("/proc")) -> list[int]:
-    """Live processes of session ``sid`` (``/proc/PID/stat`` field 6), zombies left out."""
-    pids = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if len(fields) > 3 and int(fields[3]) == sid and fields[0] not in ("Z", "X"):
-            pids.append(int(entry.name))
-    return pids
-
-
-def _wait_gone(sid: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not _session_pids(sid):
-            return True
-        time.sleep(0.2)
-    return not _session_pids(sid)
-
-
 def stop_session(pid: int, *, start_ticks: int | None = None, popen: subprocess.Popen[bytes] | None = None) -> bool:
     """Stop the server whose session leader is ``pid`` (SIGINT, then SIGTERM and SIGKILL to its session); False
     when it was already gone (or the pid now belongs to another process, by ``start_ticks``)."""
     if start_ticks is not None and process_start_ticks(pid) != start_ticks:
         return False
-    if not _session_pids(pid):
+    if not session_pids(pid):
         return False
     try:
         os.kill(pid, signal.SIGINT)
@@ -66,7 +42,7 @@ def stop_session(pid: int, *, start_ticks: int | None = None, popen: subprocess.
         pass
     for sig, grace in ((None, _STOP_GRACE_S), (signal.SIGTERM, _KILL_GRACE_S), (signal.SIGKILL, _KILL_GRACE_S)):
         if sig is not None:
-            for child in _session_pids(pid):
+            for child in session_pids(pid):
                 try:
                     os.kill(child, sig)
                 except ProcessLookupError:
@@ -76,7 +52,7 @@ def stop_session(pid: int, *, start_ticks: int | None = None, popen: subprocess.
                 popen.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 pass
-        if _wait_gone(pid, grace if popen is None else 1.0):
+        if wait_session_gone(pid, grace if popen is None else 1.0):
             return True
     return False
 
