@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
+from servescope.core.categories import CategoryEntry
 from servescope.core.document import Document
 
 __all__ = [
@@ -339,20 +340,6 @@ class TraceInfo(msgspec.Struct, kw_only=True):
     malformed_events: int = 0
     malformed_examples: list[str] = msgspec.field(default_factory=list)
     device: str | None = None  # the first device the trace's header names (deviceProperties); null: none (CPU)
-
-
-class CategoryEntry(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
-    """One category as the analysis's taxonomy resolved it (``core.categories.Category`` without its name and
-    group, which ``AnalysisDoc.categories`` holds): what every view and ``plan`` read of it."""
-
-    label: str  # what the views call it
-    role: str  # its part of a step in the planner: weights, attention, collectives, other
-    colour: str | None = None  # #rrggbb in the HTML report (absent: a hue of its group's)
-    words: str | None = None  # what a sentence calls its kernels (absent: the label)
-    collective: str | None = None  # the collective a communication category's kernels run (all_reduce)
-    generic: bool = False  # a name in it says nothing of the layer it serves (copy, fill, sort)
-    by_name: bool = False  # its operators are filed by their own name (bookkeeping)
-    streams: bool = False  # every kernel of this weights category reads a weight matrix (gemm)
 
 
 class InputFile(msgspec.Struct, kw_only=True):

@@ -27,13 +27,25 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+import msgspec
 
 from servescope.core.errors import InputError
 from servescope.core.files import unreadable
 
-if TYPE_CHECKING:
-    from servescope.core.analysis import AnalysisDoc, CategoryEntry
+
+class CategorisedDoc(Protocol):
+    """What of an analysis document (``core.analysis.AnalysisDoc``) the category table is read from."""
+
+    @property
+    def categories(self) -> dict[str, str]: ...
+
+    @property
+    def category_table(self) -> dict[str, CategoryEntry]: ...
+
+    @property
+    def options(self) -> dict[str, Any]: ...
 
 __all__ = [
     "BUILTIN_SOURCE",
@@ -207,16 +219,29 @@ def _loads(text: str, source: str) -> dict[str, Any]:
         raise InputError(source, f"bad TOML: {exc}") from None
 
 
+class CategoryEntry(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """One category as the analysis's taxonomy resolved it (``core.categories.Category`` without its name and
+    group, which ``AnalysisDoc.categories`` holds): what every view and ``plan`` read of it."""
+
+    label: str  # what the views call it
+    role: str  # its part of a step in the planner: weights, attention, collectives, other
+    colour: str | None = None  # #rrggbb in the HTML report (absent: a hue of its group's)
+    words: str | None = None  # what a sentence calls its kernels (absent: the label)
+    collective: str | None = None  # the collective a communication category's kernels run (all_reduce)
+    generic: bool = False  # a name in it says nothing of the layer it serves (copy, fill, sort)
+    by_name: bool = False  # its operators are filed by their own name (bookkeeping)
+    streams: bool = False  # every kernel of this weights category reads a weight matrix (gemm)
+
+
+
 def category_entries(table: Mapping[str, Category]) -> dict[str, CategoryEntry]:
     """Each category of ``table`` as an analysis document keeps it (its group aside, in ``categories``)."""
-    from servescope.core.analysis import CategoryEntry
-
     return {name: CategoryEntry(label=c.label, role=c.role, colour=c.colour, words=c.words, collective=c.collective,
                                 generic=c.generic, by_name=c.by_name, streams=c.streams)
             for name, c in table.items()}
 
 
-def categories_of(doc: AnalysisDoc) -> CategoryTable:
+def categories_of(doc: CategorisedDoc) -> CategoryTable:
     """Every category of the analysis ``doc``, as its ``category_table`` keeps it (read from the document alone);
     a category the table does not hold takes its group's defaults (label = name, no colour, the group's role)."""
     out = CategoryTable()
@@ -228,7 +253,7 @@ def categories_of(doc: AnalysisDoc) -> CategoryTable:
     return out
 
 
-def legacy_category_table(doc: AnalysisDoc) -> dict[str, CategoryEntry]:
+def legacy_category_table(doc: CategorisedDoc) -> dict[str, CategoryEntry]:
     """The category table of a version-1 analysis ``doc`` (written without one), as the views resolved it then:
     from the taxonomy it names (the user file read again, where it still can be; else the bundled one). A
     category that taxonomy does not declare in the document's group (the file gone or changed since) takes that
