@@ -18,7 +18,7 @@ from pathlib import Path
 from servescope.core.analysis import AnalysisDoc, StepReference
 from servescope.core.document import read_document
 from servescope.trace.analyze import AnalyzeRequest, analyze
-from servescope.trace.deployment import from_settings_doc
+from servescope.trace.rules.deployment import from_settings_doc
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "h200-vllm"
 PAIRS = [

@@ -32,7 +32,7 @@ from servescope.plan.planner import PlanRequest, run_plan
 from servescope.report.profile import encode_profile
 from servescope.server.timing import ServerTiming, median_run, step_reference
 from servescope.trace.analyze import AnalyzeRequest, analyze
-from servescope.trace.deployment import from_settings_doc
+from servescope.trace.rules.deployment import from_settings_doc
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "h200-vllm"
 H100 = "../h100-vllm"  # the H100 captures' folders, relative to DATA

@@ -23,8 +23,8 @@ import pytest
 from servescope.core.categories import bundled_categories
 from servescope.core.engines import engine_ids
 from servescope.core.errors import InputError
-from servescope.trace.findings import check_categories, load_rules
-from servescope.trace.formats import _entry, step_formats
+from servescope.trace.rules.findings import check_categories, load_rules
+from servescope.trace.steps.formats import _entry, step_formats
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "servescope"
 
@@ -175,7 +175,7 @@ def test_an_engine_default_of_an_unknown_setting_is_an_error(monkeypatch: pytest
     import msgspec
 
     from servescope.core import engines as engines_module
-    from servescope.trace import deployment
+    from servescope.trace.rules import deployment
 
     planted = msgspec.structs.replace(engines_module.engine("vllm"), default=(
         engines_module.EngineDefault(setting="async_schedulin", since="0.26.0", value="on"),))
@@ -199,7 +199,7 @@ def test_a_taxonomy_marking_a_collective_on_a_compute_category_is_an_error() -> 
 def test_every_data_file_naming_an_engine_names_a_defined_one() -> None:
     """steps.toml's serves and changes.toml's engine, as shipped; the engines' defaults name deployment settings."""
     from servescope.core.changes import catalogue_engine
-    from servescope.trace.deployment import load_deployment_rules
+    from servescope.trace.rules.deployment import load_deployment_rules
 
     ids = set(engine_ids())
     assert {f.serves for f in step_formats().steps if f.serves} <= ids

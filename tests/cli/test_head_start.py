@@ -10,7 +10,7 @@ import pytest
 from typer.main import get_command
 
 from servescope.cli import app, head_start
-from servescope.trace.files import discover_traces, example_trace_dir
+from servescope.trace.read.files import discover_traces, example_trace_dir
 
 EXAMPLE = example_trace_dir("vllm-cpu-tp2")
 RANK0 = EXAMPLE / "rank0.pt.trace.json.gz"

@@ -19,7 +19,7 @@ import typer
 from typer.testing import CliRunner
 
 from servescope.cli import COMMAND_MODULES, app
-from servescope.trace.files import discover_traces, example_trace_dir
+from servescope.trace.read.files import discover_traces, example_trace_dir
 
 # the project's own capture (a real vLLM TP=2 run on the CPU, 90 KB): these run on any clone
 SMALL = example_trace_dir("vllm-cpu-tp2") / "rank0.pt.trace.json.gz"

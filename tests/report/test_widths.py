@@ -32,7 +32,7 @@ from servescope.core.document import encode, read_document
 from servescope.report.rerender import render_document
 from servescope.report.tables import render_analysis
 from servescope.trace.analyze import AnalyzeRequest, analyze
-from servescope.trace.files import example_trace_dir
+from servescope.trace.read.files import example_trace_dir
 from tracefiles import ROOT, TRACES
 
 WIDTHS = (80, 120, 200)

@@ -15,8 +15,8 @@ from types import ModuleType
 
 import pytest
 
-from servescope.trace.ranks import rank_from_name
-from servescope.trace.steps import parse_vllm_step
+from servescope.trace.steps.find import parse_vllm_step
+from servescope.trace.steps.ranks import rank_from_name
 
 SCRIPT = Path(__file__).resolve().parents[2] / "src" / "servescope" / "bench" / "capture_decode.py"
 

@@ -23,8 +23,8 @@ import pytest
 from servescope.core.analysis import AnalysisDoc, Finding, StepReference
 from servescope.core.document import read_document
 from servescope.trace.analyze import AnalyzeRequest, analyze
-from servescope.trace.deployment import from_settings_doc
 from servescope.trace.diff import diff_analyses
+from servescope.trace.rules.deployment import from_settings_doc
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h200-vllm"
 AB = DATA / "ab"

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from servescope.core.errors import InputError
 from servescope.trace.analyze import AnalyzeRequest, analyze
-from servescope.trace.decode import decode_trace
-from servescope.trace.table import KIND_KERNEL, TraceData
+from servescope.trace.read.table import KIND_KERNEL, TraceData
+from servescope.trace.read.trace_json import decode_trace
 from tracefiles import TRACES, load_events
 
 SMALL = TRACES / "tracelens" / "sglang_qwen3-8b_decode_graph_replay.json.gz"  # 36 KB gz, 0.6 MB JSON
@@ -271,7 +271,7 @@ def test_header_field_of_wrong_type(tmp_path: Path) -> None:
 @pytest.mark.needs_shared
 @pytest.mark.parametrize("streamed", [False, True])
 def test_correlation_beyond_int64(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, streamed: bool) -> None:
-    import servescope.trace.jsonscan as jsonscan
+    import servescope.trace.read.jsonscan as jsonscan
 
     events = load_events(SMALL)
     kernel = next(i for i, ev in enumerate(events) if ev.get("cat") == "kernel")
@@ -493,7 +493,7 @@ def test_fuzz_decode_trace_bytes_in_small_blocks(fuzz_dir: Path, case: tuple[str
                                                sizes: tuple[int, int]) -> None:
     """The same mutations with 1 KB blocks, held whole (cut in place) or streamed: every block boundary,
     in-place decode and fallback is reached."""
-    import servescope.trace.jsonscan as jsonscan
+    import servescope.trace.read.jsonscan as jsonscan
 
     chunk, whole_limit = sizes
     suffix, data = case

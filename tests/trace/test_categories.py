@@ -19,7 +19,7 @@ from servescope.core.categories import (
     category_table,
 )
 from servescope.core.errors import InputError
-from servescope.trace.taxonomy import load_taxonomy
+from servescope.trace.classify.taxonomy import load_taxonomy
 
 
 def test_every_bundled_category_has_a_colour_and_the_planners_roles() -> None:

@@ -14,7 +14,7 @@ import pytest
 from servescope.core.analysis import BASES
 from servescope.core.errors import InputError
 from servescope.trace.analyze import AnalyzeRequest, analyze
-from servescope.trace.taxonomy import load_taxonomy
+from servescope.trace.classify.taxonomy import load_taxonomy
 from tracefiles import ROOT, TRACES, load_events
 
 FALLBACK = ROOT / "tests" / "data" / "vllm-cpu-fallback"

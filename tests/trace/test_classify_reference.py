@@ -24,17 +24,17 @@ import pytest
 
 from servescope.core.analysis import BASES
 from servescope.core.categories import CATEGORY_OTHER
-from servescope.trace.breakdown import _kernel_rows
-from servescope.trace.classify import (
+from servescope.trace.classify.taxonomy import Taxonomy, load_taxonomy
+from servescope.trace.classify.work import Work, launch_rows, select_work
+from servescope.trace.classify.work_category import (
     CaptureReference,
     _matches,
     capture_reference,
     classify_work,
 )
-from servescope.trace.decode import decode_trace
-from servescope.trace.table import KIND_KERNEL, KIND_NAMES, KIND_USER_ANNOTATION, TraceData
-from servescope.trace.taxonomy import Taxonomy, load_taxonomy
-from servescope.trace.work import Work, launch_rows, select_work
+from servescope.trace.read.table import KIND_KERNEL, KIND_NAMES, KIND_USER_ANNOTATION, TraceData
+from servescope.trace.read.trace_json import decode_trace
+from servescope.trace.steps.breakdown import _kernel_rows
 from tracefiles import ROOT, TRACES
 
 _TOL = 1e-3

@@ -114,8 +114,8 @@ def test_bogus_phase_names_the_phases_before_reading_anything(tmp_path: Path) ->
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert result.output.strip().splitlines() == [
         "servescope: error: --phase: no phase 'bogus': use one of decode, mixed, prefill, empty, unknown"]
-    # every phase named there is one that step detection can give (steps.py's own list, read by another route)
-    steps_source = (Path(__file__).parents[2] / "src" / "servescope" / "trace" / "steps.py").read_text()
+    # every phase named there is one that step detection can give (steps/find.py's own list, read by another route)
+    steps_source = (Path(__file__).parents[2] / "src" / "servescope" / "trace" / "steps" / "find.py").read_text()
     for phase in ("decode", "mixed", "prefill", "empty", "unknown"):
         assert f'"{phase}"' in steps_source
 

@@ -16,8 +16,8 @@ import pytest
 
 from servescope.core.analysis import AnalysisDoc
 from servescope.trace.analyze import AnalyzeRequest, analyze, example_trace_dir
-from servescope.trace.deployment import evidence_beside
-from servescope.trace.files import find_traces
+from servescope.trace.read.files import find_traces
+from servescope.trace.rules.deployment import evidence_beside
 from tracefiles import ROOT, TRACES, load_events
 
 SAMPLED = [TRACES / "hta" / f"sampled_128rank_rank{r}.json.gz" for r in (0, 1)]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from servescope.trace.analyze import AnalyzeRequest, analyze
-from servescope.trace.files import find_traces, left_out_lines, why_not_a_trace
+from servescope.trace.read.files import find_traces, left_out_lines, why_not_a_trace
 from tracefiles import TRACES
 
 CPU = TRACES / "vllm-cpu"   # a real vLLM TP=2 capture on the CPU: two ranks and the API server's trace

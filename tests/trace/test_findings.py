@@ -26,7 +26,7 @@ import pytest
 from servescope.core.analysis import AnalysisDoc, Finding, SettingEvidence
 from servescope.core.kernel_names import shorten_kernel_name
 from servescope.trace.analyze import AnalyzeRequest, analyze, example_trace_dir
-from servescope.trace.findings import find_bottlenecks, load_rules
+from servescope.trace.rules.findings import find_bottlenecks, load_rules
 from tracefiles import TRACES, load_events
 
 H200 = Path(__file__).resolve().parents[1] / "data" / "h200"
@@ -272,8 +272,8 @@ def _refind(doc: AnalysisDoc, data: dict[str, Any],
     """Findings of ``doc`` under other thresholds (the same facts; servescope's own call, other data), with the
     document's own deployment evidence unless ``deployment`` is given."""
     comm = [c for c, g in doc.categories.items() if g == "communication"]
-    from servescope.trace.decode import decode_trace
-    from servescope.trace.facts import rank_facts
+    from servescope.trace.read.trace_json import decode_trace
+    from servescope.trace.rules.facts import rank_facts
     facts = {r.rank: rank_facts(decode_trace(r.path), r.rank, r.steps) for r in doc.ranks}
     return find_bottlenecks(doc.ranks, doc.across_ranks, doc.kernels, comm, {}, facts, data,
                             deployment=doc.deployment if deployment is None else deployment)

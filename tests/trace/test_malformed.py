@@ -15,7 +15,7 @@ import pytest
 
 from servescope.core.errors import InputError
 from servescope.trace.analyze import AnalyzeRequest, analyze
-from servescope.trace.decode import decode_trace
+from servescope.trace.read.trace_json import decode_trace
 from tracefiles import ROOT
 
 CAPTURE = ROOT / "tests" / "data" / "h200-vllm" / "dense-graphs-b16" / "rank0.pt.trace.json.gz"
@@ -92,7 +92,7 @@ def test_a_negative_duration_is_left_out_and_counted_in_every_table(tmp_path: Pa
 
 def test_the_same_events_are_left_out_when_the_trace_is_read_as_a_stream(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    import servescope.trace.jsonscan as jsonscan
+    import servescope.trace.read.jsonscan as jsonscan
 
     doc = _doc()
     kernels = _kernel_positions(doc)
@@ -109,7 +109,7 @@ def test_the_same_events_are_left_out_when_the_trace_is_read_as_a_stream(tmp_pat
 
 
 def test_more_than_the_stated_share_fails_the_trace(tmp_path: Path) -> None:
-    from servescope.trace.collect import MALFORMED_SHARE
+    from servescope.trace.read.collect import MALFORMED_SHARE
 
     doc = _doc()
     kernels = _kernel_positions(doc)

@@ -16,8 +16,8 @@ import pytest
 
 from servescope.core.analysis import AnalysisDoc
 from servescope.trace.analyze import AnalyzeRequest, analyze
-from servescope.trace.deployment import DeploymentInput, load_deployment_rules
-from servescope.trace.findings import load_rules
+from servescope.trace.rules.deployment import DeploymentInput, load_deployment_rules
+from servescope.trace.rules.findings import load_rules
 from tracefiles import ROOT
 
 DATA = ROOT / "tests" / "data"

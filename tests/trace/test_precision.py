@@ -24,8 +24,8 @@ from servescope.core.analysis import AnalysisDoc, decode_analysis
 from servescope.core.errors import InputError
 from servescope.report.tables import quant_summary
 from servescope.trace.analyze import AnalyzeRequest, analyze
-from servescope.trace.findings import _rank_values
-from servescope.trace.taxonomy import load_taxonomy
+from servescope.trace.classify.taxonomy import load_taxonomy
+from servescope.trace.rules.findings import _rank_values
 from tracefiles import TRACES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -422,7 +422,7 @@ CIJK_GEMM = "Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT256x32x64_MI16x16x1_
     ("void cutlass::device_kernel<vllm::cutlass_3x_gemm_sm90_fp8<cutlass::float_e4m3_t>>", "gemm", None),
 ])
 def test_name_roles_read_the_evidence_a_name_holds(name: str, category: str, role: str | None) -> None:
-    from servescope.trace.kernel_types import name_role
+    from servescope.trace.classify.kernel_types import name_role
 
     taxonomy = load_taxonomy()
     assert taxonomy.classify(name, "kernel") == category

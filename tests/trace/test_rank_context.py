@@ -16,11 +16,12 @@ from typer.testing import CliRunner
 from servescope.cli import app, head_start
 from servescope.core.analysis import RankAnalysis, StepRow
 from servescope.trace import analyze as analyze_module
-from servescope.trace import files, work
 from servescope.trace.analyze import AnalyzeRequest, analyze, rank_context
-from servescope.trace.decode import decode_trace
-from servescope.trace.files import example_trace_dir
-from servescope.trace.ranks import assign_ranks
+from servescope.trace.classify import work
+from servescope.trace.read import files
+from servescope.trace.read.files import example_trace_dir
+from servescope.trace.read.trace_json import decode_trace
+from servescope.trace.steps.ranks import assign_ranks
 
 GRAPHS = example_trace_dir()  # vLLM on an H200, decode steps replayed from CUDA graphs
 TP2 = example_trace_dir("vllm-cpu-tp2")  # two CPU ranks and the front end
@@ -93,8 +94,8 @@ def test_graph_replay_per_step_is_decided_once(monkeypatch: pytest.MonkeyPatch) 
     """Which steps replay CUDA graphs, and how much, is decided once, by the steps (``Steps.graph_us``, of the work
     each step launched) and kept: the facts' per-step graph time and ``replayed_steps``, the deployment's graph
     evidence and the advice's eager steps all read it, never a second count (issue 39)."""
-    from servescope.trace import steps as steps_module
-    from servescope.trace.facts import rank_facts
+    from servescope.trace.rules.facts import rank_facts
+    from servescope.trace.steps import find as steps_module
 
     (trace,) = assign_ranks([decode_trace(GRAPHS / "rank0.pt.trace.json.gz")])
     context = rank_context(trace)
@@ -137,7 +138,7 @@ def _plain_steps(path: Path) -> list[dict[str, Any]]:
 def test_each_steps_measures_are_made_once_and_kept_in_the_context(monkeypatch: pytest.MonkeyPatch) -> None:
     """One record a step (rows, busy, idle, graph time, phase), made once per rank with its context, which the facts
     and the rules read (issue 39 item 3); its figures are those plain json over the trace gives."""
-    from servescope.trace import measures as measures_module
+    from servescope.trace.steps import measures as measures_module
 
     made = _counting(monkeypatch, measures_module, "measure_steps", analyze_module)
     kept: list[Any] = []

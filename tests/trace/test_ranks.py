@@ -9,7 +9,7 @@ import pytest
 
 from servescope.core.errors import InputError
 from servescope.trace.analyze import AnalyzeRequest, analyze
-from servescope.trace.ranks import rank_from_name
+from servescope.trace.steps.ranks import rank_from_name
 from tracefiles import TRACES
 
 

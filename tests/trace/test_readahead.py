@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import servescope.trace.readahead as readahead
+import servescope.trace.read.readahead as readahead
 from servescope.core.errors import InputError
-from servescope.trace.decode import decode_trace
-from servescope.trace.readahead import ReadAhead
-from servescope.trace.table import TraceData
+from servescope.trace.read.readahead import ReadAhead
+from servescope.trace.read.table import TraceData
+from servescope.trace.read.trace_json import decode_trace
 from tracefiles import TRACES, load_events
 
 FILES = [TRACES / "vllm-cpu/tp2_b4_16tok_rank0.pt.trace.json.gz",
@@ -200,7 +200,7 @@ def test_parts_join_to_the_whole_however_the_json_is_laid_out(tmp_path: Path, fi
     """Any slice of a real trace, in any layout, cut into 2-6 parts: the joined parts equal the whole decode."""
     import json
 
-    from servescope.trace.parts import decode_part, join_parts
+    from servescope.trace.read.parts import decode_part, join_parts
 
     events = _events()[first : first + count]
     path = tmp_path / "laid_out.json"

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from servescope.trace.analyze import AnalyzeRequest, analyze
-from servescope.trace.decode import decode_trace
-from servescope.trace.formats import StepFormat, step_formats
-from servescope.trace.ranks import is_frontend, rank_from_name
-from servescope.trace.steps import find_steps, steps_by
-from servescope.trace.work import select_work
+from servescope.trace.classify.work import select_work
+from servescope.trace.read.trace_json import decode_trace
+from servescope.trace.steps.find import find_steps, steps_by
+from servescope.trace.steps.formats import StepFormat, step_formats
+from servescope.trace.steps.ranks import is_frontend, rank_from_name
 from tracefiles import ROOT, SHARED, load_events
 
 FORMATS = step_formats()

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from servescope.trace.analyze import AnalyzeRequest, analyze
-from servescope.trace.decode import decode_trace
-from servescope.trace.steps import find_steps
-from servescope.trace.work import select_work
+from servescope.trace.classify.work import select_work
+from servescope.trace.read.trace_json import decode_trace
+from servescope.trace.steps.find import find_steps
 from tracefiles import ROOT, TRACES, load_events
 
 VLLM_NO_ANNOTATIONS = TRACES / "public" / "vllm_llama80L_tp4_h100_1p9d_rank0.pt.trace.json.gz"

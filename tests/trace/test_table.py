@@ -8,12 +8,12 @@ from array import array
 import numpy as np
 import pytest
 
-from servescope.trace.breakdown import break_down
-from servescope.trace.decode import decode_trace
-from servescope.trace.steps import find_steps
-from servescope.trace.table import KIND_KERNEL, KIND_USER_ANNOTATION, Table
-from servescope.trace.taxonomy import load_taxonomy
-from servescope.trace.work import select_work
+from servescope.trace.classify.taxonomy import load_taxonomy
+from servescope.trace.classify.work import select_work
+from servescope.trace.read.table import KIND_KERNEL, KIND_USER_ANNOTATION, Table
+from servescope.trace.read.trace_json import decode_trace
+from servescope.trace.steps.breakdown import break_down
+from servescope.trace.steps.find import find_steps
 from tracefiles import TRACES
 
 

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from servescope.core.categories import CATEGORY_OTHER
 from servescope.core.errors import InputError
-from servescope.trace.decode import decode_trace
-from servescope.trace.table import KIND_NAMES
-from servescope.trace.taxonomy import Taxonomy, load_taxonomy
-from servescope.trace.work import select_work
+from servescope.trace.classify.taxonomy import Taxonomy, load_taxonomy
+from servescope.trace.classify.work import select_work
+from servescope.trace.read.table import KIND_NAMES
+from servescope.trace.read.trace_json import decode_trace
 from tracefiles import all_shared_traces, load_events
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")

@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from servescope.core.errors import InputError
-from servescope.trace.findings import check_verdicts, load_rules
+from servescope.trace.rules.findings import check_verdicts, load_rules
 
 
 def test_every_rule_declares_a_known_verdict_kind() -> None:

@@ -25,7 +25,7 @@ from servescope.core.document import read_document
 from servescope.core.errors import InputError
 from servescope.core.next_steps import evidence_of_analysis, next_steps
 from servescope.trace.analyze import AnalyzeRequest, analyze
-from servescope.trace.deployment import from_settings_doc
+from servescope.trace.rules.deployment import from_settings_doc
 from servescope.tune.edit import ServerConfig
 from servescope.tune.evidence import deployment_of
 

@@ -4,7 +4,7 @@ typer takes ~50 ms to import and build ``analyze``, and numpy with the analysis 
 will name can be decoding in child processes meanwhile. :func:`start` guesses them from the raw
 arguments: each one that names an existing file or directory and does not follow an option that takes a value
 (``VALUE_OPTIONS``), plus the bundled example when asked for. It finds the traces they name (once: the command
-asks :func:`found` for them) and starts a :class:`~servescope.trace.readahead.ReadAhead` on them. The command,
+asks :func:`found` for them) and starts a :class:`~servescope.trace.read.readahead.ReadAhead` on them. The command,
 once typer has parsed its flags, takes the traces found for exactly the paths it names (else finds them itself),
 and :func:`claim` s the read-ahead: it gets it only when it reads exactly those files, else the children are
 stopped and the command reads as it always does. A wrong guess costs time, never a result.
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from servescope.trace.files import Discovery
-    from servescope.trace.readahead import ReadAhead
+    from servescope.trace.read.files import Discovery
+    from servescope.trace.read.readahead import ReadAhead
 
 __all__ = ["VALUE_OPTIONS", "claim", "found", "guess", "release", "start"]
 
@@ -41,7 +41,7 @@ def guess(args: Sequence[str]) -> list[Path] | None:
 
 def _guess(args: Sequence[str]) -> tuple[list[Path], Discovery] | None:
     """The paths ``analyze ARGS`` names (the bundled example's folder last) and the traces found in them."""
-    from servescope.trace.files import example_trace_dir, find_traces
+    from servescope.trace.read.files import example_trace_dir, find_traces
 
     if "--help" in args or "-h" in args:
         return None
@@ -84,7 +84,7 @@ def start(args: Sequence[str]) -> None:
     named = _guess(args)
     if named is None or not named[1].traces:
         return
-    from servescope.trace.readahead import ReadAhead
+    from servescope.trace.read.readahead import ReadAhead
 
     _found = named
     _pending = ReadAhead(named[1].traces, min_files=1)
@@ -95,13 +95,13 @@ def found(chosen: Sequence[Path]) -> Discovery:
     same paths, else found now.
 
     Raises:
-        InputError: as :func:`~servescope.trace.files.find_traces`.
+        InputError: as :func:`~servescope.trace.read.files.find_traces`.
     """
     global _found
     named, _found = _found, None
     if named is not None and named[0] == list(chosen):
         return named[1]
-    from servescope.trace.files import find_traces
+    from servescope.trace.read.files import find_traces
 
     return find_traces(chosen)
 

@@ -33,7 +33,7 @@ def _slowest(doc: AnalysisDoc, phase: str) -> tuple[RankAnalysis, PhaseStats] | 
 
 
 def bottleneck(doc: AnalysisDoc, phase: str) -> Verdict | None:
-    """The verdict the analysis decided for ``phase`` (:mod:`servescope.trace.verdict`), or None without one.
+    """The verdict the analysis decided for ``phase`` (:mod:`servescope.trace.rules.verdict`), or None without one.
 
     Read from the document, never decided here: the headline says what the findings say."""
     return next((v for v in doc.verdicts if v.phase == phase), None)

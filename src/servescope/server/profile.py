@@ -40,7 +40,7 @@ from servescope.server.timing import ServerTiming, median_run, step_reference
 if TYPE_CHECKING:
     from servescope.core.analysis import AnalysisDoc
     from servescope.core.settings import ProcessRecord
-    from servescope.trace.deployment import DeploymentInput
+    from servescope.trace.rules.deployment import DeploymentInput
 
 __all__ = [
     "ProfileCapture",
@@ -453,7 +453,7 @@ def profile_server(request: ProfileRequest, *, say: Callable[[str], None] = _qui
 def live_deployment(url: str, version: str | None, record: ProcessRecord | None) -> list[DeploymentInput]:
     """What the serving process tells of its deployment: its command line and environment (``record``, its
     ``/proc`` when it runs here) and its version (``/version``); empty when neither is known."""
-    from servescope.trace.deployment import DeploymentInput
+    from servescope.trace.rules.deployment import DeploymentInput
 
     if record is None and version is None:
         return []

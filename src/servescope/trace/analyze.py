@@ -20,21 +20,21 @@ from servescope import __version__
 from servescope.core.analysis import AnalysisDoc, InputFile, RankAnalysis, StepReference, TraceInfo
 from servescope.core.categories import category_entries
 from servescope.core.errors import InputError
-from servescope.trace.breakdown import RankBreakdown, break_down
-from servescope.trace.classify import CaptureReference, capture_reference, is_capture
-from servescope.trace.deployment import DeploymentInput, deployment_settings
-from servescope.trace.engine import ENGINE_SETTING, engine_evidence
-from servescope.trace.facts import RankFacts, rank_facts
-from servescope.trace.files import EXAMPLE_NAME, EXAMPLES, Discovery, example_trace_dir, find_traces
-from servescope.trace.findings import find_bottlenecks, load_rules
-from servescope.trace.measures import StepMeasures, measure_steps
-from servescope.trace.ranks import RankedTrace, assign_ranks, compare_ranks, rank_from_name
-from servescope.trace.readahead import ReadAhead
-from servescope.trace.steps import Steps, find_steps
-from servescope.trace.table import TraceData
-from servescope.trace.taxonomy import Taxonomy, load_taxonomy
-from servescope.trace.verdict import decide_verdicts
-from servescope.trace.work import Work, select_work
+from servescope.trace.classify.taxonomy import Taxonomy, load_taxonomy
+from servescope.trace.classify.work import Work, select_work
+from servescope.trace.classify.work_category import CaptureReference, capture_reference, is_capture
+from servescope.trace.read.files import EXAMPLE_NAME, EXAMPLES, Discovery, example_trace_dir, find_traces
+from servescope.trace.read.readahead import ReadAhead
+from servescope.trace.read.table import TraceData
+from servescope.trace.rules.deployment import DeploymentInput, deployment_settings
+from servescope.trace.rules.engine import ENGINE_SETTING, engine_evidence
+from servescope.trace.rules.facts import RankFacts, rank_facts
+from servescope.trace.rules.findings import find_bottlenecks, load_rules
+from servescope.trace.rules.verdict import decide_verdicts
+from servescope.trace.steps.breakdown import RankBreakdown, break_down
+from servescope.trace.steps.find import Steps, find_steps
+from servescope.trace.steps.measures import StepMeasures, measure_steps
+from servescope.trace.steps.ranks import RankedTrace, assign_ranks, compare_ranks, rank_from_name
 
 __all__ = ["EXAMPLES", "EXAMPLE_NAME", "AnalyzeRequest", "Progress", "RankContext", "analyze", "example_trace_dir",
            "rank_context"]
@@ -115,7 +115,7 @@ class RankContext(msgspec.Struct, frozen=True):
 
 
 def rank_context(trace: RankedTrace, *, gap_us: float | None = None) -> RankContext:
-    """The context of one worker rank's trace (``gap_us``: as :func:`~servescope.trace.steps.find_steps`)."""
+    """The context of one worker rank's trace (``gap_us``: as :func:`~servescope.trace.steps.find.find_steps`)."""
     assert trace.rank is not None
     work = select_work(trace.data)
     return RankContext(trace.rank, trace.data, work, find_steps(trace.data, work, gap_us=gap_us))

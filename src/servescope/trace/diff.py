@@ -11,11 +11,11 @@ from servescope import __version__
 from servescope.core.analysis import AnalysisDoc, Finding, PhaseStats, decode_analysis
 from servescope.core.diff import CategoryDelta, DiffDoc, PredictionCheck, RankDiff, SettingChange
 from servescope.core.errors import InputError
-from servescope.trace.advice import step_cycle_us
 from servescope.trace.analyze import AnalyzeRequest, analyze
-from servescope.trace.deployment import evidence_beside
-from servescope.trace.files import find_traces
-from servescope.trace.steps import PHASES
+from servescope.trace.read.files import find_traces
+from servescope.trace.rules.advice import step_cycle_us
+from servescope.trace.rules.deployment import evidence_beside
+from servescope.trace.steps.find import PHASES
 
 __all__ = ["check_predictions", "diff_analyses", "diff_paths", "load_side", "measured_cycle", "setting_changes"]
 

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from servescope.core.analysis import AnalysisDoc
     from servescope.trace.analyze import Progress
-    from servescope.trace.files import Discovery
-    from servescope.trace.readahead import ReadAhead
+    from servescope.trace.read.files import Discovery
+    from servescope.trace.read.readahead import ReadAhead
 
 __all__ = ["AnalyzeRun", "HeadStart", "analyze_traces"]
 
@@ -48,7 +48,7 @@ def analyze_traces(paths: Sequence[Path], *, example: bool = False, example_name
                    warn: Callable[[str], None] | None = None, progress: Progress | None = None,
                    head_start: HeadStart | None = None) -> AnalyzeRun:
     """Analyze the traces in ``paths`` (files or directories) and, with ``example`` or ``example_name``, a bundled
-    example's (by default :data:`~servescope.trace.files.EXAMPLE_NAME`).
+    example's (by default :data:`~servescope.trace.read.files.EXAMPLE_NAME`).
 
     ``settings``: saved settings documents of the server (those found beside the traces are read too).
     ``warn``: told each line about what a named directory held besides traces (the bundled example's own side
@@ -58,9 +58,9 @@ def analyze_traces(paths: Sequence[Path], *, example: bool = False, example_name
     Raises:
         InputError: a path, a settings document, a trace or the taxonomy cannot be used (one line).
     """
-    from servescope.trace.deployment import evidence_beside
-    from servescope.trace.files import example_trace_dir, find_traces, left_out_lines
-    from servescope.trace.readahead import ReadAhead
+    from servescope.trace.read.files import example_trace_dir, find_traces, left_out_lines
+    from servescope.trace.read.readahead import ReadAhead
+    from servescope.trace.rules.deployment import evidence_beside
 
     chosen = list(paths)
     bundled = None
@@ -84,7 +84,7 @@ def analyze_traces(paths: Sequence[Path], *, example: bool = False, example_name
         doc = analyze(request, progress=progress, read_ahead=read_ahead)
     argv = list(next((s.argv for s in evidence.settings if s.argv), []))
     from servescope.core.next_steps import analysis_next_steps
-    from servescope.trace.files import log_lines_beside
+    from servescope.trace.read.files import log_lines_beside
 
     steps = analysis_next_steps(doc, argv=argv, log_lines=log_lines_beside(found))
     if steps:  # in the document, so that -o, --json and `report` say them too

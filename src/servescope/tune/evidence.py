@@ -15,7 +15,7 @@ from servescope.core.analysis import SettingEvidence
 from servescope.core.changes import ChangeEvidence, SeenFinding, catalogue_engine, flag_values
 from servescope.core.errors import ServescopeError
 from servescope.core.next_steps import evidence_of_analysis
-from servescope.trace.files import log_lines_beside
+from servescope.trace.read.files import log_lines_beside
 from servescope.tune.edit import ServerConfig
 from servescope.tune.measure import Measured
 
@@ -50,7 +50,7 @@ def server_version(url: str, api_key: str | None) -> str | None:
 
 def deployment_of(config: ServerConfig, version: str | None) -> dict[str, SettingEvidence]:
     """The deployment settings the command line and environment tell, with the version's defaults."""
-    from servescope.trace.deployment import DeploymentInput, deployment_settings
+    from servescope.trace.rules.deployment import DeploymentInput, deployment_settings
 
     where = "the configuration tune runs"
     told = deployment_settings([], [], [], [DeploymentInput(source="settings", where=where, argv=list(config.argv),

@@ -17,8 +17,8 @@ import numpy.typing as npt
 
 from servescope.core.analysis import CollectiveStats, MessageSize, StepRow
 from servescope.core.categories import COMMUNICATION, Category
-from servescope.trace.table import TraceData
-from servescope.trace.work import Work
+from servescope.trace.classify.work import Work
+from servescope.trace.read.table import TraceData
 
 __all__ = ["ALL_GATHER", "phase_collectives"]
 

@@ -32,9 +32,9 @@ from typing import Any
 import msgspec
 
 from servescope.core.errors import InputError
-from servescope.trace.collect import Collector, trace_data
-from servescope.trace.events import BlockDecoder, Header, WholeTrace
-from servescope.trace.jsonscan import (
+from servescope.trace.read.collect import Collector, trace_data
+from servescope.trace.read.events import BlockDecoder, Header, WholeTrace
+from servescope.trace.read.jsonscan import (
     NO_EVENTS,
     NON_SPACE,
     WHITESPACE,
@@ -52,7 +52,7 @@ from servescope.trace.jsonscan import (
     stream_events,
     stream_source,
 )
-from servescope.trace.table import TraceData
+from servescope.trace.read.table import TraceData
 
 __all__ = ["decode_trace", "read_op_inputs"]
 

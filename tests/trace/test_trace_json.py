@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from servescope.trace.decode import decode_trace
-from servescope.trace.table import KIND_NAMES
+from servescope.trace.read.table import KIND_NAMES
+from servescope.trace.read.trace_json import decode_trace
 from tracefiles import TRACES, all_shared_traces, load_events
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -75,7 +75,7 @@ def test_bare_list_form_reads_like_object_form(tmp_path: Path) -> None:
 @pytest.mark.needs_shared
 def test_chunked_decoding_equals_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Large traces are decoded in chunks; forcing tiny chunks must not change a single number."""
-    import servescope.trace.jsonscan as reader
+    import servescope.trace.read.jsonscan as reader
 
     path = all_shared_traces()[0].parent.parent / "hta" / "nccl_allreduce_2rank_rank0.json.gz"
     whole = decode_trace(path)
@@ -89,7 +89,7 @@ def test_chunked_decoding_equals_whole(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_minified_trace_with_tricky_strings_falls_back_to_whole_decode(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    import servescope.trace.jsonscan as reader
+    import servescope.trace.read.jsonscan as reader
 
     events = [{"ph": "X", "cat": "kernel", "name": f"k}},{{{i}", "ts": float(i), "dur": 1.0,
                "args": {"correlation": i}} for i in range(4000)]
@@ -121,8 +121,8 @@ def test_collective_message_bytes_from_kineto_args() -> None:
 def test_streamed_reading_equals_whole(name: str, compressed: bool, inflate_as_stream: bool, tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Big traces are decoded block by block from the file; tiny blocks must not change a number."""
-    import servescope.trace.decode as decode
-    import servescope.trace.jsonscan as reader
+    import servescope.trace.read.jsonscan as reader
+    import servescope.trace.read.trace_json as trace_json
 
     source = TRACES / name
     path = source if compressed else tmp_path / "plain.pt.trace.json"
@@ -132,7 +132,7 @@ def test_streamed_reading_equals_whole(name: str, compressed: bool, inflate_as_s
     monkeypatch.setattr(reader, "_CHUNK_BYTES", 32 << 10)
     monkeypatch.setattr(reader, "_WHOLE_LIMIT", 64 << 10)
     monkeypatch.setattr(reader, "_STREAM_GZ_BYTES", 0 if inflate_as_stream else 1 << 40)
-    assert decode._read_streamed(path, path.stat().st_size) is not None  # the streaming path was taken
+    assert trace_json._read_streamed(path, path.stat().st_size) is not None  # the streaming path was taken
     streamed = decode_trace(path)
     assert streamed.event_count == whole.event_count == len(load_events(source))
     for table in ("device", "cpu_ops", "launches", "annotations"):
@@ -144,7 +144,7 @@ def test_streamed_reading_equals_whole(name: str, compressed: bool, inflate_as_s
 
 @pytest.mark.needs_shared
 def test_streaming_a_truncated_gzip_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import servescope.trace.jsonscan as reader
+    import servescope.trace.read.jsonscan as reader
     from servescope.core.errors import InputError
 
     raw = (TRACES / "hta/nccl_allreduce_2rank_rank0.json.gz").read_bytes()

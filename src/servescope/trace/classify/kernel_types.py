@@ -19,7 +19,7 @@ import msgspec
 
 from servescope.core.categories import bundled_taxonomy
 from servescope.core.kernel_names import demangle
-from servescope.trace.taxonomy import Taxonomy
+from servescope.trace.classify.taxonomy import Taxonomy
 
 __all__ = ["NameParts", "name_parts", "name_role"]
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from servescope.core.analysis import Advice, Finding
 from servescope.core.messages import format_message
-from servescope.trace.advice import advice_text, checked_text
+from servescope.trace.rules.advice import advice_text, checked_text
 
 __all__ = ["PHASES_CHECKED", "SEVERITY_ORDER", "Instance", "fields_of", "merge_findings"]
 

@@ -24,10 +24,10 @@ import numpy.typing as npt
 
 from servescope.core.analysis import BASES
 from servescope.core.categories import CATEGORY_OTHER
-from servescope.trace.launch import frame_categories, launch_context
-from servescope.trace.table import KIND_KERNEL, KIND_NAMES, TraceData
-from servescope.trace.taxonomy import Taxonomy
-from servescope.trace.work import Work
+from servescope.trace.classify.launch import frame_categories, launch_context
+from servescope.trace.classify.taxonomy import Taxonomy
+from servescope.trace.classify.work import Work
+from servescope.trace.read.table import KIND_KERNEL, KIND_NAMES, TraceData
 
 if TYPE_CHECKING:
     import difflib

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 from servescope.core.analysis import SettingEvidence
 from servescope.core.engines import engine_ids, engines
-from servescope.trace.deployment import DeploymentInput
-from servescope.trace.formats import step_formats
-from servescope.trace.table import TraceData, distinct_ids
+from servescope.trace.read.table import TraceData, distinct_ids
+from servescope.trace.rules.deployment import DeploymentInput
+from servescope.trace.steps.formats import step_formats
 
 __all__ = ["ENGINE_SETTING", "engine_evidence"]
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import msgspec
 
 from servescope.core.errors import InputError
-from servescope.trace.collect import MALFORMED_EXAMPLES, Collector, drop_bad_times, trace_data
-from servescope.trace.events import Header
-from servescope.trace.jsonscan import (
+from servescope.trace.read.collect import MALFORMED_EXAMPLES, Collector, drop_bad_times, trace_data
+from servescope.trace.read.events import Header
+from servescope.trace.read.jsonscan import (
     EVENT_BOUNDARY,
     NO_EVENTS,
     Buffer,
@@ -28,7 +28,7 @@ from servescope.trace.jsonscan import (
     events_key,
     load_bytes,
 )
-from servescope.trace.table import Table, TraceData
+from servescope.trace.read.table import Table, TraceData
 
 __all__ = ["Part", "decode_part", "decode_parts", "join_parts"]
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from servescope.core.analysis import Advice, Gain, PhaseStats, RankAnalysis, SettingEvidence, StepReference, StepRow
 from servescope.core.messages import format_message, step_time
-from servescope.trace.deployment import describe
-from servescope.trace.facts import RankFacts
+from servescope.trace.rules.deployment import describe
+from servescope.trace.rules.facts import RankFacts
 
 __all__ = ["advice_for", "advice_text", "checked_text", "host_values", "step_cycle_us"]
 

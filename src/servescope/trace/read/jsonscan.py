@@ -24,8 +24,8 @@ import msgspec
 
 from servescope.core.errors import InputError
 from servescope.core.files import unreadable
-from servescope.trace.collect import Collector
-from servescope.trace.events import BlockDecoder
+from servescope.trace.read.collect import Collector
+from servescope.trace.read.events import BlockDecoder
 
 __all__ = [
     "EVENTS_KEY",

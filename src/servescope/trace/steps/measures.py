@@ -18,8 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 from servescope.core.analysis import StepRow
-from servescope.trace.steps import Steps
-from servescope.trace.work import Work
+from servescope.trace.classify.work import Work
+from servescope.trace.steps.find import Steps
 
 __all__ = ["StepMeasure", "StepMeasures", "measure_steps"]
 

@@ -25,10 +25,10 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from servescope.trace.table import KIND_KERNEL, KIND_USER_ANNOTATION, Table, TraceData, distinct_ids
-from servescope.trace.taxonomy import Taxonomy
-from servescope.trace.taxonomy_file import Rule
-from servescope.trace.work import Work
+from servescope.trace.classify.taxonomy import Taxonomy
+from servescope.trace.classify.taxonomy_file import Rule
+from servescope.trace.classify.work import Work
+from servescope.trace.read.table import KIND_KERNEL, KIND_USER_ANNOTATION, Table, TraceData, distinct_ids
 
 __all__ = ["LaunchContext", "frame_categories", "launch_context"]
 

@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from servescope.trace.table import Table, TraceData, distinct_ids
+from servescope.trace.read.table import Table, TraceData, distinct_ids
 
 __all__ = ["GRAPH_LAUNCH", "Work", "cpu_self_time", "graph_replayed", "launch_rows", "select_work"]
 

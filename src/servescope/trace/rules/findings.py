@@ -33,13 +33,13 @@ from servescope.core.analysis import (
 from servescope.core.categories import CATEGORY_OTHER, Category, bundled_categories
 from servescope.core.errors import InputError
 from servescope.core.kernel_names import shorten_kernel_name
-from servescope.trace.advice import advice_for, host_values
-from servescope.trace.engine import ENGINE_SETTING
-from servescope.trace.facts import RankFacts
-from servescope.trace.formats import step_formats
-from servescope.trace.merge import PHASES_CHECKED, SEVERITY_ORDER, Instance, merge_findings
-from servescope.trace.precision import quant_facts
-from servescope.trace.snippet import taxonomy_snippet, unclassified
+from servescope.trace.classify.precision import quant_facts
+from servescope.trace.rules.advice import advice_for, host_values
+from servescope.trace.rules.engine import ENGINE_SETTING
+from servescope.trace.rules.facts import RankFacts
+from servescope.trace.rules.merge import PHASES_CHECKED, SEVERITY_ORDER, Instance, merge_findings
+from servescope.trace.rules.snippet import taxonomy_snippet, unclassified
+from servescope.trace.steps.formats import step_formats
 
 __all__ = ["check_categories", "check_verdicts", "find_bottlenecks", "load_rules", "taxonomy_snippet"]
 

@@ -22,9 +22,9 @@ import numpy as np
 
 from servescope.core.analysis import CrossRankCategory, CrossRankStats, PhaseStats, Summary
 from servescope.core.errors import InputError
-from servescope.trace.breakdown import RankBreakdown
-from servescope.trace.formats import step_formats
-from servescope.trace.table import TraceData
+from servescope.trace.read.table import TraceData
+from servescope.trace.steps.breakdown import RankBreakdown
+from servescope.trace.steps.formats import step_formats
 
 __all__ = [
     "RankedTrace", "assign_ranks", "compare_ranks", "is_frontend", "rank_from_name",

@@ -37,10 +37,10 @@ import numpy as np
 import numpy.typing as npt
 
 from servescope.core.analysis import StepRow
-from servescope.trace.decode import read_op_inputs
-from servescope.trace.formats import StepFormat, step_formats
-from servescope.trace.table import KIND_USER_ANNOTATION, TraceData
-from servescope.trace.work import Work
+from servescope.trace.classify.work import Work
+from servescope.trace.read.table import KIND_USER_ANNOTATION, TraceData
+from servescope.trace.read.trace_json import read_op_inputs
+from servescope.trace.steps.formats import StepFormat, step_formats
 
 __all__ = ["PHASES", "Steps", "find_steps", "parse_vllm_step", "steps_by"]
 

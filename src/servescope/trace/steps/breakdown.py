@@ -34,15 +34,15 @@ from servescope.core.analysis import (
     StepRow,
     Summary,
 )
-from servescope.trace.cadence import follow_cadence
-from servescope.trace.classify import CaptureReference, Classified, classify_work, first_most
-from servescope.trace.collectives import phase_collectives
-from servescope.trace.formats import step_formats
-from servescope.trace.precision import Precision, phase_quant, precision_of
-from servescope.trace.steps import PHASES, Steps
-from servescope.trace.table import KIND_NAMES, TraceData, distinct_ids
-from servescope.trace.taxonomy import Taxonomy
-from servescope.trace.work import Work
+from servescope.trace.classify.precision import Precision, phase_quant, precision_of
+from servescope.trace.classify.taxonomy import Taxonomy
+from servescope.trace.classify.work import Work
+from servescope.trace.classify.work_category import CaptureReference, Classified, classify_work, first_most
+from servescope.trace.read.table import KIND_NAMES, TraceData, distinct_ids
+from servescope.trace.steps.cadence import follow_cadence
+from servescope.trace.steps.collectives import phase_collectives
+from servescope.trace.steps.find import PHASES, Steps
+from servescope.trace.steps.formats import step_formats
 
 __all__ = ["RankBreakdown", "StepComm", "break_down", "union_us"]
 

@@ -14,8 +14,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from servescope.core.errors import InputError
-from servescope.trace.events import Event, Header, WholeTrace
-from servescope.trace.table import (
+from servescope.trace.read.events import Event, Header, WholeTrace
+from servescope.trace.read.table import (
     KIND_CPU_OP,
     KIND_GPU_ANNOTATION,
     KIND_KERNEL,

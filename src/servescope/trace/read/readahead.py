@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
-    from servescope.trace.parts import Part
-    from servescope.trace.table import TraceData
+    from servescope.trace.read.parts import Part
+    from servescope.trace.read.table import TraceData
 
 __all__ = ["SPLIT_BYTES", "ReadAhead", "usable_cores"]
 
@@ -97,8 +97,8 @@ class ReadAhead:
         shares = _shares(self.paths, jobs) if parts == 1 else []
         # the decoder (msgspec and what it imports: ~40 ms) imported once here, before the children are forked:
         # they inherit it, and this process needs it anyway to take their results
-        import servescope.trace.decode  # noqa: F401
-        import servescope.trace.parts  # noqa: F401
+        import servescope.trace.read.parts  # noqa: F401
+        import servescope.trace.read.trace_json  # noqa: F401
         if parts > 1:
             self._split, self._part_count = self.paths[0], parts
             child = _fork([self._split], partial(_decode_parts, self._split, parts))
@@ -139,14 +139,14 @@ class ReadAhead:
                 raise InputError(*outcome.error)
             if outcome is not None and outcome.trace is not None:
                 return outcome.trace
-        from servescope.trace.decode import decode_trace
+        from servescope.trace.read.trace_json import decode_trace
 
         return decode_trace(path)
 
     def _take_parts(self, path: Path) -> TraceData:
         """The file joined from every child's part, or decoded here when a part is missing or they do not join."""
-        from servescope.trace.decode import decode_trace
-        from servescope.trace.parts import join_parts
+        from servescope.trace.read.parts import join_parts
+        from servescope.trace.read.trace_json import decode_trace
 
         count = self._part_count if self._children else 0
         with self._ready:
@@ -161,7 +161,7 @@ class ReadAhead:
 
     def _drain(self, child: _Child) -> None:
         """Read the child's results as they come (a thread per child)."""
-        from servescope.trace.parts import Part
+        from servescope.trace.read.parts import Part
 
         try:
             with os.fdopen(child.fd, "rb") as pipe:
@@ -285,7 +285,7 @@ def _decode_parts(path: Path, parts: int, pipe: BinaryIO) -> None:
     part but the first, which all decode at once from that one copy (a gzip file is not inflated again per
     part); the helpers' parts are passed on as they come, after this child's own. Any problem ends a part
     quietly: the caller decodes the whole file itself, and names the problem."""
-    from servescope.trace.parts import decode_parts
+    from servescope.trace.read.parts import decode_parts
 
     def each(part_of: Callable[[int], Part]) -> None:
         helpers: list[tuple[int, int]] = []  # (read end of its pipe, pid)
@@ -326,7 +326,7 @@ def _decode_parts(path: Path, parts: int, pipe: BinaryIO) -> None:
 def _decode_files(paths: list[Path], pipe: BinaryIO) -> None:
     """The child's work: each file's trace, or the InputError that names its problem, pickled into ``pipe``."""
     from servescope.core.errors import InputError
-    from servescope.trace.decode import decode_trace
+    from servescope.trace.read.trace_json import decode_trace
 
     for index, path in enumerate(paths):
         try:

@@ -36,13 +36,13 @@ import numpy.typing as npt
 
 from servescope.core.analysis import PhaseStats
 from servescope.core.kernel_names import shorten_kernel_name
-from servescope.trace.classify import CaptureReference, Classified
-from servescope.trace.kernel_types import name_role
-from servescope.trace.launch import frame_categories
-from servescope.trace.table import KIND_KERNEL, TraceData
-from servescope.trace.taxonomy import Taxonomy
-from servescope.trace.taxonomy_file import PRECISION_ROLES, Rule
-from servescope.trace.work import Work
+from servescope.trace.classify.kernel_types import name_role
+from servescope.trace.classify.launch import frame_categories
+from servescope.trace.classify.taxonomy import Taxonomy
+from servescope.trace.classify.taxonomy_file import PRECISION_ROLES, Rule
+from servescope.trace.classify.work import Work
+from servescope.trace.classify.work_category import CaptureReference, Classified
+from servescope.trace.read.table import KIND_KERNEL, TraceData
 
 __all__ = ["Precision", "precision_of", "quant_facts"]
 

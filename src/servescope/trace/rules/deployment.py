@@ -27,8 +27,8 @@ from servescope.core.document import read_document
 from servescope.core.engines import ENGINES_FILE, engine_words, engines
 from servescope.core.errors import InputError
 from servescope.core.settings import SettingsDoc
-from servescope.trace.files import Discovery
-from servescope.trace.table import TraceData, distinct_ids
+from servescope.trace.read.files import Discovery
+from servescope.trace.read.table import TraceData, distinct_ids
 
 __all__ = ["DeploymentInput", "Evidence", "deployment_settings", "evidence_beside", "from_settings_doc",
            "load_deployment_rules"]

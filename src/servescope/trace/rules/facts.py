@@ -27,10 +27,10 @@ import msgspec
 import numpy as np
 
 from servescope.core.analysis import StepRow
-from servescope.trace.measures import StepMeasures, measure_steps
-from servescope.trace.steps import Steps, find_steps
-from servescope.trace.table import KIND_KERNEL, TraceData
-from servescope.trace.work import Work, select_work
+from servescope.trace.classify.work import Work, select_work
+from servescope.trace.read.table import KIND_KERNEL, TraceData
+from servescope.trace.steps.find import Steps, find_steps
+from servescope.trace.steps.measures import StepMeasures, measure_steps
 
 __all__ = ["RankFacts", "rank_facts"]
 

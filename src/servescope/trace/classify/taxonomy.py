@@ -30,7 +30,7 @@ from servescope.core.categories import (
     bundled_taxonomy,
     read_taxonomy,
 )
-from servescope.trace.taxonomy_file import (
+from servescope.trace.classify.taxonomy_file import (
     FIXED,
     FRAME_KINDS,
     RULE_KINDS,
