@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import re
 import shlex
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from servescope.core.analysis import AnalysisDoc, SettingEvidence, StepReference, StepRow
+from servescope.core.bundled import bundled_toml
 from servescope.core.document import decode as decode_document
 from servescope.core.document import read_document
 from servescope.core.engines import ENGINES_FILE, engine_words, engines
@@ -55,7 +54,7 @@ class DeploymentInput(msgspec.Struct, frozen=True, kw_only=True):
 @cache
 def load_deployment_rules() -> dict[str, Any]:
     """The bundled ``data/deployment.toml``: ``settings`` by id."""
-    data = tomllib.loads((files("servescope") / "data" / "deployment.toml").read_text(encoding="utf-8"))
+    data = bundled_toml("deployment.toml")
     settings = data.get("settings", {})
     for e in engines():  # each engine's defaults ([[engine.default]] in data/engines.toml) name a setting here
         unknown = next((d.setting for d in e.default if d.setting not in settings), None)

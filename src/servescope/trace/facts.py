@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from servescope.core.analysis import StepRow
 from servescope.trace.steps import Steps, find_steps
-from servescope.trace.table import KIND_KERNEL, TraceData
+from servescope.trace.table import KIND_KERNEL, TraceData, distinct_ids
 from servescope.trace.work import Work, select_work
 
 __all__ = ["RankFacts", "StepGap", "rank_facts"]
@@ -70,7 +70,7 @@ def _captures(data: TraceData) -> tuple[int, int]:
     if not len(calls):
         return 0, 0
     kinds = {i: ("begin" if _BEGIN.match(n) else "end" if _END.match(n) else "launch" if _LAUNCH.match(n) else None)
-             for i, n in ((int(i), data.names[int(i)]) for i in np.unique(calls.name))}
+             for i, n in ((int(i), data.names[int(i)]) for i in distinct_ids(calls.name))}
     if "begin" not in kinds.values():
         return 0, 0
     open_at: dict[int, bool] = {}

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import re
 import statistics
-import tomllib
 from collections.abc import Mapping, Sequence
 from functools import cache
-from importlib.resources import files
 from typing import Any
 
 import msgspec
@@ -30,6 +28,7 @@ from servescope.core.analysis import (
     SettingEvidence,
     StepReference,
 )
+from servescope.core.bundled import bundled_toml
 from servescope.core.categories import CATEGORY_OTHER, Category, bundled_categories
 from servescope.core.errors import InputError
 from servescope.core.kernel_names import shorten_kernel_name
@@ -80,8 +79,7 @@ def check_categories(data: Mapping[str, Any], source: str, categories: Mapping[s
 
 @cache
 def _load_rules_cached() -> dict[str, Any]:
-    text = (files("servescope") / "data" / "findings.toml").read_text(encoding="utf-8")
-    data = tomllib.loads(text)
+    data = bundled_toml("findings.toml")
     check_verdicts(data, "data/findings.toml")
     check_categories(data, "data/findings.toml", bundled_categories())
     for table in ("kernels", "conditions"):  # compiled now: analyze loads the rules while the traces decode

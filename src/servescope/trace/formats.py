@@ -10,13 +10,12 @@ format is a new entry (with its real trace, which the tests run it on), not code
 from __future__ import annotations
 
 import re
-import tomllib
 from functools import cache
-from importlib.resources import files
 from typing import Any
 
 import msgspec
 
+from servescope.core.bundled import bundled_toml
 from servescope.core.engines import check_engine, engine
 
 __all__ = ["COUNTS", "MARKERS", "FrontendFormat", "RankNameFormat", "StepFormat", "StepFormats",
@@ -143,7 +142,7 @@ def _entry(raw: dict[str, Any], where: str) -> dict[str, Any]:
 @cache
 def step_formats() -> StepFormats:
     """The bundled ``steps.toml``, read once."""
-    data = tomllib.loads((files("servescope") / "data" / "steps.toml").read_text(encoding="utf-8"))
+    data = bundled_toml("steps.toml")
     return StepFormats(
         steps=tuple(StepFormat(**_entry(raw, "[[step]]")) for raw in data.get("step", [])),
         rank_names=tuple(RankNameFormat(**_entry(raw, "[[rank_name]]")) for raw in data.get("rank_name", [])),

@@ -153,14 +153,23 @@ class Taxonomy:
         Raises:
             ValueError: ``kind`` is not one of the four.
         """
+        return self.decide(name, kind)[0]
+
+    def decide(self, name: str, kind: str) -> tuple[str, Rule | None]:
+        """The category of an operation named ``name`` of event kind ``kind`` (as :meth:`classify`) and the name
+        rule that gave it (None: a copy or set, or no rule matched).
+
+        Raises:
+            ValueError: ``kind`` is not one of the four.
+        """
         fixed = FIXED.get(kind)
         if fixed is not None:
-            return fixed
+            return fixed, None
         matchers = self._by_kind.get(kind)
         if matchers is None:
             raise ValueError(f"kind {kind!r} is not one of: {', '.join(_KINDS)}")
         found = _first(matchers, name)
-        return found[0] if found is not None else CATEGORY_OTHER
+        return (found[0], found[4]) if found is not None else (CATEGORY_OTHER, None)
 
     def is_communication(self, category: str) -> bool:
         """Whether ``category`` belongs to the ``communication`` group (False for unknown names)."""
