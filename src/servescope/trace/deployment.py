@@ -25,6 +25,7 @@ from servescope.core.document import decode as decode_document
 from servescope.core.document import read_document
 from servescope.core.engines import ENGINES_FILE, engine_words, engines
 from servescope.core.errors import InputError
+from servescope.core.needle import Needled, needled
 from servescope.core.settings import SettingsDoc
 from servescope.trace.files import Discovery
 from servescope.trace.table import TraceData, distinct_ids
@@ -139,9 +140,9 @@ def _from_input(inp: DeploymentInput, rules: Mapping[str, Any]) -> dict[str, Set
 
 def _first_match(traces: Sequence[TraceData], ids: Sequence[Iterable[int]], patterns: Sequence[str]) -> str | None:
     """The first name (of the traces' ``ids``) that one of ``patterns`` matches, else None."""
-    compiled = [re.compile(p) for p in patterns]
+    compiled = needled(tuple(patterns))
     return next((d.names[i] for d, each in zip(traces, ids, strict=True) for i in each
-                 if any(p.search(d.names[i]) for p in compiled)), None)
+                 if any(p.found(d.names[i]) for p in compiled)), None)
 
 
 def _from_trace(traces: Sequence[TraceData], steps: Sequence[Sequence[StepRow]],
@@ -209,12 +210,15 @@ def _from_trace(traces: Sequence[TraceData], steps: Sequence[Sequence[StepRow]],
     return out
 
 
+_HIP_NAMES = Needled.of(r"(?i)rccl|hipLaunch|_ZN7ck_tile|aiter")
+
+
 def _platform(traces: Sequence[TraceData]) -> SettingEvidence:
     devices = {d.metadata.get("device_name", "") for d in traces} - {""}
     names = [d.names[i] for d in traces for i in distinct_ids(d.device.name).tolist()[:5000]]
     if any("AMD" in dev or "Instinct" in dev for dev in devices):
         return SettingEvidence(value="rocm", source="trace", detail=f"the device ({sorted(devices)[0]})")
-    if any(re.search(r"(?i)rccl|hipLaunch|_ZN7ck_tile|aiter", n) for n in names):
+    if any(_HIP_NAMES.found(n) for n in names):
         return SettingEvidence(value="rocm", source="trace", detail="HIP/RCCL kernel names")
     if any("NVIDIA" in dev for dev in devices):
         return SettingEvidence(value="cuda", source="trace", detail=f"the device ({sorted(devices)[0]})")

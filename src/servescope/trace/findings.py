@@ -10,7 +10,6 @@ against the tables.
 
 from __future__ import annotations
 
-import re
 import statistics
 from collections.abc import Mapping, Sequence
 from functools import cache
@@ -32,6 +31,7 @@ from servescope.core.bundled import bundled_toml
 from servescope.core.categories import CATEGORY_OTHER, Category, bundled_categories
 from servescope.core.errors import InputError
 from servescope.core.kernel_names import shorten_kernel_name
+from servescope.core.needle import needled
 from servescope.trace.advice import advice_for, host_values
 from servescope.trace.engine import ENGINE_SETTING
 from servescope.trace.facts import RankFacts
@@ -86,19 +86,15 @@ def _load_rules_cached() -> dict[str, Any]:
         for spec in data.get(table, {}).values():
             for key in ("patterns", "exclude", "kernels"):
                 if isinstance(spec.get(key), list):
-                    _compiled(tuple(spec[key]))
+                    needled(tuple(spec[key]))
     return data
 
 
-@cache
-def _compiled(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
-    return tuple(re.compile(p) for p in patterns)
-
-
 def _matches(name: str, spec: Mapping[str, Any], key: str = "patterns") -> bool:
-    if not any(p.search(name) for p in _compiled(tuple(spec.get(key, ())))):
+    lower = name.lower() if name.isascii() else None
+    if not any(p.found(name, lower) for p in needled(tuple(spec.get(key, ())))):
         return False
-    return not any(p.search(name) for p in _compiled(tuple(spec.get("exclude", ()))))
+    return not any(p.found(name, lower) for p in needled(tuple(spec.get("exclude", ()))))
 
 
 # ---------------------------------------------------------------------------------------------------------

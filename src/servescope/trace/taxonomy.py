@@ -17,7 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -30,6 +29,7 @@ from servescope.core.categories import (
     bundled_taxonomy,
     read_taxonomy,
 )
+from servescope.core.needle import Needled
 from servescope.trace.taxonomy_file import (
     FIXED,
     FRAME_KINDS,
@@ -177,7 +177,7 @@ class Taxonomy:
 
 
 # A rule as classify tests it: (category, ignore_case, plain-text patterns, other regexes, the rule).
-_Matcher = tuple[str, bool, tuple[str, ...], tuple[re.Pattern[str], ...], Rule]
+_Matcher = tuple[str, bool, tuple[str, ...], tuple[Needled, ...], Rule]
 
 
 def _matcher(rule: Rule) -> _Matcher:
@@ -186,15 +186,16 @@ def _matcher(rule: Rule) -> _Matcher:
     Python's ``re`` tries every alternative at every position of a name, and demangled kernel names run
     to a thousand characters. So the plain-text patterns (most of them) are tested with ``in``, on the
     lower-cased name for ``ignore_case`` rules (the same as IGNORECASE for ASCII text), and only the rest
-    as regexes, one at a time so that ``^``-anchored ones stop at the first character.
+    as regexes, one at a time so that ``^``-anchored ones stop at the first character, each only where the name
+    holds the plain text every match of it contains (:class:`~servescope.core.needle.Needled`).
     """
     literals: list[str] = []
-    regexes: list[re.Pattern[str]] = []
+    regexes: list[Needled] = []
     for text in rule.patterns:
         if is_literal(text):
             literals.append(text.lower() if rule.ignore_case else text)
         else:
-            regexes.append(re.compile(text, rule.flags))
+            regexes.append(Needled.of(text, rule.flags))
     return rule.category, rule.ignore_case, tuple(literals), tuple(regexes), rule
 
 
@@ -215,6 +216,6 @@ def _first(matchers: tuple[_Matcher, ...], name: str) -> _Matcher | None:
         elif literals and any(map(in_name, literals)):
             return matcher
         for regex in regexes:
-            if regex.search(name) is not None:
+            if regex.found(name, folded):
                 return matcher
     return None

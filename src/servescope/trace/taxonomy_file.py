@@ -18,6 +18,7 @@ import msgspec
 
 from servescope.core.categories import BUILTIN_SOURCE, CATEGORY_OTHER, GROUPS, Category, category_table
 from servescope.core.errors import InputError
+from servescope.core.needle import needled
 
 __all__ = [
     "FIXED",
@@ -105,9 +106,12 @@ class PrecisionRule(msgspec.Struct, frozen=True):
     index: int
 
     def matches(self, name: str) -> bool:
+        """Whether one of ``patterns`` and each of ``requires`` is found in ``name`` (each pattern alone, and only
+        where the name holds its needle: the same answer as their joined regex, faster on long names)."""
         flags = re.IGNORECASE if self.ignore_case else 0
-        return joined(self.patterns, flags).search(name) is not None and all(
-            joined((part,), flags).search(name) is not None for part in self.requires)
+        lower = name.lower() if name.isascii() else None
+        return any(p.found(name, lower) for p in needled(self.patterns, flags)) and all(
+            p.found(name, lower) for p in needled(self.requires, flags))
 
 
 @cache
