@@ -55,8 +55,11 @@ def main() -> None:
     first = sys.argv[1:2]
     command = first[0] if first and first[0] in COMMAND_MODULES else None
     startup.prepare(command, sys.argv[2:])  # start-up tricks: see servescope.cli.startup
-    root = _load(COMMAND_MODULES[command]) if command is not None else __getattr__("app")
     try:
+        if startup.run_plain(command, sys.argv[2:]):  # analyze with plain flags, without typer
+            startup.finish(command, 0)
+            return
+        root = _load(COMMAND_MODULES[command]) if command is not None else __getattr__("app")
         root()
     except SystemExit as done:
         startup.finish(command, done.code)

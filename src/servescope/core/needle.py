@@ -29,7 +29,7 @@ def needle_of(pattern: str, flags: int = 0) -> tuple[tuple[str, ...], bool] | No
     alternation, one such run of each alternative), and whether they are to be found ignoring case; None when
     there are none worth looking for (a short run, classes only, non-ASCII text under ``IGNORECASE``) or the
     pattern does not parse."""
-    from re import _parser  # the stdlib's own parser: what re.compile reads the pattern as
+    from re import _parser  # type: ignore[attr-defined]  # the stdlib's own parser, as re.compile reads it
 
     try:
         tree = _parser.parse(pattern, flags)
@@ -45,7 +45,7 @@ def needle_of(pattern: str, flags: int = 0) -> tuple[tuple[str, ...], bool] | No
 def _needles(items: list[tuple[Any, Any]]) -> tuple[str, ...] | None:
     """The needles of a parsed sequence (see :func:`needle_of`): its longest run of literals, else the
     alternatives' of the one alternation (or group of one) it consists of."""
-    from re import _constants as sre
+    from re import _constants as sre  # type: ignore[attr-defined]
 
     best = ""
     run: list[str] = []
