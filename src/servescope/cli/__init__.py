@@ -33,11 +33,11 @@ def _load(modules: tuple[str, ...]) -> typer.Typer:
     """The root app with the commands of ``modules`` declared on it."""
     import importlib
 
-    from servescope.cli import common
+    from servescope.cli import apps
 
     for name in modules:
         importlib.import_module(f"servescope.cli.{name}")
-    return common.app
+    return apps.app
 
 
 def __getattr__(name: str) -> Any:

@@ -14,14 +14,8 @@ from typing import Annotated
 
 import typer
 
-from servescope.cli.common import (
-    HtmlReport,
-    JsonDocumentOut,
-    TopKernels,
-    app,
-    save,
-    user_errors,
-)
+from servescope.cli.apps import HtmlReport, JsonDocumentOut, TopKernels, app
+from servescope.cli.common import save, user_errors
 
 __all__ = ["analyze", "diff", "report"]
 

@@ -1,5 +1,5 @@
 """The root app, its command groups and the options several commands declare alike: everything of the command
-line that needs typer (:mod:`servescope.cli.common` hands these names out, importing this module on first use).
+line that needs typer (what commands share without it is :mod:`servescope.cli.common`).
 
 ``analyze`` with plain flags runs without typer (:mod:`servescope.cli.plain`); every other route imports it here.
 """

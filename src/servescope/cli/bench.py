@@ -10,21 +10,8 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 import typer
 from rich.console import Console
 
-from servescope.cli.common import (
-    ApiKeyOption,
-    BarProgress,
-    JsonFlag,
-    ModelPreset,
-    ServerUrl,
-    bench_app,
-    err,
-    fail,
-    parse_duration,
-    print_result,
-    save,
-    user_errors,
-    with_progress,
-)
+from servescope.cli.apps import ApiKeyOption, JsonFlag, ModelPreset, ServerUrl, bench_app
+from servescope.cli.common import BarProgress, err, fail, parse_duration, print_result, save, user_errors, with_progress
 from servescope.core.errors import InputError
 
 if TYPE_CHECKING:

@@ -1,8 +1,7 @@
-"""What every command shares: the root app, its command groups, one-line errors, progress.
+"""What every command shares without typer: one-line errors, outputs, progress (the apps, which need typer, are
+:mod:`servescope.cli.apps`; analyze's plain route, :mod:`servescope.cli.plain`, runs on this module alone).
 
-The apps and the ``err`` console are made on first use: rich is imported only by a command that prints
-through it, typer (:mod:`servescope.cli.apps`) only by a command module that declares its commands (analyze's
-plain route, :mod:`servescope.cli.plain`, runs without it).
+The ``err`` console is made on first use: rich is imported only by a command that prints through it.
 """
 
 from __future__ import annotations
@@ -18,35 +17,15 @@ from servescope.core.errors import InputError
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from servescope.cli.apps import (
-        ApiKeyOption,
-        HtmlReport,
-        JsonDocumentOut,
-        JsonFlag,
-        MkdirFlag,
-        ModelPreset,
-        ServerUrl,
-        TopKernels,
-        app,
-        bench_app,
-        capture_app,
-        gpu_app,
-        service_app,
-    )
-
     err: Console
 
 __all__ = [
-    "OUTPUT_OPTIONS", "ApiKeyOption", "BarProgress", "HtmlReport", "JsonDocumentOut", "JsonFlag", "MkdirFlag",
-    "ModelPreset", "ServerUrl", "TopKernels", "app", "bench_app", "capture_app", "check_outputs", "emit", "err", "fail",
-    "gpu_app", "print_result", "save", "service_app",
+    "HELP_MARKUP", "OUTPUT_OPTIONS", "BarProgress", "check_outputs", "emit", "err", "fail",
+    "parse_duration", "print_result", "save",
     "user_errors", "with_progress",
 ]
 
 T = TypeVar("T")
-# typer's names, handed out from servescope.cli.apps on first use: analyze's plain route never imports typer
-_APPS = frozenset({"ApiKeyOption", "HtmlReport", "JsonDocumentOut", "JsonFlag", "MkdirFlag", "ModelPreset",
-                   "ServerUrl", "TopKernels", "app", "bench_app", "capture_app", "gpu_app", "service_app"})
 
 # Help texts are Markdown, as docs/commands.md shows them: paragraphs reflow to the terminal, `code` loses its
 # backticks. The plain "rich" mode keeps every line break of a docstring after its first paragraph.
@@ -86,14 +65,9 @@ def check_outputs(params: list[Any], values: dict[str, Any]) -> None:
 
 
 def __getattr__(name: str) -> Any:
-    """``err``, the stderr console, made the first time a module asks for it; the apps and shared options of
-    :mod:`servescope.cli.apps`, which imports typer, the first time a command module asks for one."""
+    """``err``, the stderr console, made the first time a module asks for it."""
     if name == "err":
         return _stderr()
-    if name in _APPS:
-        from servescope.cli import apps
-
-        return getattr(apps, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

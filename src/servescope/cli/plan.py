@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from servescope.cli.common import JsonDocumentOut, ModelPreset, app, user_errors
+from servescope.cli.apps import JsonDocumentOut, ModelPreset, app
+from servescope.cli.common import user_errors
 from servescope.core.errors import InputError
 
 

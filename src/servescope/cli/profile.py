@@ -9,15 +9,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from servescope.cli.common import (
-    HtmlReport,
-    JsonDocumentOut,
-    ServerUrl,
-    TopKernels,
-    app,
-    save,
-    user_errors,
-)
+from servescope.cli.apps import HtmlReport, JsonDocumentOut, ServerUrl, TopKernels, app
+from servescope.cli.common import save, user_errors
 
 
 @app.command()

@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from servescope.cli.common import JsonFlag, MkdirFlag, fail, print_result, service_app, user_errors
+from servescope.cli.apps import JsonFlag, MkdirFlag, service_app
+from servescope.cli.common import fail, print_result, user_errors
 from servescope.core.errors import InputError
 
 

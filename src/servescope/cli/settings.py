@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from servescope.cli.common import app, print_result, user_errors
+from servescope.cli.apps import app
+from servescope.cli.common import print_result, user_errors
 
 
 @app.command("settings")
