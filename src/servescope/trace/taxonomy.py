@@ -140,7 +140,9 @@ class Taxonomy:
     def precision(self, name: str, on: str) -> str | None:
         """The role (``quantize``, ``dequantize``, ``cast``) of the first precision rule reading ``on`` (``name``:
         a kernel's own name; ``launch``: a cpu_op around its launch) that ``name`` matches, or None."""
-        return next((rule.role for rule in self.precision_rules if rule.on == on and rule.matches(name)), None)
+        lower = name.lower() if name.isascii() else None
+        return next((rule.role for rule in self.precision_rules if rule.on == on and rule.matches(name, lower)),
+                    None)
 
     def classify(self, name: str, kind: str) -> str:
         """The category of an operation named ``name`` of event kind ``kind``.
