@@ -5,9 +5,11 @@ in tests/data), and skips the search where a needle is missing."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
+from servescope.core import needle
 from servescope.core.bundled import bundled_toml
 from servescope.core.needle import Needled, needle_of
 from tracefiles import ROOT
@@ -73,3 +75,23 @@ def test_the_answer_is_the_regex_own_on_real_names() -> None:
             assert needled.found(name, name.lower() if name.isascii() else None) is expected, (pattern, name)
             skipped += bool(needled.needles) and not expected
     assert skipped > 0
+
+
+def test_needles_are_kept_for_the_next_run_by_the_same_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(needle, "_known", None)
+    monkeypatch.setattr(needle, "_unsaved", False)
+    assert Needled.of("(?<!un)quant(?!ile)", re.IGNORECASE).needles == ("quant",)
+    needle.keep_needles()
+    assert (tmp_path / "servescope" / "data" / "needles.marshal").is_file()
+
+    def parse(pattern: str, flags: int = 0) -> None:
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(needle, "_known", None)  # the next run: found in the cache, not parsed
+    monkeypatch.setattr(needle, "needle_of", parse)
+    assert Needled.of("(?<!un)quant(?!ile)", re.IGNORECASE).needles == ("quant",)
+    monkeypatch.setattr(needle, "_known", None)  # other code (another source of this module): parsed again
+    monkeypatch.setattr(needle, "_stamp", lambda: "other code")
+    with pytest.raises(AssertionError, match="parsed again"):
+        Needled.of("(?<!un)quant(?!ile)", re.IGNORECASE)

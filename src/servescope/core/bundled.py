@@ -25,7 +25,7 @@ from typing import Any
 
 from servescope import __version__
 
-__all__ = ["DATA_DIR", "bundled_toml", "cache_folder"]
+__all__ = ["DATA_DIR", "bundled_toml", "cache_folder", "read_derived", "write_derived"]
 
 DATA_DIR = Path(__file__).parent.parent / "data"
 """The package's data folder (importlib.resources would import zipfile and its readers: ~7 ms)."""
@@ -71,6 +71,20 @@ def bundled_toml(name: str) -> dict[str, Any]:
     if entry is not None:
         _write(entry, key, data)
     return data
+
+
+def read_derived(name: str, stamp: str) -> dict[str, Any] | None:
+    """Data this install derived from its own code and kept under ``name`` (the regex needles), when it was kept
+    by code of the same ``stamp`` (and this servescope and Python); else None. Never required, as above."""
+    folder = cache_folder()
+    return _read(folder / f"{name}.marshal", f"{_STAMP} {name} {stamp}") if folder is not None else None
+
+
+def write_derived(name: str, stamp: str, data: dict[str, Any]) -> None:
+    """Keep ``data`` under ``name`` for :func:`read_derived` (atomically; quietly nothing when it cannot be)."""
+    folder = cache_folder()
+    if folder is not None:
+        _write(folder / f"{name}.marshal", f"{_STAMP} {name} {stamp}", data)
 
 
 def _entry(path: Path) -> Path | None:

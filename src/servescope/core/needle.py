@@ -16,10 +16,11 @@ Example:
 from __future__ import annotations
 
 import re
+import zlib
 from functools import cache
 from typing import Any
 
-__all__ = ["Needled", "needle_of", "needled"]
+__all__ = ["Needled", "keep_needles", "needle_of", "needled"]
 
 _MIN_NEEDLE = 2  # a single character is in almost every name: not worth an extra test
 
@@ -75,6 +76,45 @@ def _needles(items: list[tuple[Any, Any]]) -> tuple[str, ...] | None:
     return None
 
 
+# Needles found before (by this code: ``_STAMP``), by "flags pattern": parsing a pattern costs ~60 us, ~10 ms for
+# the taxonomy's, so they are kept across runs like the parsed data files (servescope.core.bundled).
+_known: dict[str, tuple[tuple[str, ...], bool] | None] | None = None
+_unsaved = False
+
+
+def _stamp() -> str:
+    """This module's code, by its source: needles found by other code are found again."""
+    try:
+        with open(__file__, "rb") as source:
+            return f"{zlib.crc32(source.read()):08x}"
+    except OSError:
+        return "unknown"
+
+
+def _needles_of(pattern: str, flags: int) -> tuple[tuple[str, ...], bool] | None:
+    """:func:`needle_of`, remembered across runs."""
+    global _known, _unsaved
+    if _known is None:
+        from servescope.core.bundled import read_derived
+
+        _known = read_derived("needles", _stamp()) or {}
+    key = f"{flags} {pattern}"
+    if key not in _known:
+        _known[key] = needle_of(pattern, flags)
+        _unsaved = True
+    return _known[key]
+
+
+def keep_needles() -> None:
+    """Keep the needles this process found for the next runs (no-op when it found none)."""
+    global _unsaved
+    if _unsaved and _known is not None:
+        from servescope.core.bundled import write_derived
+
+        write_derived("needles", _stamp(), _known)
+        _unsaved = False
+
+
 class Needled:
     """A compiled regex and its needle (:func:`needle_of`): :meth:`found` answers as ``regex.search`` does."""
 
@@ -82,7 +122,7 @@ class Needled:
 
     def __init__(self, regex: re.Pattern[str]) -> None:
         self.regex = regex
-        found = needle_of(regex.pattern, regex.flags)
+        found = _needles_of(regex.pattern, regex.flags)
         self.needles, self.ignore_case = found if found is not None else ((), False)
 
     @classmethod

@@ -25,7 +25,7 @@ from servescope.core.document import decode as decode_document
 from servescope.core.document import read_document
 from servescope.core.engines import ENGINES_FILE, engine_words, engines
 from servescope.core.errors import InputError
-from servescope.core.needle import Needled, needled
+from servescope.core.needle import Needled, keep_needles, needled
 from servescope.core.settings import SettingsDoc
 from servescope.trace.files import Discovery
 from servescope.trace.table import TraceData, distinct_ids
@@ -62,6 +62,10 @@ def load_deployment_rules() -> dict[str, Any]:
         if unknown is not None:
             raise InputError(ENGINES_FILE, f"engine {e.id}: default of setting {unknown!r}, which "
                                            "data/deployment.toml does not define")
+    for spec in settings.values():  # the patterns compiled once, their needles kept for the next runs
+        for key in ("frames_on", "frames_off", "kernels"):
+            needled(tuple(spec.get(key, ())))
+    keep_needles()
     return data
 
 

@@ -31,7 +31,7 @@ from servescope.core.bundled import bundled_toml
 from servescope.core.categories import CATEGORY_OTHER, Category, bundled_categories
 from servescope.core.errors import InputError
 from servescope.core.kernel_names import shorten_kernel_name
-from servescope.core.needle import needled
+from servescope.core.needle import keep_needles, needled
 from servescope.trace.advice import advice_for, host_values
 from servescope.trace.engine import ENGINE_SETTING
 from servescope.trace.facts import RankFacts
@@ -87,6 +87,7 @@ def _load_rules_cached() -> dict[str, Any]:
             for key in ("patterns", "exclude", "kernels"):
                 if isinstance(spec.get(key), list):
                     needled(tuple(spec[key]))
+    keep_needles()
     return data
 
 

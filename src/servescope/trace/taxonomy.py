@@ -29,7 +29,7 @@ from servescope.core.categories import (
     bundled_taxonomy,
     read_taxonomy,
 )
-from servescope.core.needle import Needled
+from servescope.core.needle import Needled, keep_needles
 from servescope.trace.taxonomy_file import (
     FIXED,
     FRAME_KINDS,
@@ -121,6 +121,9 @@ class Taxonomy:
         frames = [(rule.kinds, _matcher(rule)) for rule in self.launch_rules]
         object.__setattr__(self, "_by_frame",
                            {kind: tuple(m for kinds, m in frames if kind in kinds) for kind in FRAME_KINDS})
+        for precision in self.precision_rules:  # compiled now: analyze loads the taxonomy while the traces decode
+            precision.compile()
+        keep_needles()
 
     def marked(self, mark: str) -> list[str]:
         """The categories whose entry sets the boolean ``mark`` (``generic``, ``by_name``)."""

@@ -105,6 +105,12 @@ class PrecisionRule(msgspec.Struct, frozen=True):
     source: str
     index: int
 
+    def compile(self) -> None:
+        """Its patterns compiled and their needles found, now rather than at the first match."""
+        flags = re.IGNORECASE if self.ignore_case else 0
+        needled(self.patterns, flags)
+        needled(self.requires, flags)
+
     def matches(self, name: str, lower: str | None = None) -> bool:
         """Whether one of ``patterns`` and each of ``requires`` is found in ``name`` (each pattern alone, and only
         where the name holds its needle: the same answer as their joined regex, faster on long names). ``lower``:
