@@ -25,7 +25,7 @@ from typing import Any
 
 from servescope import __version__
 
-__all__ = ["DATA_DIR", "bundled_toml", "cache_folder", "read_derived", "write_derived"]
+__all__ = ["DATA_DIR", "bundled_toml", "cache_folder", "code_stamp", "data_stamp", "read_derived", "write_derived"]
 
 DATA_DIR = Path(__file__).parent.parent / "data"
 """The package's data folder (importlib.resources would import zipfile and its readers: ~7 ms)."""
@@ -71,6 +71,27 @@ def bundled_toml(name: str) -> dict[str, Any]:
     if entry is not None:
         _write(entry, key, data)
     return data
+
+
+def data_stamp(name: str) -> str:
+    """The bundled data file ``name`` as the cache tells it apart: its path, size and modification time ("" when
+    it cannot be read)."""
+    path = DATA_DIR / name
+    try:
+        stat = path.stat()
+    except OSError:
+        return ""
+    return f"{path} {stat.st_size} {stat.st_mtime_ns}"
+
+
+def code_stamp(source: str) -> str:
+    """The code in the file ``source`` (a module's ``__file__``) as data derived by it is told apart: a CRC of its
+    text ("unknown" when it cannot be read)."""
+    try:
+        with open(source, "rb") as handle:
+            return f"{zlib.crc32(handle.read()):08x}"
+    except OSError:
+        return "unknown"
 
 
 def read_derived(name: str, stamp: str) -> dict[str, Any] | None:
