@@ -77,13 +77,13 @@ def analyze_traces(paths: Sequence[Path], *, example: bool = False, example_name
             warn(line)
     claimed = head_start.claim(found) if head_start is not None else None
     with claimed or ReadAhead(found, min_files=1) as read_ahead:  # decoding starts before the analysis' imports
+        from servescope.core.next_steps import analysis_next_steps  # all imported while the traces decode
         from servescope.trace.analyze import AnalyzeRequest, analyze
 
         request = AnalyzeRequest(paths=discovery, taxonomy=taxonomy, step_gap_us=step_gap_us,
                                  settings=evidence.settings, reference=evidence.reference)
         doc = analyze(request, progress=progress, read_ahead=read_ahead)
     argv = list(next((s.argv for s in evidence.settings if s.argv), []))
-    from servescope.core.next_steps import analysis_next_steps
     from servescope.trace.files import log_lines_beside
 
     steps = analysis_next_steps(doc, argv=argv, log_lines=log_lines_beside(found))
