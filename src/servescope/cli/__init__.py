@@ -1,9 +1,10 @@
 """The ``servescope`` command line: parse flags, call one feature function, emit its result. No analysis here.
 
-``common`` holds the root app, its groups and the one output function (``emit``); each module beside it declares
-one family of commands with typer. What happens before typer is imported and after a command's work (which
-modules are imported for the command named, the head start of ``analyze``, ...) is :mod:`servescope.cli.startup`;
-``servescope.cli.app`` is the whole app, put together on first use.
+``apps`` holds the root app and its groups, ``common`` the one output function (``emit``) and the helpers that need
+no typer; each module beside them declares one family of commands with typer. What happens before typer is
+imported and after a command's work (which modules are imported for the command named, ``analyze`` with plain
+flags without typer, the head start of ``analyze``, ...) is :mod:`servescope.cli.startup`; ``servescope.cli.app``
+is the whole app, put together on first use.
 """
 
 from __future__ import annotations
@@ -36,8 +37,11 @@ def main() -> None:
     first = sys.argv[1:2]
     command = first[0] if first and first[0] in COMMAND_MODULES else None
     startup.prepare(command, sys.argv[2:])  # start-up tricks: see servescope.cli.startup
-    root = load_commands(COMMAND_MODULES[command]) if command is not None else __getattr__("app")
     try:
+        if startup.run_plain(command, sys.argv[2:]):  # analyze with plain flags, without typer
+            startup.finish(command, 0)
+            return
+        root = load_commands(COMMAND_MODULES[command]) if command is not None else __getattr__("app")
         root()
     except SystemExit as done:
         startup.finish(command, done.code)

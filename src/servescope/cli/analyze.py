@@ -2,32 +2,22 @@
 
 ``servescope analyze`` is the command people time, so this module imports only typer at import time and each
 command imports its feature code inside (``main()`` imports no other command module for it: see
-:mod:`servescope.cli`).
+:mod:`servescope.cli`); with plain flags analyze runs without this module and typer (:mod:`servescope.cli.plain`,
+which holds the command's body).
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from servescope.cli.common import (
-    HtmlReport,
-    JsonDocumentOut,
-    TopKernels,
-    app,
-    emit,
-    fail,
-    user_errors,
-    with_progress,
-)
+from servescope.cli.apps import HtmlReport, JsonDocumentOut, TopKernels, app
+from servescope.cli.common import emit, user_errors
 
 if TYPE_CHECKING:
     from rich.console import Console
-
-    from servescope.core.analysis import AnalysisDoc
 
 __all__ = ["analyze", "diff", "report"]
 
@@ -64,34 +54,10 @@ def analyze(
     Reads torch.profiler traces as vLLM, SGLang and plain PyTorch write them (one file per rank; vLLM's
     front-end trace is recognised), finds the steps, and breaks their device time down by category.
     """
-    from servescope.cli import head_start
-    from servescope.trace.run import analyze_traces
+    from servescope.cli.plain import run
 
-    with user_errors():
-        if not paths and not example and example_name is None:
-            fail("give trace files or directories, or --example")
-        run = with_progress(as_json, lambda progress: analyze_traces(
-            paths or [], example=example, example_name=example_name, taxonomy=taxonomy, step_gap_us=step_gap_us,
-            settings=settings or [], warn=_warn, progress=progress, head_start=head_start))
-        emit(run.doc, lambda doc, console: _render_text(doc, console, top=top),
-             as_json=as_json, output=output, html=html, render_html=_render_html, blank_line=True)
-
-
-def _warn(line: str) -> None:
-    sys.stderr.write(f"analyze: {line}\n")  # plain: rich is not imported on this route
-
-
-def _render_html(doc: AnalysisDoc) -> str:
-    from servescope.report.html import render_analysis_html
-
-    return render_analysis_html(doc)
-
-
-def _render_text(doc: AnalysisDoc, console: Console, *, top: int) -> None:
-    """The analysis (its next steps, where the document holds some, at the end)."""
-    from servescope.report.tables import render_analysis
-
-    render_analysis(doc, console, top=top)
+    run(paths=paths, example=example, example_name=example_name, as_json=as_json, output=output, html=html,
+        taxonomy=taxonomy, step_gap_us=step_gap_us, settings=settings, top=top)
 
 
 @app.command()

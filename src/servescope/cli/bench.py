@@ -8,13 +8,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
+from servescope.cli.apps import ApiKeyOption, JsonFlag, ModelPreset, ServerUrl, bench_app
 from servescope.cli.common import (
-    ApiKeyOption,
     BarProgress,
-    JsonFlag,
-    ModelPreset,
-    ServerUrl,
-    bench_app,
     emit,
     err,
     fail,

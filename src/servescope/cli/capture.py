@@ -8,7 +8,8 @@ from typing import Annotated, Any, Literal
 import typer
 
 from servescope.bench import capture_decode as tool  # stdlib only at import: torch is imported by run()
-from servescope.cli.common import capture_app, user_errors
+from servescope.cli.apps import capture_app
+from servescope.cli.common import user_errors
 
 
 def _size(key: str) -> Any:

@@ -9,7 +9,8 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from servescope.cli.common import emit, fail, gpu_app, user_errors
+from servescope.cli.apps import gpu_app
+from servescope.cli.common import emit, fail, user_errors
 
 T = TypeVar("T")
 Prefer = Annotated[str, typer.Option("--prefer", help="nvml or nvidia-smi (the other is the fallback).")]

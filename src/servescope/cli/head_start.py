@@ -27,7 +27,7 @@ __all__ = ["VALUE_OPTIONS", "claim", "found", "guess", "release", "start"]
 VALUE_OPTIONS = frozenset({"-o", "--output", "--html", "--taxonomy", "--step-gap-us", "--settings", "--top",
                            "--example-name"})
 """analyze's options that take a value: the argument after one is that value, not a trace
-(tests/cli/test_head_start.py keeps this equal to the command's declaration)."""
+(tests/cli/test_head_start.py keeps this equal to the command's declaration and to servescope.cli.plain's)."""
 
 _pending: ReadAhead | None = None
 _found: tuple[list[Path], Discovery] | None = None  # the paths the guess named, and the traces found in them

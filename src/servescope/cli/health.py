@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from servescope.cli.common import ApiKeyOption, BarProgress, app, emit, user_errors, with_progress
+from servescope.cli.apps import ApiKeyOption, app
+from servescope.cli.common import BarProgress, emit, user_errors, with_progress
 
 if TYPE_CHECKING:
     from servescope.core.health import HealthResult

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from servescope.cli.common import JsonDocumentOut, ModelPreset, app, emit, parse_assignments, user_errors
+from servescope.cli.apps import JsonDocumentOut, ModelPreset, app
+from servescope.cli.common import emit, parse_assignments, user_errors
 
 if TYPE_CHECKING:
     from servescope.core.plan import PlanDoc

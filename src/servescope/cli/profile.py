@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from servescope.cli.common import HtmlReport, JsonDocumentOut, ServerUrl, TopKernels, app, emit, user_errors
+from servescope.cli.apps import HtmlReport, JsonDocumentOut, ServerUrl, TopKernels, app
+from servescope.cli.common import emit, user_errors
 
 if TYPE_CHECKING:
     from servescope.server.profile import ProfileResult

@@ -8,7 +8,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from servescope.cli.common import JsonFlag, MkdirFlag, emit, service_app, user_errors
+from servescope.cli.apps import JsonFlag, MkdirFlag, service_app
+from servescope.cli.common import emit, user_errors
 
 
 def _systemctl_errors() -> type[Exception]:

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from servescope.cli.common import app, emit, user_errors
+from servescope.cli.apps import app
+from servescope.cli.common import emit, user_errors
 
 
 @app.command("settings")

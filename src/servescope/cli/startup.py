@@ -10,6 +10,9 @@ feature code inside itself.
 
 * **the head start** (:mod:`servescope.cli.head_start`): its traces start decoding in child processes before
   typer (~50 ms) and the analysis (numpy, the rules: ~100 ms) are imported;
+* **no typer for plain flags** (:mod:`servescope.cli.plain`): typer's import and command build cost ~25-30 ms of
+  CPU on a 2-core machine that the decoding children need; plain arguments are given to the command as typer would
+  give them, anything else goes through typer;
 * **no cyclic garbage collection**: one pass that makes little cyclic garbage and ends in ``os._exit``; the
   collector's passes over every object the imports made (typer, numpy) cost ~25 ms;
 * **one BLAS thread** (``OPENBLAS_NUM_THREADS=1`` unless the user set it): analyze does no linear algebra, and
@@ -31,7 +34,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import typer
 
-__all__ = ["ALL_MODULES", "COMMAND_MODULES", "FAST_COMMANDS", "finish", "load_commands", "prepare", "release"]
+__all__ = ["ALL_MODULES", "COMMAND_MODULES", "FAST_COMMANDS", "finish", "load_commands", "prepare", "release",
+           "run_plain"]
 
 # Each top-level command (or group) and the modules that declare it; a group's commands may come from more
 # than one module.
@@ -51,11 +55,11 @@ def load_commands(modules: tuple[str, ...]) -> typer.Typer:
     """The root app with the commands of ``modules`` (of ``servescope.cli``) declared on it."""
     import importlib
 
-    from servescope.cli import common
+    from servescope.cli import apps
 
     for name in modules:
         importlib.import_module(f"servescope.cli.{name}")
-    return common.app
+    return apps.app
 
 
 def prepare(command: str | None, args: Sequence[str]) -> None:
@@ -69,6 +73,20 @@ def prepare(command: str | None, args: Sequence[str]) -> None:
     gc.disable()
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     head_start.start(args)  # its traces start decoding now, while typer is imported and parses
+
+
+def run_plain(command: str | None, args: Sequence[str]) -> bool:
+    """Run ``command ARGS`` without typer when it is a fast command whose arguments are plain; False (nothing
+    done) when typer must parse them.
+
+    Raises:
+        SystemExit: the command failed, or was interrupted (as on typer's route).
+    """
+    if command != "analyze":
+        return False
+    from servescope.cli import plain
+
+    return plain.run_plain(args)
 
 
 def finish(command: str | None, code: object) -> None:

@@ -9,17 +9,8 @@ from typing import Annotated
 
 import typer
 
-from servescope.cli.common import (
-    ApiKeyOption,
-    JsonFlag,
-    app,
-    emit,
-    err,
-    fail,
-    parse_assignments,
-    parse_duration,
-    user_errors,
-)
+from servescope.cli.apps import ApiKeyOption, JsonFlag, app
+from servescope.cli.common import emit, err, fail, parse_assignments, parse_duration, user_errors
 from servescope.core.errors import InputError
 
 __all__ = ["tune"]

@@ -21,16 +21,15 @@ Example:
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache, lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
 
+from servescope.core.bundled import bundled_toml
 from servescope.core.errors import InputError
 from servescope.core.files import unreadable
 
@@ -189,8 +188,10 @@ def _entry(name: str, value: Any, source: str, bundled: Category | None) -> Cate
 @cache
 def bundled_taxonomy() -> dict[str, Any]:
     """``servescope/data/taxonomy.toml``, parsed once (shared: read, never change it)."""
-    text = (resources.files("servescope") / "data" / "taxonomy.toml").read_text(encoding="utf-8")
-    return _loads(text, BUILTIN_SOURCE)
+    try:
+        return bundled_toml("taxonomy.toml")
+    except ValueError as exc:  # tomllib.TOMLDecodeError: a broken install
+        raise InputError(BUILTIN_SOURCE, f"bad TOML: {exc}") from None
 
 
 @cache
@@ -213,6 +214,8 @@ def read_taxonomy(path: Path, source: str) -> dict[str, Any]:
 
 
 def _loads(text: str, source: str) -> dict[str, Any]:
+    import tomllib  # only for a user's file: the bundled one comes through servescope.core.bundled
+
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

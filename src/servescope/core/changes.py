@@ -20,16 +20,15 @@ from __future__ import annotations
 import math
 import operator
 import re
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from functools import cache
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from servescope.core.analysis import SettingEvidence
+from servescope.core.bundled import bundled_toml
 from servescope.core.engines import check_engine
 from servescope.core.errors import InputError
 from servescope.core.messages import format_message
@@ -138,7 +137,7 @@ class Matched(msgspec.Struct, kw_only=True, frozen=True):
 
 @cache
 def _bundled_data() -> dict[str, Any]:
-    data: dict[str, Any] = tomllib.loads((files("servescope") / "data" / "changes.toml").read_text(encoding="utf-8"))
+    data: dict[str, Any] = bundled_toml("changes.toml")
     check_engine(data.get("engine"), "data/changes.toml", "engine")  # an engine of data/engines.toml
     return data
 
@@ -162,6 +161,8 @@ def load_catalogue(extra: Path | None = None) -> dict[str, dict[str, Any]]:
     catalogue = dict(_bundled())
     if extra is None:
         return catalogue
+    import tomllib  # here: the bundled catalogue is read from the parsed-data cache (servescope.core.bundled)
+
     try:
         data = tomllib.loads(extra.read_text(encoding="utf-8"))
     except OSError as exc:

@@ -15,14 +15,13 @@ Example:
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Sequence
 from functools import cache
-from importlib import resources
 from pathlib import PurePath
 
 import msgspec
 
+from servescope.core.bundled import bundled_toml
 from servescope.core.errors import InputError
 
 __all__ = ["ENGINES_FILE", "Engine", "EngineDefault", "check_engine", "detect_engine", "engine", "engine_ids",
@@ -86,9 +85,8 @@ def _compiled(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
 @cache
 def engines() -> tuple[Engine, ...]:
     """Every engine of ``engines.toml``, in the file's order."""
-    text = resources.files("servescope").joinpath("data", "engines.toml").read_text(encoding="utf-8")
     try:
-        return msgspec.convert(tomllib.loads(text).get("engine", []), tuple[Engine, ...])
+        return msgspec.convert(bundled_toml("engines.toml").get("engine", []), tuple[Engine, ...])
     except msgspec.ValidationError as exc:
         raise InputError(ENGINES_FILE, str(exc)) from exc
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from importlib.resources import files
-from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servescope.core.errors import InputError
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
 
 __all__ = ["HARDWARE_DIR", "hardware_profile_names", "read_bytes", "read_json", "read_text", "unreadable"]
 
@@ -23,6 +23,10 @@ def read_json(path: str | Path | Traversable, *, source: str | None = None) -> A
     Raises:
         InputError: the file cannot be read or is not JSON; named ``source`` (default: the path).
     """
+    # imported here, as importlib.resources is below: the trace decoder imports this module (unreadable) before
+    # its children fork, where json and importlib.resources cost ~7 ms
+    import json
+
     where = source if source is not None else str(path)
     try:
         text = (Path(path) if isinstance(path, str) else path).read_text(encoding="utf-8")
@@ -77,5 +81,7 @@ def unreadable(source: str, exc: OSError | UnicodeDecodeError,
 
 def hardware_profile_names() -> list[str]:
     """Names of the bundled hardware profiles (``data/hardware/*.toml``), sorted."""
+    from importlib.resources import files
+
     folder = files("servescope").joinpath(*HARDWARE_DIR)
     return sorted(p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml"))

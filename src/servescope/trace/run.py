@@ -77,6 +77,7 @@ def analyze_traces(paths: Sequence[Path], *, example: bool = False, example_name
             warn(line)
     claimed = head_start.claim(found) if head_start is not None else None
     with claimed or ReadAhead(found, min_files=1) as read_ahead:  # decoding starts before the analysis' imports
+        from servescope.core.next_steps import analysis_next_steps  # all imported while the traces decode
         from servescope.trace.analyze import AnalyzeRequest, analyze
 
         request = AnalyzeRequest(paths=discovery, taxonomy=taxonomy, step_gap_us=step_gap_us,

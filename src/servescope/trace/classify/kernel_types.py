@@ -80,10 +80,11 @@ def name_role(taxonomy: Taxonomy, name: str, category: str) -> str | None:
     its name is evidence of: operation words only for ``operation_only`` categories; a ``quantize`` whose
     template arguments state types, none of them (nor its operation words) low precision, is none."""
     operation_only, high, low = _evidence()
-    parts = name_parts(name)
-    role = taxonomy.precision(parts.operation if category in operation_only else parts.text, "name")
+    parts = name_parts(name) if category in operation_only else None  # the rest only where a quantize needs it
+    role = taxonomy.precision(parts.operation if parts is not None else demangle(name), "name")
     if role != "quantize":
         return role
+    parts = parts or name_parts(name)
     stated_low = any(p.search(a) for a in parts.arguments for p in low) or any(p.search(parts.operation) for p in low)
     stated_high = any(p.search(a) for a in parts.arguments for p in high)
     return None if stated_high and not stated_low else role

@@ -5,9 +5,9 @@ gets a *precision role* (``quantize``, ``dequantize``, ``cast``, or none) by the
 rules, read as data from ``servescope/data/taxonomy.toml``:
 
 * by its **name** (each distinct kernel name once, demangled), read from what the name is evidence of
-  (:mod:`servescope.trace.kernel_types`): an attention, GEMM or MoE kernel by its operation words only, never by
-  a word or an operand type among its template parameters; a typed quantization kernel whose stated types are all
-  high precision writes high precision (aiter's ``add_rmsnorm_quant_kernel<bf16, bf16, …>``): no role. vLLM's
+  (:mod:`servescope.trace.classify.kernel_types`): an attention, GEMM or MoE kernel by its operation words only,
+  never by a word or an operand type among its template parameters; a typed quantization kernel whose stated types
+  are all high precision writes high precision (aiter's ``add_rmsnorm_quant_kernel<bf16, bf16, …>``): no role. vLLM's
   ``dynamic_per_token_scaled_fp8_quant_kernel``,
   Inductor's ``triton_red_fused__to_copy_abs_clamp_…_fused_add_rms_norm_…`` (abs, clamp and ``_to_copy`` in
   one kernel: dynamic fp8 activation scales), PyTorch's ``unrolled_elementwise_kernel<direct_copy…,

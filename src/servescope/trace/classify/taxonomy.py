@@ -1,11 +1,11 @@
 """Kernel and operator names → categories (``gemm``, ``comm.all_reduce``, …), by ordered rules kept as data.
 
 The rules live in ``servescope/data/taxonomy.toml``, whose header documents the schema (read and checked by
-:mod:`servescope.trace.taxonomy_file`). Each rule lists regular expressions searched in the operation's name; the
-first rule that matches names the category, and a name no rule matches is ``other``. Memory copies and sets are
-categorised by their event kind, not their name. A user file in the same schema is tried before the bundled rules,
+:mod:`servescope.trace.classify.taxonomy_file`). Each rule lists regular expressions searched in the operation's
+name; the first rule that matches names the category, and a name no rule matches is ``other``. Memory copies and
+sets are categorised by their event kind, not their name. A user file in the same schema is tried before the bundled rules,
 so it can correct a misclassification or add categories without editing the package. Its ``[[precision]]`` rules
-say, apart from the category, which kernels quantize, dequantize or cast (:mod:`servescope.trace.precision`).
+say, apart from the category, which kernels quantize, dequantize or cast (:mod:`servescope.trace.classify.precision`).
 
 Example:
     >>> tax = load_taxonomy()
@@ -17,11 +17,11 @@ Example:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+from servescope.core.bundled import code_stamp, data_stamp, read_derived, write_derived
 from servescope.core.categories import (
     BUILTIN_SOURCE,
     CATEGORY_OTHER,
@@ -30,6 +30,8 @@ from servescope.core.categories import (
     bundled_taxonomy,
     read_taxonomy,
 )
+from servescope.core.needle import Needled, keep_needles
+from servescope.trace.classify import taxonomy_file
 from servescope.trace.classify.taxonomy_file import (
     FIXED,
     FRAME_KINDS,
@@ -83,7 +85,15 @@ def load_taxonomy(path: str | Path | None = None) -> Taxonomy:
 
 @cache
 def _bundled() -> TaxonomyFile:
-    return parse_taxonomy(bundled_taxonomy(), BUILTIN_SOURCE, bundled=None)
+    """The bundled taxonomy, checked; its ~150 regexes compiled to check them only the first time this install
+    reads this very file (then noted in the cache folder of servescope.core.bundled: ~7 ms a run)."""
+    data = data_stamp("taxonomy.toml")
+    stamp = f"{data} {code_stamp(taxonomy_file.__file__)}"  # this file, checked by this code
+    checked = bool(data) and read_derived("taxonomy-checked", stamp) is not None
+    parsed = parse_taxonomy(bundled_taxonomy(), BUILTIN_SOURCE, bundled=None, regexes_checked=checked)
+    if data and not checked:
+        write_derived("taxonomy-checked", stamp, {})
+    return parsed
 
 
 @dataclass(frozen=True)
@@ -121,6 +131,9 @@ class Taxonomy:
         frames = [(rule.kinds, _matcher(rule)) for rule in self.launch_rules]
         object.__setattr__(self, "_by_frame",
                            {kind: tuple(m for kinds, m in frames if kind in kinds) for kind in FRAME_KINDS})
+        for precision in self.precision_rules:  # compiled now: analyze loads the taxonomy while the traces decode
+            precision.compile()
+        keep_needles()
 
     def marked(self, mark: str) -> list[str]:
         """The categories whose entry sets the boolean ``mark`` (``generic``, ``by_name``)."""
@@ -140,7 +153,9 @@ class Taxonomy:
     def precision(self, name: str, on: str) -> str | None:
         """The role (``quantize``, ``dequantize``, ``cast``) of the first precision rule reading ``on`` (``name``:
         a kernel's own name; ``launch``: a cpu_op around its launch) that ``name`` matches, or None."""
-        return next((rule.role for rule in self.precision_rules if rule.on == on and rule.matches(name)), None)
+        lower = name.lower() if name.isascii() else None
+        return next((rule.role for rule in self.precision_rules if rule.on == on and rule.matches(name, lower)),
+                    None)
 
     def classify(self, name: str, kind: str) -> str:
         """The category of an operation named ``name`` of event kind ``kind``.
@@ -153,14 +168,23 @@ class Taxonomy:
         Raises:
             ValueError: ``kind`` is not one of the four.
         """
+        return self.decide(name, kind)[0]
+
+    def decide(self, name: str, kind: str) -> tuple[str, Rule | None]:
+        """The category of an operation named ``name`` of event kind ``kind`` (as :meth:`classify`) and the name
+        rule that gave it (None: a copy or set, or no rule matched).
+
+        Raises:
+            ValueError: ``kind`` is not one of the four.
+        """
         fixed = FIXED.get(kind)
         if fixed is not None:
-            return fixed
+            return fixed, None
         matchers = self._by_kind.get(kind)
         if matchers is None:
             raise ValueError(f"kind {kind!r} is not one of: {', '.join(_KINDS)}")
         found = _first(matchers, name)
-        return found[0] if found is not None else CATEGORY_OTHER
+        return (found[0], found[4]) if found is not None else (CATEGORY_OTHER, None)
 
     def is_communication(self, category: str) -> bool:
         """Whether ``category`` belongs to the ``communication`` group (False for unknown names)."""
@@ -168,7 +192,7 @@ class Taxonomy:
 
 
 # A rule as classify tests it: (category, ignore_case, plain-text patterns, other regexes, the rule).
-_Matcher = tuple[str, bool, tuple[str, ...], tuple[re.Pattern[str], ...], Rule]
+_Matcher = tuple[str, bool, tuple[str, ...], tuple[Needled, ...], Rule]
 
 
 def _matcher(rule: Rule) -> _Matcher:
@@ -177,15 +201,16 @@ def _matcher(rule: Rule) -> _Matcher:
     Python's ``re`` tries every alternative at every position of a name, and demangled kernel names run
     to a thousand characters. So the plain-text patterns (most of them) are tested with ``in``, on the
     lower-cased name for ``ignore_case`` rules (the same as IGNORECASE for ASCII text), and only the rest
-    as regexes, one at a time so that ``^``-anchored ones stop at the first character.
+    as regexes, one at a time so that ``^``-anchored ones stop at the first character, each only where the name
+    holds the plain text every match of it contains (:class:`~servescope.core.needle.Needled`).
     """
     literals: list[str] = []
-    regexes: list[re.Pattern[str]] = []
+    regexes: list[Needled] = []
     for text in rule.patterns:
         if is_literal(text):
             literals.append(text.lower() if rule.ignore_case else text)
         else:
-            regexes.append(re.compile(text, rule.flags))
+            regexes.append(Needled.of(text, rule.flags))
     return rule.category, rule.ignore_case, tuple(literals), tuple(regexes), rule
 
 
@@ -206,6 +231,6 @@ def _first(matchers: tuple[_Matcher, ...], name: str) -> _Matcher | None:
         elif literals and any(map(in_name, literals)):
             return matcher
         for regex in regexes:
-            if regex.search(name) is not None:
+            if regex.found(name, folded):
                 return matcher
     return None

@@ -2,7 +2,7 @@
 
 Bases, best first (:data:`servescope.core.analysis.BASES`):
 
-* ``op``: the frames around its launch (:mod:`servescope.trace.launch`): the operator, annotation, module or
+* ``op``: the frames around its launch (:mod:`servescope.trace.classify.launch`): the operator, annotation, module or
   python function that launched it, or the run of operators it belongs to;
 * ``graph``: a kernel replayed from a CUDA/HIP graph has no launching frames; with the graph-capture trace
   given beside the replay, the kernels the capture launched (named in their launch records, with their own
@@ -94,15 +94,13 @@ def _name_categories(data: TraceData, names: npt.NDArray[np.int32], kinds: npt.N
     distinct, inverse = np.unique(key, return_inverse=True)
     if len(key) == 0:
         return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=bool)
-    of_distinct = np.array(
-        [index[taxonomy.classify(data.names[int(k) // 8], KIND_NAMES[int(k) % 8])] for k in distinct.tolist()],
-        dtype=np.int32,
-    )
+    of_distinct = np.zeros(len(distinct), dtype=np.int32)
     outranks = np.zeros(len(distinct), dtype=bool)
     for i, k in enumerate(distinct.tolist()):
-        if KIND_NAMES[k % 8] == "kernel":
-            rule = taxonomy.name_rule(data.names[k // 8], "kernel")
-            outranks[i] = rule is not None and rule.outranks_launch
+        kind = KIND_NAMES[k % 8]
+        category, rule = taxonomy.decide(data.names[k // 8], kind)  # one match gives both answers
+        of_distinct[i] = index[category]
+        outranks[i] = kind == "kernel" and rule is not None and rule.outranks_launch
     return of_distinct[inverse], outranks[inverse]
 
 

@@ -1,4 +1,4 @@
-"""Decoded events sorted into the tables of a :class:`~servescope.trace.table.TraceData`, and the trace assembled.
+"""Decoded events sorted into the tables of a :class:`~servescope.trace.read.table.TraceData`, and the trace assembled.
 
 :class:`Collector` takes the events of each decoded block in one pass: device work, CPU operators, runtime
 launches (with a correlation id), python frames and annotations each go to their table in event order, names

@@ -1,7 +1,7 @@
 """Where traces are: the files a user names (directories searched) and the bundled examples.
 
 Standard library only, so the CLI can find the files and start reading them
-(:class:`~servescope.trace.readahead.ReadAhead`) before it imports the analysis.
+(:class:`~servescope.trace.read.readahead.ReadAhead`) before it imports the analysis.
 """
 
 from __future__ import annotations

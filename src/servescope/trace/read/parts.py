@@ -1,8 +1,8 @@
 """A big trace decoded in parts: each part the whole events of one byte range, the parts joined in order.
 
-The read-ahead (:mod:`servescope.trace.readahead`) forks a process per part; each decodes its range of the
+The read-ahead (:mod:`servescope.trace.read.readahead`) forks a process per part; each decodes its range of the
 same mapped or inflated JSON into a picklable :class:`Part`, and the caller joins them into one
-:class:`~servescope.trace.table.TraceData`, names and threads interned anew. No numpy here.
+:class:`~servescope.trace.read.table.TraceData`, names and threads interned anew. No numpy here.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def decode_part(path: Path, index: int, parts: int) -> Part:
 
     Raises:
         ValueError: the file is not an object-form trace of the usual layout, or a block of the range does not
-            decode alone (:func:`~servescope.trace.decode.decode_trace` must decide).
+            decode alone (:func:`~servescope.trace.read.trace_json.decode_trace` must decide).
     """
     with _json_of(path) as buf:
         return _part(buf, index, parts)

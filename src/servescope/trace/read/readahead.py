@@ -3,13 +3,13 @@
 Decoding a trace is CPU work in one thread (msgspec holds the GIL), and so is importing numpy and the
 analysis modules; with two or more cores they can run at once. :class:`ReadAhead` forks its children
 *before* its caller imports anything heavy (this module imports only the standard library); each imports
-just the decoder (:mod:`servescope.trace.decode`) and sends what it decodes back through a pipe, one pickle
+just the decoder (:mod:`servescope.trace.read.trace_json`) and sends what it decodes back through a pipe, one pickle
 at a time, read by a thread per child so that no child waits on a full pipe.
 
 Up to one child per core is started, each decoding its share of the files, biggest first. One file of over
 ``SPLIT_BYTES`` of JSON, read alone, is cut into byte ranges instead, each moved to the next event boundary
-(:func:`~servescope.trace.decode.decode_parts`): one child maps or inflates the file once and forks a helper per
-range but its own, which decode from that one copy; the child passes their parts on after its own, and the
+(:func:`~servescope.trace.read.trace_json.decode_parts`): one child maps or inflates the file once and forks a helper
+per range but its own, which decode from that one copy; the child passes their parts on after its own, and the
 caller joins them in order. (Sharing one gzip file's blocks between a child and the caller was tried: the
 caller must inflate the file again to help, which costs what its help saves.)
 
@@ -124,7 +124,7 @@ class ReadAhead:
         """The decoded trace at ``path``: from its child when it delivered it, else decoded here.
 
         Raises:
-            InputError: the file is not a readable trace (as :func:`~servescope.trace.decode.decode_trace`).
+            InputError: the file is not a readable trace (as :func:`~servescope.trace.read.trace_json.decode_trace`).
         """
         from servescope.core.errors import InputError
 

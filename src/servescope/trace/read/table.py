@@ -1,7 +1,7 @@
 """The one column type of a decoded trace: :class:`Table`, a row per event, and :class:`TraceData`, its tables.
 
-The decoder (:mod:`servescope.trace.decode`) appends rows to plain ``array`` columns (a read-ahead child that
-decodes imports no numpy, see :mod:`servescope.trace.readahead`, and pickles them as they are); analysis reads
+The decoder (:mod:`servescope.trace.read.trace_json`) appends rows to plain ``array`` columns (a read-ahead child that
+decodes imports no numpy, see :mod:`servescope.trace.read.readahead`, and pickles them as they are); analysis reads
 the same columns as numpy arrays over those buffers, made on first read without a copy. After that first read
 a table no longer grows: its buffers are exported, and an append raises ``BufferError``.
 """

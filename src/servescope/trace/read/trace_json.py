@@ -1,7 +1,7 @@
 """Trace JSON (``.json``, ``.json.gz``) as torch.profiler, vLLM and SGLang write it → :class:`TraceData`.
 
-Only what analysis needs is kept, in the tables of :mod:`servescope.trace.table` with interned names (no numpy
-here: this module is what a read-ahead child process imports, see :mod:`servescope.trace.readahead`):
+Only what analysis needs is kept, in the tables of :mod:`servescope.trace.read.table` with interned names (no numpy
+here: this module is what a read-ahead child process imports, see :mod:`servescope.trace.read.readahead`):
 
 * device work: ``kernel``, ``gpu_memcpy``, ``gpu_memset`` events (their correlation ids and the
   collective size args newer Kineto puts on NCCL kernels);
@@ -13,12 +13,12 @@ here: this module is what a read-ahead child process imports, see :mod:`servesco
   stack that says what launched each kernel;
 * the kernel name a runtime launch records in its args (graph-capture traces: the kernels captured, not run).
 
-Events are decoded with msgspec into typed Structs that name only these fields (:mod:`~servescope.trace.events`),
-one block of the ``traceEvents`` array at a time (:mod:`~servescope.trace.jsonscan`), and sorted into tables as
-they come (:mod:`~servescope.trace.collect`), so a trace of a gigabyte never exists as a gigabyte of Python
+Events are decoded with msgspec into typed Structs that name only these fields (:mod:`~servescope.trace.read.events`),
+one block of the ``traceEvents`` array at a time (:mod:`~servescope.trace.read.jsonscan`), and sorted into tables as
+they come (:mod:`~servescope.trace.read.collect`), so a trace of a gigabyte never exists as a gigabyte of Python
 objects. A file up to 128 MiB of JSON is inflated at once (libdeflate) and cut into blocks in
 place; a bigger one is inflated and decoded as a stream. A big trace can also be decoded in parts by several
-processes (:mod:`~servescope.trace.parts`).
+processes (:mod:`~servescope.trace.read.parts`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A finding's advice: kept only where the deployment does not already follow it, each with what it would save.
 
 A piece of advice in ``data/findings.toml`` may name the deployment ``setting`` it changes and the values that
-mean it is already ``in_place``; :mod:`servescope.trace.deployment` tells the setting's value and its source.
+mean it is already ``in_place``; :mod:`servescope.trace.rules.deployment` tells the setting's value and its source.
 Where the value is in place the advice is dropped and the finding says what it checked; where no source told,
 the advice stays and says so. ``gain`` turns a fact of the phase (µs per step) into the range the change would
 save: ``[low, high]`` × the basis, with the sentence that says why (the ranges are checked against measured A/B

@@ -12,20 +12,20 @@ from __future__ import annotations
 
 import re
 import shlex
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from servescope.core.analysis import AnalysisDoc, SettingEvidence, StepReference, StepRow
+from servescope.core.bundled import bundled_toml
 from servescope.core.document import decode as decode_document
 from servescope.core.document import read_document
 from servescope.core.engines import ENGINES_FILE, engine_words, engines
 from servescope.core.errors import InputError
+from servescope.core.needle import Needled, keep_needles, needled
 from servescope.core.settings import SettingsDoc
 from servescope.trace.read.files import Discovery
 from servescope.trace.read.table import TraceData, distinct_ids
@@ -55,13 +55,17 @@ class DeploymentInput(msgspec.Struct, frozen=True, kw_only=True):
 @cache
 def load_deployment_rules() -> dict[str, Any]:
     """The bundled ``data/deployment.toml``: ``settings`` by id."""
-    data = tomllib.loads((files("servescope") / "data" / "deployment.toml").read_text(encoding="utf-8"))
+    data = bundled_toml("deployment.toml")
     settings = data.get("settings", {})
     for e in engines():  # each engine's defaults ([[engine.default]] in data/engines.toml) name a setting here
         unknown = next((d.setting for d in e.default if d.setting not in settings), None)
         if unknown is not None:
             raise InputError(ENGINES_FILE, f"engine {e.id}: default of setting {unknown!r}, which "
                                            "data/deployment.toml does not define")
+    for spec in settings.values():  # the patterns compiled once, their needles kept for the next runs
+        for key in ("frames_on", "frames_off", "kernels"):
+            needled(tuple(spec.get(key, ())))
+    keep_needles()
     return data
 
 
@@ -140,9 +144,9 @@ def _from_input(inp: DeploymentInput, rules: Mapping[str, Any]) -> dict[str, Set
 
 def _first_match(traces: Sequence[TraceData], ids: Sequence[Iterable[int]], patterns: Sequence[str]) -> str | None:
     """The first name (of the traces' ``ids``) that one of ``patterns`` matches, else None."""
-    compiled = [re.compile(p) for p in patterns]
+    compiled = needled(tuple(patterns))
     return next((d.names[i] for d, each in zip(traces, ids, strict=True) for i in each
-                 if any(p.search(d.names[i]) for p in compiled)), None)
+                 if any(p.found(d.names[i]) for p in compiled)), None)
 
 
 def _from_trace(traces: Sequence[TraceData], steps: Sequence[Sequence[StepRow]],
@@ -210,12 +214,15 @@ def _from_trace(traces: Sequence[TraceData], steps: Sequence[Sequence[StepRow]],
     return out
 
 
+_HIP_NAMES = Needled.of(r"(?i)rccl|hipLaunch|_ZN7ck_tile|aiter")
+
+
 def _platform(traces: Sequence[TraceData]) -> SettingEvidence:
     devices = {d.metadata.get("device_name", "") for d in traces} - {""}
     names = [d.names[i] for d in traces for i in distinct_ids(d.device.name).tolist()[:5000]]
     if any("AMD" in dev or "Instinct" in dev for dev in devices):
         return SettingEvidence(value="rocm", source="trace", detail=f"the device ({sorted(devices)[0]})")
-    if any(re.search(r"(?i)rccl|hipLaunch|_ZN7ck_tile|aiter", n) for n in names):
+    if any(_HIP_NAMES.found(n) for n in names):
         return SettingEvidence(value="rocm", source="trace", detail="HIP/RCCL kernel names")
     if any("NVIDIA" in dev for dev in devices):
         return SettingEvidence(value="cuda", source="trace", detail=f"the device ({sorted(devices)[0]})")

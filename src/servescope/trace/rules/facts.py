@@ -3,10 +3,10 @@
 The analysis document holds shares per category; some questions need the raw intervals instead:
 
 * **graph replays**: a device operation launched by a runtime ``cudaGraphLaunch`` / ``hipGraphLaunch`` was
-  replayed from a CUDA/HIP graph (:attr:`~servescope.trace.work.Work.replayed`). Its share of the device time,
+  replayed from a CUDA/HIP graph (:attr:`~servescope.trace.classify.work.Work.replayed`). Its share of the device time,
   for the whole rank and per phase, says whether the engine already uses graphs there. Which steps replayed
   graphs, and how much, is decided once, by the steps (``Steps.graph_us``: the work each step launched), and kept
-  in each step's measures (:mod:`servescope.trace.measures`), which the rules and the deployment read.
+  in each step's measures (:mod:`servescope.trace.steps.measures`), which the rules and the deployment read.
 * **graph capture**: a kernel launched between a runtime ``cudaStreamBeginCapture`` / ``hipStreamBeginCapture``
   and its ``EndCapture`` on the same thread is recorded into a graph, not run: a trace of an engine's start-up
   (or a tool's capture pass) holds such launches and few kernels. Their count against the kernels that ran says
@@ -14,9 +14,9 @@ The analysis document holds shares per category; some questions need the raw int
 * **idle gaps**: a step's idle time is its span less the union of its work. Whether that idle is a steady
   state (many short host-side gaps in every step: launch bound) or one long gap (a host pause before one
   big prefill) needs the largest single gap of each step, which only the intervals give: measured once with the
-  step's other measures (:class:`~servescope.trace.measures.StepMeasure`).
+  step's other measures (:class:`~servescope.trace.steps.measures.StepMeasure`).
 
-Everything here is vectorised over the rank's work (:class:`~servescope.trace.work.Work`, selected once).
+Everything here is vectorised over the rank's work (:class:`~servescope.trace.classify.work.Work`, selected once).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 
 from servescope.core.analysis import StepRow
 from servescope.trace.classify.work import Work, select_work
-from servescope.trace.read.table import KIND_KERNEL, TraceData
+from servescope.trace.read.table import KIND_KERNEL, TraceData, distinct_ids
 from servescope.trace.steps.find import Steps, find_steps
 from servescope.trace.steps.measures import StepMeasures, measure_steps
 
@@ -57,7 +57,7 @@ def _captures(data: TraceData) -> tuple[int, int]:
     if not len(calls):
         return 0, 0
     kinds = {i: ("begin" if _BEGIN.match(n) else "end" if _END.match(n) else "launch" if _LAUNCH.match(n) else None)
-             for i, n in ((int(i), data.names[int(i)]) for i in np.unique(calls.name))}
+             for i, n in ((int(i), data.names[int(i)]) for i in distinct_ids(calls.name))}
     if "begin" not in kinds.values():
         return 0, 0
     open_at: dict[int, bool] = {}
@@ -79,7 +79,7 @@ def rank_facts(data: TraceData, rank: int, steps: list[StepRow], work: Work | No
     """Graph replays, graph captures and the step measures of one rank, over the steps the breakdown measured.
 
     ``work``: the rank's work as the analysis selected it (selected from ``data`` when not given); ``found``: its
-    steps as :func:`~servescope.trace.steps.find_steps` found them (found again when not given); ``measures``:
+    steps as :func:`~servescope.trace.steps.find.find_steps` found them (found again when not given); ``measures``:
     the steps' measures kept in the rank's context (measured from those when not given).
     """
     work = work if work is not None else select_work(data)

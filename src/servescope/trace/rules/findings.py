@@ -3,19 +3,16 @@
 Rules, thresholds, conditions and messages live in ``data/findings.toml``; this module computes the named
 *facts* a rule's metric and conditions refer to, evaluates each rule where its scope says (each rank and phase,
 each rank, each phase across ranks) and keeps only the advice the trace does not already follow;
-:mod:`servescope.trace.merge` makes one finding of each cause across ranks and phases. Every finding carries its
+:mod:`servescope.trace.rules.merge` makes one finding of each cause across ranks and phases. Every finding carries its
 evidence: the values its message cites, the metric's range and where it held, so a reader can check the claim
 against the tables.
 """
 
 from __future__ import annotations
 
-import re
 import statistics
-import tomllib
 from collections.abc import Mapping, Sequence
 from functools import cache
-from importlib.resources import files
 from typing import Any
 
 import msgspec
@@ -30,9 +27,11 @@ from servescope.core.analysis import (
     SettingEvidence,
     StepReference,
 )
+from servescope.core.bundled import bundled_toml
 from servescope.core.categories import CATEGORY_OTHER, Category, bundled_categories
 from servescope.core.errors import InputError
 from servescope.core.kernel_names import shorten_kernel_name
+from servescope.core.needle import keep_needles, needled
 from servescope.trace.classify.precision import quant_facts
 from servescope.trace.rules.advice import advice_for, host_values
 from servescope.trace.rules.engine import ENGINE_SETTING
@@ -80,27 +79,23 @@ def check_categories(data: Mapping[str, Any], source: str, categories: Mapping[s
 
 @cache
 def _load_rules_cached() -> dict[str, Any]:
-    text = (files("servescope") / "data" / "findings.toml").read_text(encoding="utf-8")
-    data = tomllib.loads(text)
+    data = bundled_toml("findings.toml")
     check_verdicts(data, "data/findings.toml")
     check_categories(data, "data/findings.toml", bundled_categories())
     for table in ("kernels", "conditions"):  # compiled now: analyze loads the rules while the traces decode
         for spec in data.get(table, {}).values():
             for key in ("patterns", "exclude", "kernels"):
                 if isinstance(spec.get(key), list):
-                    _compiled(tuple(spec[key]))
+                    needled(tuple(spec[key]))
+    keep_needles()
     return data
 
 
-@cache
-def _compiled(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
-    return tuple(re.compile(p) for p in patterns)
-
-
 def _matches(name: str, spec: Mapping[str, Any], key: str = "patterns") -> bool:
-    if not any(p.search(name) for p in _compiled(tuple(spec.get(key, ())))):
+    lower = name.lower() if name.isascii() else None
+    if not any(p.found(name, lower) for p in needled(tuple(spec.get(key, ())))):
         return False
-    return not any(p.search(name) for p in _compiled(tuple(spec.get("exclude", ()))))
+    return not any(p.found(name, lower) for p in needled(tuple(spec.get("exclude", ()))))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -339,10 +334,10 @@ def find_bottlenecks(ranks: list[RankAnalysis], across: list[CrossRankStats], ke
     Args:
         comm_categories: the taxonomy's communication categories.
         msg_bytes: per rank, the message sizes collective kernels recorded (may be empty).
-        facts: per rank, graph replays and idle gaps (:func:`servescope.trace.facts.rank_facts`); without
+        facts: per rank, graph replays and idle gaps (:func:`servescope.trace.rules.facts.rank_facts`); without
             them no rule that needs them fires.
         rules_data: the findings data to apply (default: the bundled :func:`load_rules`).
-        deployment: the effective settings advice is checked against (:mod:`servescope.trace.deployment`).
+        deployment: the effective settings advice is checked against (:mod:`servescope.trace.rules.deployment`).
         reference: the decode step timed without the profiler (``profile``), for what the profiler stretched.
         categories: the taxonomy's categories (default: the bundled ones), whose marks say which a fact sums.
     """

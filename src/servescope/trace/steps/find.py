@@ -1,6 +1,6 @@
 """Find the steps of a trace and attribute each piece of work to the step that launched it.
 
-Step formats are data (``servescope/data/steps.toml``, read by :mod:`servescope.trace.formats`), tried in its
+Step formats are data (``servescope/data/steps.toml``, read by :mod:`servescope.trace.steps.formats`), tried in its
 order, the engines' own markers first:
 
 1. vLLM's per-step annotation ``execute_context_X(Y)_generation_Z(W)``: X prefill requests with Y tokens,
@@ -19,7 +19,7 @@ too large for the captured sizes; where some steps replay the whole forward as o
 uniform decode batches, a step that replays it in pieces has prompt work: prefill, or prefill and decode
 mixed, which only the engine's annotation tells apart); else ``unknown``.
 
-Device work is attributed through its launch (:attr:`~servescope.trace.work.Work.launch`): a kernel carries the
+Device work is attributed through its launch (:attr:`~servescope.trace.classify.work.Work.launch`): a kernel carries the
 correlation id of the runtime call that launched it (``cudaLaunchKernel``; one ``cudaGraphLaunch`` for every
 kernel of a graph replay), and that call lies inside the CPU-side step mark. Work on CPU threads (traces without
 device events) is attributed by time: the step whose range contains the op's start.

@@ -2,21 +2,20 @@
 
 Each ``[[step]]`` entry is one engine's step marker (vLLM's ``execute_context_…_generation_…`` annotations,
 SGLang's ``step[DECODE bs=32]``, vLLM V1's ``execute_model`` frames, ``ProfilerStep#N``), tried in the file's
-order by :func:`servescope.trace.steps.find_steps`; each ``[[rank_name]]`` a file-name format that states a rank,
-and each ``[[frontend]]`` one that marks a front end's trace, read by :mod:`servescope.trace.ranks`. A new engine's
-format is a new entry (with its real trace, which the tests run it on), not code.
+order by :func:`servescope.trace.steps.find.find_steps`; each ``[[rank_name]]`` a file-name format that states a rank,
+and each ``[[frontend]]`` one that marks a front end's trace, read by :mod:`servescope.trace.steps.ranks`. A new
+engine's format is a new entry (with its real trace, which the tests run it on), not code.
 """
 
 from __future__ import annotations
 
 import re
-import tomllib
 from functools import cache
-from importlib.resources import files
 from typing import Any
 
 import msgspec
 
+from servescope.core.bundled import bundled_toml
 from servescope.core.engines import check_engine, engine
 
 __all__ = ["COUNTS", "MARKERS", "FrontendFormat", "RankNameFormat", "StepFormat", "StepFormats",
@@ -99,7 +98,7 @@ class StepFormats(msgspec.Struct, frozen=True):
     rank_names: tuple[RankNameFormat, ...]
     frontends: tuple[FrontendFormat, ...]
     # [overlap]: a step's work still running this share of its span after the next step's began marks the steps
-    # as overlapping (their windows then follow the cadence: servescope.trace.cadence)
+    # as overlapping (their windows then follow the cadence: servescope.trace.steps.cadence)
     overlap_tolerance: float = 0.01
     training_ops: tuple[re.Pattern[str], ...] = ()  # [training] ops: a backward pass or an optimizer step
     gaps_source: str = "gaps"  # [fallback]: the step_source of steps split at idle gaps
@@ -143,7 +142,7 @@ def _entry(raw: dict[str, Any], where: str) -> dict[str, Any]:
 @cache
 def step_formats() -> StepFormats:
     """The bundled ``steps.toml``, read once."""
-    data = tomllib.loads((files("servescope") / "data" / "steps.toml").read_text(encoding="utf-8"))
+    data = bundled_toml("steps.toml")
     return StepFormats(
         steps=tuple(StepFormat(**_entry(raw, "[[step]]")) for raw in data.get("step", [])),
         rank_names=tuple(RankNameFormat(**_entry(raw, "[[rank_name]]")) for raw in data.get("rank_name", [])),
