@@ -2,8 +2,8 @@
 
 The rules live in ``servescope/data/taxonomy.toml``, whose header documents the schema (read and checked by
 :mod:`servescope.trace.classify.taxonomy_file`). Each rule lists regular expressions searched in the operation's
-name; the first rule that matches names the category, and a name no rule matches is ``other``. Memory copies and
-sets are categorised by their event kind, not their name. A user file in the same schema is tried before the bundled rules,
+name; the first rule that matches names the category, and a name no rule matches is ``other``. Memory copies and sets
+are categorised by their event kind, not their name. A user file in the same schema is tried before the bundled rules,
 so it can correct a misclassification or add categories without editing the package. Its ``[[precision]]`` rules
 say, apart from the category, which kernels quantize, dequantize or cast (:mod:`servescope.trace.classify.precision`).
 
