@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servescope.trace.analyze import AnalyzeRequest, analyze
-from servescope.trace.steps.breakdown import union_us
+from servescope.trace.steps.cadence import union_us
 from tracefiles import TRACES
 
 

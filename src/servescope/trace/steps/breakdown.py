@@ -39,12 +39,12 @@ from servescope.trace.classify.taxonomy import Taxonomy
 from servescope.trace.classify.work import Work
 from servescope.trace.classify.work_category import CaptureReference, Classified, classify_work, first_most
 from servescope.trace.read.table import KIND_NAMES, TraceData, distinct_ids
-from servescope.trace.steps.cadence import follow_cadence
+from servescope.trace.steps.cadence import follow_cadence, union_us
 from servescope.trace.steps.collectives import phase_collectives
 from servescope.trace.steps.find import PHASES, Steps
 from servescope.trace.steps.formats import step_formats
 
-__all__ = ["RankBreakdown", "StepComm", "break_down", "union_us"]
+__all__ = ["RankBreakdown", "StepComm", "break_down"]
 
 
 class StepComm(msgspec.Struct, frozen=True):
@@ -63,18 +63,6 @@ class RankBreakdown(msgspec.Struct, frozen=True):
     unattributed_us: float
     basis_share: dict[str, float]  # share of the work time decided by each basis
     overlap: StepOverlap | None = None  # the steps' work overlapped: measured at their cadence (trace.cadence)
-
-
-def union_us(start: npt.NDArray[np.float64], end: npt.NDArray[np.float64]) -> float:
-    """Total length of the union of intervals sorted by start, in µs."""
-    if len(start) == 0:
-        return 0.0
-    reach = np.maximum.accumulate(end)
-    new_segment = np.ones(len(start), dtype=bool)
-    new_segment[1:] = start[1:] > reach[:-1]
-    seg_first = np.flatnonzero(new_segment)
-    seg_last = np.append(seg_first[1:] - 1, len(start) - 1)
-    return float(np.sum(reach[seg_last] - start[seg_first]))
 
 
 def _median(values: Sequence[float]) -> float:

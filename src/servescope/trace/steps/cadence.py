@@ -22,7 +22,19 @@ import numpy.typing as npt
 
 from servescope.core.analysis import StepOverlap, StepRow
 
-__all__ = ["clipped_union_us", "follow_cadence"]
+__all__ = ["clipped_union_us", "follow_cadence", "union_us"]
+
+
+def union_us(start: npt.NDArray[np.float64], end: npt.NDArray[np.float64]) -> float:
+    """Total length of the union of intervals sorted by start, in µs."""
+    if len(start) == 0:
+        return 0.0
+    reach = np.maximum.accumulate(end)
+    new_segment = np.ones(len(start), dtype=bool)
+    new_segment[1:] = start[1:] > reach[:-1]
+    seg_first = np.flatnonzero(new_segment)
+    seg_last = np.append(seg_first[1:] - 1, len(start) - 1)
+    return float(np.sum(reach[seg_last] - start[seg_first]))
 
 
 def clipped_union_us(start: npt.NDArray[np.float64], end: npt.NDArray[np.float64], lo: float, hi: float) -> float:
@@ -32,15 +44,7 @@ def clipped_union_us(start: npt.NDArray[np.float64], end: npt.NDArray[np.float64
     first = int(np.searchsorted(start, hi, side="left"))
     s, e = np.maximum(start[:first], lo), np.minimum(end[:first], hi)
     keep = e > s
-    s, e = s[keep], e[keep]
-    if len(s) == 0:
-        return 0.0
-    reach = np.maximum.accumulate(e)
-    new = np.ones(len(s), dtype=bool)
-    new[1:] = s[1:] > reach[:-1]
-    seg_first = np.flatnonzero(new)
-    seg_last = np.append(seg_first[1:] - 1, len(s) - 1)
-    return float(np.sum(reach[seg_last] - s[seg_first]))
+    return union_us(s[keep], e[keep])
 
 
 def follow_cadence(rows: list[StepRow], mark_us: list[float], start: npt.NDArray[np.float64],
