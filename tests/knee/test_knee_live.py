@@ -51,8 +51,12 @@ def test_the_search_finds_the_knee_and_names_the_scheduler_cap(capped_server: st
     past = [p for p in missed if p["server"]["max_running"] is not None]
     assert all(p["server"]["max_running"] <= MAX_NUM_SEQS for p in past)
     cause = raw["cause"]
-    assert cause is not None, raw["search"]
-    if cause["id"] == "client":
+    first_missed = min(p["concurrency"] for p in missed)
+    if cause is None:
+        # nothing to name only where the engine missed before its cap could bind (a box whose core 0 is shared:
+        # the engine itself too slow at 2 streams); past the cap, the cap (or a late client) is named
+        assert first_missed <= MAX_NUM_SEQS, raw["search"]
+    elif cause["id"] == "client":
         # a starved client (a busy box) is named, not failed: then its lag must account for the miss, and the
         # engine's own TTFT mean (/metrics) must be within the limit, as the document's figures show
         at = min((p for p in missed if p["concurrency"] > (raw["knee"] or {"load": 0})["load"]),
