@@ -181,6 +181,8 @@ def test_max_num_seqs_stays_within_the_kv_caches_room() -> None:
                           cause_figures={"running_max": 64.0, "kv_usage_max": 0.97})
     _, out = _ids(full)
     assert out["max-num-seqs"] == "in_place"
+    [why] = [n.detail for n in match_changes(full).ruled_out if n.id == "max-num-seqs"]
+    assert "no room above it" in why and f"= {round(64 / 0.97 * 0.9)})" in why
 
 
 @pytest.mark.parametrize(("missed", "flag", "want", "entry"), [

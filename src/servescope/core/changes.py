@@ -455,6 +455,12 @@ def _candidate(cid: str, entry: Mapping[str, Any], ev: ChangeEvidence, flags: Ma
             return _not(entry, cid, "no_value", f"the current {target} is not known (give it on the command line)",
                         because)
         if value == current or (_number(value) is not None and _number(value) == _number(current)):
+            room = _room(entry["value"].get("room"), ev)
+            if room is not None and _number(current) is not None and room <= (_number(current) or 0.0):
+                spec = entry["value"]["room"]
+                return _not(entry, cid, "in_place", f"{target} is {current}, and the measured use leaves no room "
+                            f"above it ({spec['figure']} / {spec['per']} x {spec.get('share', 1.0):g} = {room:.0f})",
+                            because)
             return _not(entry, cid, "in_place", f"{target} is already {current}", because)
         edit = ChangeEdit(set_flags={entry["flag"]: value}) if entry.get("flag") else \
             ChangeEdit(env={entry["env"]: value})
