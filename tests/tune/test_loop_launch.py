@@ -118,3 +118,16 @@ def test_a_client_bound_knee_is_said_to_be_the_clients(tmp_path: Path) -> None:
     doc = tune_server(setup, measure=measure)  # type: ignore[arg-type]
     assert doc.trials == [] and doc.stopped == "no candidate left"
     assert any("the knee is the client's" in note for note in doc.evidence)
+
+
+def test_leave_running_is_refused_for_a_unit(tmp_path: Path) -> None:
+    import pytest
+
+    from servescope.core.errors import InputError
+
+    unit = tmp_path / "x.service"
+    unit.write_text("[Service]\nExecStart=/bin/true\n")
+    setup = TuneSetup(unit="x", unit_file=unit, journal=tmp_path / "j.json", leave_running=True)
+    with pytest.raises(InputError, match="--leave-running.*only with --launch"):
+        tune_server(setup, measure=toy_measure())
+    assert not (tmp_path / "j.json").exists()  # refused before anything was written

@@ -143,6 +143,9 @@ def _target(setup: TuneSetup, confirm: Confirm) -> Target:
 
     if (setup.launch is None) == (setup.unit is None):
         raise InputError("--launch/--unit", "give exactly one: the command servescope runs, or the systemd unit")
+    if setup.leave_running and setup.unit is not None:
+        raise InputError("--leave-running", "only with --launch: a unit stays as systemd runs it (--no-keep puts "
+                                            "its original back)")
     if setup.launch is not None:
         try:
             argv = tuple(shlex.split(setup.launch))
