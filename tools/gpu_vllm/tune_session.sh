@@ -2,7 +2,7 @@
 # Runs ON THE LENT GPU, in the repository root, after tools/gpu_vllm/device_session.sh has installed vLLM 0.26 and
 # servescope there (/tmp/site, /tmp/ss-site):
 #
-#   bash tools/gpu_vllm/tune_session.sh STEP...        STEP: scale | seqs | async | kv | defaults | capture
+#   bash tools/gpu_vllm/tune_session.sh STEP...        STEP: scale | seqs | async | kv | defaults | capture | moe
 #
 # The steps run one after another in a driver started with setsid, which outlives the device call while the machine
 # stays warm: every call (the same command) starts the driver if it is not running yet, then waits until it is done
@@ -14,6 +14,9 @@
 #   seqs | async | kv | defaults | capture   issue 36 item 5: `servescope tune --launch` on a server with one weak
 #             setting (--max-num-seqs 16 | --no-async-scheduling | 512 MiB of KV cache | none | a capture size of
 #             8), --leave-running, then the anchor `vllm bench serve` at the final knee's load on the server left up
+#   moe       the MoE model (qwen3moe-30b-12l) with vLLM's defaults, whose log says "Using default MoE config" on an
+#             H100: `python -m servescope.bench.moe_config` searches the fused-MoE kernel's block sizes for its expert
+#             shape first (MOE_SEARCH_S seconds), then `tune --moe-config-dir` on the server, as above
 set -u
 T0=$(date +%s)
 BUDGET=${SESSION_BUDGET_S:-570}
@@ -30,7 +33,7 @@ SERVE="python3 -m vllm.entrypoints.openai.api_server --model $MODELS/$MODEL --se
 
 pack() {
   cp "$W/driver.txt" "$OUTD/tune-session.txt" 2>/dev/null
-  ( cd "$W" && tar czf "$OUTD/tune-logs.tgz" logs $(ls -d tune-*.logs 2>/dev/null) && tar czf "$OUTD/tune-results.tgz" results ) 2>/dev/null
+  ( cd "$W" && tar czf "$OUTD/tune-logs.tgz" logs $(ls -d tune-*.logs 2>/dev/null); tar czf "$OUTD/tune-results.tgz" results ) 2>/dev/null
   ls -la "$R" | tail -n +2
 }
 
@@ -87,19 +90,31 @@ EOF
   kill -TERM -- -$pid 2>/dev/null; sleep 8; kill -KILL -- -$pid 2>/dev/null
 }
 
-declare -A WEAK PROFILE
+declare -A WEAK PROFILE MODEL_OF EXTRA
 WEAK[seqs]="--kv-cache-memory-bytes 4294967296 --max-num-seqs 16"
 WEAK[async]="--kv-cache-memory-bytes 8589934592 --no-async-scheduling"; PROFILE[async]=--profile
 WEAK[kv]="--kv-cache-memory-bytes 536870912"
 WEAK[defaults]="--kv-cache-memory-bytes 8589934592"
 WEAK[capture]="--kv-cache-memory-bytes 8589934592 --max-cudagraph-capture-size 8"; PROFILE[capture]=--profile
+WEAK[moe]="--gpu-memory-utilization 0.6 --kv-cache-memory-bytes 8589934592"; MODEL_OF[moe]=qwen3moe-30b-12l
+
+moe_search() {   # the tuned fused-MoE config for the MoE model's expert shape on this GPU, before its tune run
+  local m=qwen3moe-30b-12l t=$(date +%s)
+  [ -f $MODELS/$m/config.json ] || python3 /tmp/payload/make_models.py $MODELS $m > $L/models-moe.log 2>&1 || say "make_models $m failed"
+  python3 -m servescope.bench.moe_config --model $MODELS/$m --out $W/moe-configs --budget ${MOE_SEARCH_S:-150} \
+    > "$R/moe-search.txt" 2> "$L/moe-search.err"
+  say "moe search rc=$? in $(( $(date +%s) - t ))s: $(tail -1 "$R/moe-search.txt")"
+  cp $W/moe-configs/*.json "$R/" 2>/dev/null
+  EXTRA[moe]="--moe-config-dir $W/moe-configs"
+}
 
 tune() {   # tune NAME
-  local name=$1 port=8030 t=$(date +%s)
+  local name=$1 port=8030 t=$(date +%s) model=${MODEL_OF[$1]:-$MODEL}
+  local serve="python3 -m vllm.entrypoints.openai.api_server --model $MODELS/$model --served-model-name $model --max-model-len 4096 --gpu-memory-utilization 0.3"
   # shellcheck disable=SC2086
-  COLUMNS=100 timeout 900 $SS tune --launch "$SERVE --port $port ${WEAK[$name]}" --slo "$SLO" --input-tokens 256 \
+  COLUMNS=100 timeout 900 $SS tune --launch "$serve --port $port ${WEAK[$name]}" --slo "$SLO" --input-tokens 256 \
     --output-tokens 128 --max-load 512 --measure-budget ${TUNE_MEASURE:-35s} --max-restarts ${TUNE_RESTARTS:-2} \
-    --ready-timeout 400 --yes --leave-running ${PROFILE[$name]:-} --journal $W/tune-$name.journal.json \
+    --ready-timeout 400 --yes --leave-running ${PROFILE[$name]:-} ${EXTRA[$name]:-} --journal $W/tune-$name.journal.json \
     -o "$R/tune-$name.json" > "$R/tune-$name.txt" 2> "$L/tune-$name.err"
   say "tune $name rc=$? in $(( $(date +%s) - t ))s"
   grep -vE '^\s*$' "$R/tune-$name.txt" | head -30 | cut -c1-160 | sed 's/^/    /' >> "$W/driver.txt"
@@ -107,7 +122,7 @@ tune() {   # tune NAME
 import json; d = json.load(open('$R/tune-$name.json')); f = d.get('final') or {}
 print(d['target'].get('left_running') or 0, int(f.get('load') or 0))" 2>/dev/null)"
   if [ "${pid:-0}" -gt 0 ]; then
-    [ "${load:-0}" -gt 0 ] && vbench "tune-$name" $port 256 128 $load $(( load * 4 > 64 ? load * 4 : 64 ))
+    [ "${load:-0}" -gt 0 ] && MODEL=$model vbench "tune-$name" $port 256 128 $load $(( load * 4 > 64 ? load * 4 : 64 ))
     kill -TERM -- -$pid 2>/dev/null; sleep 8; kill -KILL -- -$pid 2>/dev/null
   fi
 }
@@ -116,6 +131,7 @@ for step in "$@"; do
   case $step in
     scale) scale ;;
     seqs|async|kv|defaults|capture) tune $step ;;
+    moe) moe_search; tune moe ;;
     *) say "unknown step $step" ;;
   esac
 done

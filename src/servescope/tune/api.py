@@ -129,13 +129,17 @@ def _api_key(setup: TuneSetup, argv: tuple[str, ...]) -> str | None:
 
 
 def _profiler_flags(setup: TuneSetup, argv: tuple[str, ...], log_dir: Path) -> tuple[str, ...]:
-    """With --profile, vLLM's profiler flags for a launched server (idle until profiled), unless it has its own."""
+    """With --profile, vLLM's profiler flags for a launched server (idle until profiled), unless it has its own.
+
+    Python stacks stay on (vLLM 0.26's default): they carry the deployment evidence (async scheduling's worker
+    thread) that a later ``analyze`` of the kept traces reads; without them it would advise what is in place.
+    """
     if not setup.profile or any(w.startswith("--profiler-config") for w in argv):
         return ()
     traces = log_dir.resolve() / "traces"
     traces.mkdir(parents=True, exist_ok=True)  # vLLM makes it only at the first /start_profile, which profile waits on
     return ("--profiler-config.profiler=torch", f"--profiler-config.torch_profiler_dir={traces}",
-            "--profiler-config.torch_profiler_with_stack=false")
+            "--profiler-config.torch_profiler_with_stack=true")
 
 
 def _target(setup: TuneSetup, confirm: Confirm) -> Target:
