@@ -236,7 +236,11 @@ class Knee(msgspec.Struct, kw_only=True, frozen=True):
     """The most load (``load``: streams, or requests/s with ``--rate auto``) whose points met every target,
     with its goodput (the median over its repeats) and ``spread`` (the lowest and highest goodput tokens/s of
     the repeats), and ``met`` / ``repeats`` (how many of the repeats met the targets). ``next_load`` is the
-    least load seen to miss them (``None``: none missed within the search's limits)."""
+    least load seen to miss them (``None``: none missed within the search's limits). ``tokens_per_s``: the output
+    tokens/s of all the knee's requests (the median over its repeats; ``tokens_spread`` their lowest and highest):
+    the load met the targets as a whole, so it is what the server delivers there; steadier than goodput, whose
+    per-request test (each request's own ITL p99, nearly its largest gap) counts a share of the requests that
+    swings with where prefill chunks fall."""
 
     unit: str
     load: float
@@ -247,6 +251,8 @@ class Knee(msgspec.Struct, kw_only=True, frozen=True):
     repeats: int
     next_load: float | None = None
     missed_by: list[str] = []
+    tokens_per_s: float | None = None
+    tokens_spread: tuple[float, float] | None = None
 
 
 class KneeSearch(msgspec.Struct, kw_only=True, frozen=True):

@@ -20,7 +20,11 @@ OUTCOMES = ("kept", "rolled_back", "failed_start", "measure_failed", "interrupte
 
 class KneeFigure(msgspec.Struct, kw_only=True, frozen=True):
     """One measurement of the knee: goodput tokens/s and requests/s at ``load`` (``None``: no load met the
-    targets, goodput 0), the repeats' spread, the cause's id and sentence, and the seconds it took."""
+    targets, goodput 0), the repeats' spread, the cause's id and sentence, and the seconds it took.
+
+    ``tokens_per_s``: the output tokens/s the knee's load delivered (all its requests; it met the targets as a
+    whole), with ``spread`` then over its repeats; tune compares :attr:`delivered`: that figure where it was
+    measured, else goodput (documents written before it was)."""
 
     goodput_tokens_per_s: float
     goodput_requests_per_s: float | None
@@ -30,6 +34,12 @@ class KneeFigure(msgspec.Struct, kw_only=True, frozen=True):
     cause: str | None
     cause_message: str | None
     seconds: float
+    tokens_per_s: float | None = None
+
+    @property
+    def delivered(self) -> float:
+        """The figure tune compares: tokens/s at the knee's load, or goodput where that was not measured."""
+        return self.tokens_per_s if self.tokens_per_s is not None else self.goodput_tokens_per_s
 
 
 class Trial(msgspec.Struct, kw_only=True, frozen=True):

@@ -40,9 +40,10 @@ def knee_lines(result: ServeResult) -> list[tuple[str, str]]:
         lo, hi = knee.spread
         nxt = (f"; {knee.next_load:g} missed ({', '.join(knee.missed_by) or 'targets'})"
                if knee.next_load is not None else "")
+        delivered = f"; all requests {knee.tokens_per_s:.1f} tok/s" if knee.tokens_per_s is not None else ""
         lines.append(("bold", f"knee: {knee.load:g} {unit} — goodput {knee.goodput_tokens_per_s:.1f} output tok/s, "
                               f"{knee.goodput_requests_per_s:.2f} req/s (spread {lo:.1f}–{hi:.1f} tok/s over "
-                              f"{knee.repeats} run{'s' if knee.repeats != 1 else ''}, {knee.met} met){nxt}"))
+                              f"{knee.repeats} run{'s' if knee.repeats != 1 else ''}, {knee.met} met{delivered}){nxt}"))
     if cause is not None:
         lines.append(("bold", f"bounded by {cause.title}: {cause.message}"))
         place = {True: f"in place ({cause.setting_value})" if cause.setting_value else "in place",

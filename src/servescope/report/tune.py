@@ -23,7 +23,7 @@ def _knee(figure: KneeFigure | None) -> str:
         return "N/A"
     if figure.load is None:
         return "no load met the targets (goodput 0)"
-    return f"{figure.goodput_tokens_per_s:.1f} tok/s at {figure.load:g} {figure.unit or ''}".rstrip()
+    return f"{figure.delivered:.1f} tok/s at {figure.load:g} {figure.unit or ''}".rstrip()
 
 
 def _pct(value: float | None) -> str:
@@ -32,7 +32,7 @@ def _pct(value: float | None) -> str:
 
 def _headline(doc: TuneDoc, console: Console) -> None:
     base = doc.baseline
-    mean = sum(b.goodput_tokens_per_s for b in base) / len(base) if base else None
+    mean = sum(b.delivered for b in base) / len(base) if base else None
     kept = [t for t in doc.trials if t.outcome == "kept"]
     head = Text()
     head.append(f"tune {doc.target.kind} {doc.target.name}", style="bold")
@@ -42,7 +42,7 @@ def _headline(doc: TuneDoc, console: Console) -> None:
     if base:
         console.print(Text(f"baseline: {' | '.join(_knee(b) for b in base)}  (noise ±{doc.noise:.0%})"),
                       overflow="fold")
-    gain = (doc.final.goodput_tokens_per_s / mean - 1) if doc.final and mean else None
+    gain = (doc.final.delivered / mean - 1) if doc.final and mean else None
     final = Text(f"final:    {_knee(doc.final)}")
     if kept:
         final.append(f"  ({_pct(gain)} against the baseline's mean, {len(kept)} change(s) kept)", style="green")
@@ -69,7 +69,7 @@ def _trials(doc: TuneDoc, console: Console) -> None:
         c = t.change
         table.add_row(str(t.number), c.edit.describe(), Text(t.outcome, style=_STYLE.get(t.outcome, "")),
                       f"{c.gain_low:+.0%}..{c.gain_high:+.0%}", _pct(t.measured_gain),
-                      "N/A" if t.knee is None else f"{t.knee.goodput_tokens_per_s:.1f}",
+                      "N/A" if t.knee is None else f"{t.knee.delivered:.1f}",
                       f"{t.restart_s:.0f}", f"{t.measure_s:.0f}")
     console.print(table)
     for t in doc.trials:

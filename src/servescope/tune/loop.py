@@ -109,10 +109,10 @@ _NOT_THE_SERVER = {
 def noise_of(first: KneeFigure, second: KneeFigure, *, floor: float) -> float:
     """How far the knee moves on its own, as a fraction of the baseline: the two baselines' difference and each
     one's repeat spread, relative to their mean; at least ``floor``."""
-    mean = (first.goodput_tokens_per_s + second.goodput_tokens_per_s) / 2
+    mean = (first.delivered + second.delivered) / 2
     if mean <= 0:
         return floor
-    noise = abs(first.goodput_tokens_per_s - second.goodput_tokens_per_s) / mean
+    noise = abs(first.delivered - second.delivered) / mean
     for figure in (first, second):
         if figure.spread and len(figure.spread) == 2:
             noise = max(noise, (figure.spread[1] - figure.spread[0]) / mean)
@@ -182,7 +182,7 @@ class _Run:
         measured = self.measure(self.target.url, start=1.0, progress=lambda s: self.say(f"{what}: {s}", True),
                                 server_argv=list(argv))
         f = measured.figure
-        knee = "no load met the targets" if f.load is None else f"{f.goodput_tokens_per_s:.1f} tok/s at {f.load:g}"
+        knee = "no load met the targets" if f.load is None else f"{f.delivered:.1f} tok/s at {f.load:g}"
         self.say(f"{what}: knee {knee} ({f.cause or 'no named cause'}; {f.seconds:.0f} s)", False)
         return measured
 
@@ -223,7 +223,7 @@ class _Run:
 
         def done(outcome: str, why: str, measured: Measured | None, restart_s: float, measure_s: float,
                  tail: list[str] | None = None) -> Trial:
-            gain = relative_gain(measured.figure.goodput_tokens_per_s, reference) if measured else None
+            gain = relative_gain(measured.figure.delivered, reference) if measured else None
             within = None if gain is None else cand.gain_low <= gain <= cand.gain_high
             return Trial(number=number, change=cand, config=shown, outcome=outcome, why=why,
                          knee=measured.figure if measured else None, reference_tokens_per_s=reference,
@@ -239,7 +239,7 @@ class _Run:
         except ServescopeError as exc:
             self.rollback(what)
             return done("measure_failed", f"the knee could not be measured: {exc}", None, restart_s, 0.0), None
-        got = measured.figure.goodput_tokens_per_s
+        got = measured.figure.delivered
         bar = reference * (1 + self.noise)
         if (got > bar) if reference > 0 else got > 0:
             why = f"{got:.1f} tok/s beats {reference:.1f} by more than the noise (±{self.noise:.0%})"
@@ -264,13 +264,13 @@ class _Run:
         self.version = server_version(self.target.url, self.request.api_key)
         if resumed:  # the configuration as kept so far, measured again as the reference
             last = self.knee("resumed reference", config.argv)
-            return last, last.figure.goodput_tokens_per_s
+            return last, last.figure.delivered
         first = self.knee("baseline 1/2", config.argv)
         second = self.knee("baseline 2/2", config.argv)
         self.baseline = [first.figure, second.figure]
         self.noise = noise_of(first.figure, second.figure, floor=self.request.min_noise)
         self.save()
-        reference = (first.figure.goodput_tokens_per_s + second.figure.goodput_tokens_per_s) / 2
+        reference = (first.figure.delivered + second.figure.delivered) / 2
         self.say(f"baseline: {reference:.1f} tok/s, noise ±{self.noise:.0%}", False)
         return second, reference
 
@@ -311,7 +311,7 @@ class _Run:
             self.journal.trying = None
             if measured is not None:
                 self.kept.append(cand.edit)
-                self.last, reference = measured, measured.figure.goodput_tokens_per_s
+                self.last, reference = measured, measured.figure.delivered
                 candidates = self.candidates(measured, self.config())
             self.save()
 

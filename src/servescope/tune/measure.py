@@ -1,5 +1,6 @@
 """The knee as tune measures it: ``bench serve``'s search (:func:`servescope.bench.serve.knee.find_knee`) at the
-user's targets, reduced to the figure tune compares (goodput tokens/s) and the cause's evidence figures.
+user's targets, reduced to the figure tune compares (the output tokens/s the knee's load delivered) and the cause's
+evidence figures.
 
 A :data:`Measure` is any function of (url, start load, progress) to a :class:`Measured`; :func:`knee_measure`
 makes the real one. Tests of the loop may pass their own.
@@ -12,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from servescope.core.serve import ServeResult, SloTarget
+from servescope.core.serve import Knee, ServeResult, SloTarget
 from servescope.core.tune import KneeFigure
 
 __all__ = ["Measure", "Measured", "figure_of", "knee_measure"]
@@ -40,9 +41,18 @@ def figure_of(result: ServeResult, seconds: float) -> Measured:
         goodput_tokens_per_s=knee.goodput_tokens_per_s if knee else 0.0,
         goodput_requests_per_s=knee.goodput_requests_per_s if knee else None,
         load=knee.load if knee else None, unit=knee.unit if knee else None,
-        spread=list(knee.spread) if knee else None, cause=cause.id if cause else None,
+        spread=_spread(knee), cause=cause.id if cause else None, tokens_per_s=knee.tokens_per_s if knee else None,
         cause_message=cause.message if cause else None, seconds=seconds)
     return Measured(figure=figure, cause_figures=dict(cause.evidence) if cause else {})
+
+
+def _spread(knee: Knee | None) -> list[float] | None:
+    """The repeats' spread of the figure tune compares (tokens/s delivered where measured, else goodput)."""
+    if knee is None:
+        return None
+    if knee.tokens_per_s is not None and knee.tokens_spread is not None:
+        return list(knee.tokens_spread)
+    return list(knee.spread)
 
 
 def knee_measure(*, slo: tuple[SloTarget, ...], input_tokens: int, output_tokens: int, api_key: str | None,

@@ -126,12 +126,15 @@ def knee_of(points: Sequence[ServePoint], unit: str) -> Knee | None:
     repeats = by_load[best]
     tokens = [p.slo.goodput_tokens_per_s or 0.0 for p in repeats if p.slo is not None]
     reqs = [p.slo.goodput_requests_per_s or 0.0 for p in repeats if p.slo is not None]
+    delivered = [p.output_tokens_per_s for p in repeats if p.output_tokens_per_s is not None]
     above = sorted(load for load in by_load if load > best)
     missed_by = sorted({m for p in by_load[above[0]] if p.slo for m in p.slo.missed_by}) if above else []
     return Knee(unit=unit, load=best, goodput_requests_per_s=statistics.median(reqs),
                 goodput_tokens_per_s=statistics.median(tokens), spread=(min(tokens), max(tokens)),
                 met=sum(1 for p in repeats if _met(p)), repeats=len(repeats),
-                next_load=above[0] if above else None, missed_by=missed_by)
+                next_load=above[0] if above else None, missed_by=missed_by,
+                tokens_per_s=statistics.median(delivered) if delivered else None,
+                tokens_spread=(min(delivered), max(delivered)) if delivered else None)
 
 
 class _Search:
