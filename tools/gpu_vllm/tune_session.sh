@@ -95,7 +95,7 @@ WEAK[seqs]="--kv-cache-memory-bytes 4294967296 --max-num-seqs 16"
 WEAK[async]="--kv-cache-memory-bytes 8589934592 --no-async-scheduling"; PROFILE[async]=--profile
 WEAK[kv]="--kv-cache-memory-bytes 536870912"
 WEAK[defaults]="--kv-cache-memory-bytes 8589934592"
-WEAK[capture]="--kv-cache-memory-bytes 8589934592 --max-cudagraph-capture-size 8"; PROFILE[capture]=--profile
+WEAK[capture]="--kv-cache-memory-bytes 8589934592 --max-cudagraph-capture-size 8"; [ -n "${TUNE_NO_PROFILE:-}" ] || PROFILE[capture]=--profile   # TUNE_NO_PROFILE=1: the knee's cause alone
 WEAK[moe]="--gpu-memory-utilization 0.6 --kv-cache-memory-bytes 8589934592"; MODEL_OF[moe]=qwen3moe-30b-12l
 
 moe_search() {   # the tuned fused-MoE config for the MoE model's expert shape on this GPU, before its tune run
