@@ -544,11 +544,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--omp-bind", default="", help="VLLM_CPU_OMP_THREADS_BIND (default: one core per rank, "
                    "'0|1'; 'auto' leaves it to vLLM)")
     p.add_argument("--keep-workdir", action="store_true", help="keep the temp dir (server.log, raw traces)")
-    a = p.parse_args(argv)
-    return Options(out=a.out, python=a.python, model=a.model, tp=a.tp, batch=a.batch, tokens=a.tokens,
-                   prompt=a.prompt, port=a.port, warmup=a.warmup, ready_timeout=a.ready_timeout,
-                   request_timeout=a.request_timeout, trace_timeout=a.trace_timeout,
-                   keep_workdir=a.keep_workdir, omp_bind=a.omp_bind)
+    return Options(**vars(p.parse_args(argv)))  # each option's dest is the field's name
 
 
 def main(argv: Sequence[str] | None = None) -> int:
