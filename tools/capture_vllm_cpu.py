@@ -38,8 +38,9 @@ import time
 import urllib.error
 import urllib.request
 import zlib
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -105,18 +106,18 @@ class Options:
     omp_bind: str = ""
 
 
-@dataclass
-class Timings:
-    """Wall-clock seconds of each phase, for capture.json and DEVELOPERS.md."""
+# Wall-clock seconds of each phase in the order they ran (model_build_s, server_ready_s, warmup_s,
+# profiled_requests_s, stop_profile_call_s, traces_complete_s, shutdown_s, total_s), for capture.json and
+# DEVELOPERS.md.
+Timings = dict[str, float]
 
-    model_build_s: float = 0.0
-    server_ready_s: float = 0.0
-    warmup_s: float = 0.0
-    profiled_requests_s: float = 0.0
-    stop_profile_call_s: float = 0.0
-    traces_complete_s: float = 0.0
-    shutdown_s: float = 0.0
-    total_s: float = 0.0
+
+@contextmanager
+def timed(timings: Timings, phase: str) -> Iterator[None]:
+    """Record the wall-clock seconds the block takes as ``timings[phase]``, to 10 ms."""
+    t = time.monotonic()
+    yield
+    timings[phase] = round(time.monotonic() - t, 2)
 
 
 @dataclass
@@ -440,25 +441,22 @@ def usage_summary(responses: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def profile(server: Server, opts: Options, timings: Timings) -> list[dict[str, Any]]:
     """Warm up, then start_profile, B concurrent completions, stop_profile; return the responses."""
     model_name = "tiny-llama"
-    t = time.monotonic()
-    for _ in range(opts.warmup):
-        completion(server.base, model_name, opts.prompt, 4, opts.request_timeout)
-    timings.warmup_s = round(time.monotonic() - t, 2)
+    with timed(timings, "warmup_s"):
+        for _ in range(opts.warmup):
+            completion(server.base, model_name, opts.prompt, 4, opts.request_timeout)
     log("start_profile")
     status, raw = http("POST", f"{server.base}/start_profile", timeout=opts.request_timeout)
     if status != 200:
         raise RuntimeError(f"/start_profile -> {status}: {raw[:300]!r}")
-    t = time.monotonic()
-    log(f"sending {opts.batch} concurrent completions x {opts.tokens} tokens")
-    responses = concurrent_completions(server.base, model_name, opts.prompt, opts.batch, opts.tokens,
-                                       opts.request_timeout)
-    timings.profiled_requests_s = round(time.monotonic() - t, 2)
+    with timed(timings, "profiled_requests_s"):
+        log(f"sending {opts.batch} concurrent completions x {opts.tokens} tokens")
+        responses = concurrent_completions(server.base, model_name, opts.prompt, opts.batch, opts.tokens,
+                                           opts.request_timeout)
     log("stop_profile")
-    t = time.monotonic()
-    status, raw = http("POST", f"{server.base}/stop_profile", timeout=opts.trace_timeout)
+    with timed(timings, "stop_profile_call_s"):
+        status, raw = http("POST", f"{server.base}/stop_profile", timeout=opts.trace_timeout)
     if status != 200:
         raise RuntimeError(f"/stop_profile -> {status}: {raw[:300]!r}")
-    timings.stop_profile_call_s = round(time.monotonic() - t, 2)
     return responses
 
 
@@ -481,7 +479,7 @@ def write_capture_json(opts: Options, server: Server, model: Path, traces: dict[
         "server_env": server.env,
         "host": {"cpus": os.cpu_count(), "platform": sys.platform},
         "usage": usage_summary(responses),
-        "timings_s": asdict(timings),
+        "timings_s": timings,
         "traces": traces,
         "total_trace_bytes": sum(t["bytes"] for t in traces.values()),
     }
@@ -495,30 +493,26 @@ def write_capture_json(opts: Options, server: Server, model: Path, traces: dict[
 
 def capture(opts: Options) -> Path:
     """Run the whole capture; return the capture.json path. The server is always stopped."""
-    timings = Timings()
+    timings: Timings = {}
     workdir = Path(tempfile.mkdtemp(prefix="servescope-vllm-cpu-"))
     trace_dir = workdir / "traces"
     trace_dir.mkdir()
     server: Server | None = None
     try:
-        t = time.monotonic()
-        model = build_model(opts, workdir)
-        timings.model_build_s = round(time.monotonic() - t, 2)
-        t = time.monotonic()
-        server = start_server(opts, model, trace_dir, workdir)
-        wait_ready(server, opts.ready_timeout)
-        timings.server_ready_s = round(time.monotonic() - t, 2)
-        log(f"server ready after {timings.server_ready_s:.0f}s")
+        with timed(timings, "model_build_s"):
+            model = build_model(opts, workdir)
+        with timed(timings, "server_ready_s"):
+            server = start_server(opts, model, trace_dir, workdir)
+            wait_ready(server, opts.ready_timeout)
+        log(f"server ready after {timings['server_ready_s']:.0f}s")
         responses = profile(server, opts, timings)
-        t = time.monotonic()
-        files = wait_traces(trace_dir, opts.tp + 1, opts.trace_timeout)
-        timings.traces_complete_s = round(time.monotonic() - t, 2)
-        log(f"{len(files)} traces complete after {timings.traces_complete_s:.0f}s; copying to {opts.out}")
+        with timed(timings, "traces_complete_s"):
+            files = wait_traces(trace_dir, opts.tp + 1, opts.trace_timeout)
+        log(f"{len(files)} traces complete after {timings['traces_complete_s']:.0f}s; copying to {opts.out}")
         traces = collect(files, opts.out)
-        t = time.monotonic()
-        stop_server(server)
-        timings.shutdown_s = round(time.monotonic() - t, 2)
-        timings.total_s = round(time.monotonic() - _T0, 2)
+        with timed(timings, "shutdown_s"):
+            stop_server(server)
+        timings["total_s"] = round(time.monotonic() - _T0, 2)
         path = write_capture_json(opts, server, model, traces, responses, timings)
         log(f"wrote {path}")
         return path
@@ -550,11 +544,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--omp-bind", default="", help="VLLM_CPU_OMP_THREADS_BIND (default: one core per rank, "
                    "'0|1'; 'auto' leaves it to vLLM)")
     p.add_argument("--keep-workdir", action="store_true", help="keep the temp dir (server.log, raw traces)")
-    a = p.parse_args(argv)
-    return Options(out=a.out, python=a.python, model=a.model, tp=a.tp, batch=a.batch, tokens=a.tokens,
-                   prompt=a.prompt, port=a.port, warmup=a.warmup, ready_timeout=a.ready_timeout,
-                   request_timeout=a.request_timeout, trace_timeout=a.trace_timeout,
-                   keep_workdir=a.keep_workdir, omp_bind=a.omp_bind)
+    return Options(**vars(p.parse_args(argv)))  # each option's dest is the field's name
 
 
 def main(argv: Sequence[str] | None = None) -> int:

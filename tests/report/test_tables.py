@@ -48,42 +48,33 @@ def _step(index: int, phase: str, span: float, busy: float, cats: dict[str, floa
                    busy_us=busy, decode_requests=8 if phase == "decode" else None, categories=cats)
 
 
+def _categories(**rows: tuple[float, float, float, float, float]) -> dict[str, CategoryStats]:
+    """Per category: total_us, share, per_step_us, calls_per_step, mean_call_us."""
+    return {name: CategoryStats(total_us=total, share=share, per_step_us=per_step, calls_per_step=calls,
+                                mean_call_us=mean)
+            for name, (total, share, per_step, calls, mean) in rows.items()}
+
+
 def make_doc() -> AnalysisDoc:
     decode0 = PhaseStats(
         steps=3, step_us=Summary(mean=4200.0, median=4100.0), busy_us_per_step=3600.0,
         idle_us_per_step=600.0, device_us_per_step=4000.0, tokens_per_step=8.0, us_per_output_token=525.0,
-        categories={
-            "gemm": CategoryStats(total_us=4500.0, share=0.375, per_step_us=1500.0, calls_per_step=30.0,
-                                  mean_call_us=50.0),
-            "allreduce": CategoryStats(total_us=6000.0, share=0.5, per_step_us=2000.0, calls_per_step=20.0,
-                                       mean_call_us=100.0),
-            "attention": CategoryStats(total_us=1500.0, share=0.125, per_step_us=500.0, calls_per_step=10.0,
-                                       mean_call_us=50.0),
-        })
+        categories=_categories(gemm=(4500.0, 0.375, 1500.0, 30.0, 50.0),
+                               allreduce=(6000.0, 0.5, 2000.0, 20.0, 100.0),
+                               attention=(1500.0, 0.125, 500.0, 10.0, 50.0)))
     prefill0 = PhaseStats(
         steps=1, step_us=Summary(mean=10000.0, median=10000.0), busy_us_per_step=9500.0,
         idle_us_per_step=500.0, device_us_per_step=10000.0, tokens_per_step=None, us_per_output_token=None,
-        categories={
-            "gemm": CategoryStats(total_us=6000.0, share=0.6, per_step_us=6000.0, calls_per_step=40.0,
-                                  mean_call_us=150.0),
-            "attention": CategoryStats(total_us=2000.0, share=0.2, per_step_us=2000.0, calls_per_step=10.0,
-                                       mean_call_us=200.0),
-            "allreduce": CategoryStats(total_us=1500.0, share=0.15, per_step_us=1500.0, calls_per_step=20.0,
-                                       mean_call_us=75.0),
-            "memcpy": CategoryStats(total_us=500.0, share=0.05, per_step_us=500.0, calls_per_step=2.0,
-                                    mean_call_us=250.0),
-        })
+        categories=_categories(gemm=(6000.0, 0.6, 6000.0, 40.0, 150.0),
+                               attention=(2000.0, 0.2, 2000.0, 10.0, 200.0),
+                               allreduce=(1500.0, 0.15, 1500.0, 20.0, 75.0),
+                               memcpy=(500.0, 0.05, 500.0, 2.0, 250.0)))
     decode1 = PhaseStats(
         steps=3, step_us=Summary(mean=4100.0, median=4100.0), busy_us_per_step=3700.0,
         idle_us_per_step=400.0, device_us_per_step=3600.0, tokens_per_step=8.0, us_per_output_token=512.5,
-        categories={
-            "allreduce": CategoryStats(total_us=4800.0, share=1600 / 3600, per_step_us=1600.0,
-                                       calls_per_step=20.0, mean_call_us=80.0),
-            "gemm": CategoryStats(total_us=4500.0, share=1500 / 3600, per_step_us=1500.0, calls_per_step=30.0,
-                                  mean_call_us=50.0),
-            "attention": CategoryStats(total_us=1500.0, share=500 / 3600, per_step_us=500.0,
-                                       calls_per_step=10.0, mean_call_us=50.0),
-        })
+        categories=_categories(allreduce=(4800.0, 1600 / 3600, 1600.0, 20.0, 80.0),
+                               gemm=(4500.0, 1500 / 3600, 1500.0, 30.0, 50.0),
+                               attention=(1500.0, 500 / 3600, 500.0, 10.0, 50.0)))
     d0 = {"allreduce": 2000.0, "gemm": 1500.0, "attention": 500.0}
     d1 = {"allreduce": 1600.0, "gemm": 1500.0, "attention": 500.0}
     rank0 = RankAnalysis(
