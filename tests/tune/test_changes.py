@@ -8,8 +8,11 @@ each live server beside them) and their server logs; the knee's causes are given
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from servescope.core.analysis import SettingEvidence
@@ -402,3 +405,24 @@ def test_the_catalogue_speaks_only_where_its_engine_serves_the_run() -> None:
     assert analysis_next_steps(training, argv=settings.argv) == []
     unknown = msgspec.structs.replace(doc, deployment={k: v for k, v in doc.deployment.items() if k != "engine"})
     assert analysis_next_steps(unknown, argv=settings.argv) == []
+
+
+def test_a_value_left_to_the_engine_is_read_from_its_own_log_line() -> None:
+    """The H100 server with vLLM's defaults (tests/data/tune/h100): its knee was bounded by prefill chunks, but its
+    command line does not say the chunk budget, so the first tune run had no value to halve (its document:
+    ``no_value``). vLLM's own log line says what it runs with; with it the change is a candidate at half of that."""
+    data = Path(__file__).resolve().parents[1] / "data" / "tune" / "h100"
+    doc = json.loads((data / "tune-defaults.json").read_text())
+    assert ("max-num-batched-tokens-down", "no_value") in {(n["id"], n["reason"]) for n in doc["not_tried"]}
+    lines = (data / "defaults-log-lines.txt").read_text().splitlines()
+    logged = int(re.search(r"max_num_batched_tokens=(\d+)", "\n".join(lines))[1])  # type: ignore[index]
+    argv = shlex.split(doc["target"]["original"])
+    ev = ChangeEvidence(knee_cause="prefill_interference", cause_figures={"missed_itl": 1.0}, argv=argv,
+                        load=doc["baseline"][0]["load"], platform="cuda", log_lines=lines)
+    [cand] = [c for c in match_changes(ev).candidates if c.id == "max-num-batched-tokens-down"]
+    assert (cand.current, cand.value) == (str(logged), str(logged // 2))
+    blind = msgspec.structs.replace(ev, log_lines=[])
+    assert "max-num-batched-tokens-down" in {n.id for n in match_changes(blind).ruled_out if n.reason == "no_value"}
+    given = msgspec.structs.replace(ev, argv=[*argv, "--max-num-batched-tokens", "2048"])  # the command line wins
+    [cand] = [c for c in match_changes(given).candidates if c.id == "max-num-batched-tokens-down"]
+    assert (cand.current, cand.value) == ("2048", "1024")

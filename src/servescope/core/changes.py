@@ -29,6 +29,7 @@ import msgspec
 
 from servescope.core.analysis import SettingEvidence
 from servescope.core.bundled import bundled_toml
+from servescope.core.engine_log import log_value, moe_log_facts
 from servescope.core.engines import check_engine
 from servescope.core.errors import InputError
 from servescope.core.messages import format_message
@@ -39,9 +40,6 @@ __all__ = ["catalogue_engine", "Candidate", "ChangeEdit", "ChangeEvidence", "Mat
 _OPS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt, "==": operator.eq}
 _ADVISED = ("medium", "high")  # a finding's severities that call for a change (info reports, never advises)
-_MOE_RE = re.compile(r"(?P<path>/\S*?fused_moe/configs/)?(?P<file>E=(?P<E>\d+),N=(?P<N>\d+),device_name="
-                     r"(?P<device>[^,\s]+?)(?:,dtype=(?P<dtype>[^,\s.]+))?(?:,block_shape=\[[^\]]*\])?\.json)")
-
 
 class SeenFinding(msgspec.Struct, kw_only=True, frozen=True):
     """A finding as evidence: its id and severity, the settings its advice names, the per-step saving each piece
@@ -206,22 +204,6 @@ def flag_values(argv: Sequence[str]) -> dict[str, list[str]]:
     return out
 
 
-def moe_log_facts(lines: Sequence[str]) -> dict[str, str]:
-    """From vLLM's ``Using default MoE config ... Config file not found at .../E=128,N=768,device_name=…json``
-    line: ``moe_file``, ``moe_shape`` (``E=128,N=768``), ``moe_device``, ``moe_dtype`` (``auto`` when the file
-    name has none); empty when no line says so."""
-    for line in lines:
-        if "Using default MoE config" not in line:
-            continue
-        found = _MOE_RE.search(line)
-        if found is None:
-            return {"moe_file": "(the file the log names)", "moe_shape": "N/A", "moe_device": "this GPU",
-                    "moe_dtype": "auto"}
-        return {"moe_file": found["file"], "moe_shape": f"E={found['E']},N={found['N']}",
-                "moe_device": found["device"], "moe_dtype": found["dtype"] or "auto"}
-    return {}
-
-
 # ------------------------------------------------------------------------------------------------ evidence
 
 def _holds(figure: float | None, op: str, value: float) -> bool:
@@ -282,8 +264,8 @@ def _called(entry: Mapping[str, Any], ev: ChangeEvidence, flags: Mapping[str, li
 # ------------------------------------------------------------------------------------------------ values
 
 def _current(entry: Mapping[str, Any], ev: ChangeEvidence, flags: Mapping[str, list[str]]) -> str | None:
-    """The server's value of the change's setting: the command line, environment, a pattern, the cause's
-    figures, then the entry's default."""
+    """The server's value of the change's setting: the command line, environment, a pattern, the server's own
+    log (what the engine says it runs with), the cause's figures, then the entry's default."""
     spec = entry.get("current", {})
     if entry.get("add"):  # a switch: the last of its on/off flags wins
         state = None
@@ -303,6 +285,8 @@ def _current(entry: Mapping[str, Any], ev: ChangeEvidence, flags: Mapping[str, l
         found = re.search(spec["pattern"], " ".join(ev.argv))
         if found:
             return found.group(1)
+    if "log" in spec and (logged := log_value(ev.log_lines, spec["log"])) is not None:
+        return logged
     keys = spec.get("evidence", ())
     for key in [keys] if isinstance(keys, str) else keys:
         if (figure := _figure(ev, key)) is not None:
