@@ -11,7 +11,17 @@ from pathlib import Path
 import pytest
 from tests.plan.test_model import DEEPSEEK_V3, KIMI_K25, QWEN3_235B
 
-from servescope.bench.moe_config import MoeShape, candidates, config_file_name, moe_shape, search, write_configs
+from servescope.bench.moe_config import (
+    TIMINGS_SUFFIX,
+    MoeShape,
+    candidates,
+    config_file_name,
+    kernel_gain,
+    moe_shape,
+    read_timings,
+    search,
+    write_configs,
+)
 
 LOG = Path(__file__).resolve().parents[1] / "data" / "tune" / "h100" / "moe" / "server-moe-lines.txt"
 # Qwen3-30B-A3B's config.json fields, the shape of the MoE model the H100 server ran (gpu-vllm/make_models.py)
@@ -96,4 +106,9 @@ def test_the_written_file_is_what_vllm_reads(tmp_path: Path) -> None:
     write_configs(path, found)
     body = json.loads(path.read_text())
     assert list(body) == ["1", "64"] and body["64"]["BLOCK_SIZE_N"] == 64  # vLLM keys by int(M)
-    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary left beside it
+    # beside it the timings behind it, and no temporary
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name, path.name + TIMINGS_SUFFIX]
+    assert read_timings(path) == {1: (5.0, 5.0), 64: (10.0, 12.0)}
+    assert kernel_gain(read_timings(path) or {}, 50) == pytest.approx(0.2)  # 64 is nearest 50: 12 / 10 - 1
+    assert kernel_gain(read_timings(path) or {}, 8) == 0.0
+    assert read_timings(tmp_path / "none.json") is None

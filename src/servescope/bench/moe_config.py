@@ -27,7 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MoeShape", "candidates", "config_file_name", "moe_shape", "search", "write_configs"]
+__all__ = ["TIMINGS_SUFFIX", "MoeShape", "candidates", "config_file_name", "kernel_gain", "moe_shape", "read_timings",
+           "search", "write_configs"]
+
+# Beside the config, what the search measured (vLLM reads only the exact file name): {M: [fastest us, default us]}.
+TIMINGS_SUFFIX = ".timings.json"
 
 # The batch sizes (tokens in one step) vLLM's tuner writes: decode batches and prefill chunks.
 BATCHES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
@@ -135,14 +139,37 @@ def search(batches: tuple[int, ...], default_of: Callable[[int], Config], timer:
 
 
 def write_configs(path: Path, found: dict[int, tuple[Config, float, float]]) -> None:
-    """The JSON vLLM reads (str(M) -> config), written atomically."""
-    body = {str(m): config for m, (config, _, _) in sorted(found.items())}
+    """The JSON vLLM reads (str(M) -> config) and, beside it, the timings behind it; each written atomically."""
+    _write_json(path, {str(m): config for m, (config, _, _) in sorted(found.items())})
+    _write_json(path.with_name(path.name + TIMINGS_SUFFIX),
+                {str(m): [took, default] for m, (_, took, default) in sorted(found.items())})
+
+
+def _write_json(path: Path, body: object) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as handle:
         json.dump(body, handle, indent=2)
         handle.write("\n")
     os.replace(tmp, path)
+
+
+def read_timings(config_path: Path) -> dict[int, tuple[float, float]] | None:
+    """The search's timings beside a config file ({M: (fastest us, default us)}); None where there are none."""
+    try:
+        raw = json.loads(config_path.with_name(config_path.name + TIMINGS_SUFFIX).read_text())
+        return {int(m): (float(pair[0]), float(pair[1])) for m, pair in raw.items()}
+    except (OSError, ValueError, TypeError, IndexError, AttributeError):
+        return None
+
+
+def kernel_gain(timings: dict[int, tuple[float, float]], batch: float) -> float:
+    """How much faster the searched config runs the kernel than vLLM's default at ``batch`` tokens, as a fraction:
+    at the timed batch size nearest it (vLLM picks a config the same way). A step gains at most this much: the
+    experts are only part of it."""
+    nearest = min(timings, key=lambda m: abs(m - batch))
+    took, default = timings[nearest]
+    return max(default / took - 1.0, 0.0) if took > 0 else 0.0
 
 
 def _cuda_timer(shape: MoeShape, dtype: Any, repeat: int = 10) -> Timer:  # pragma: no cover - needs a GPU and vLLM

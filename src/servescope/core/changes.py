@@ -414,6 +414,10 @@ def _gain(entry: Mapping[str, Any], ev: ChangeEvidence, current: str | None, val
                 # s / (1 - s) at the same load (a share of at most 0.9 counted: some of every cycle stays)
                 low, high = (_cycle_gain(share) for share in gain)
                 break
+    elif scale == "fact" and (measured := ev.facts.get(spec["fact"])) is not None:
+        # a gain measured for this server (a kernel's speedup): the step gains at most that, as a part of it
+        low, high = min(low, measured), measured
+        return low, high, format_message(spec.get("basis_fact", spec["basis"]), {**values, spec["fact"]: measured})
     return low, high, format_message(spec["basis"], values)
 
 

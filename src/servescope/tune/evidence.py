@@ -7,20 +7,22 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from servescope.bench.moe_config import kernel_gain, read_timings
 from servescope.core.analysis import SettingEvidence
 from servescope.core.changes import ChangeEvidence, SeenFinding, catalogue_engine, flag_values
+from servescope.core.engine_log import moe_log_facts
 from servescope.core.errors import ServescopeError
 from servescope.core.next_steps import evidence_of_analysis
 from servescope.trace.read.files import log_lines_beside
 from servescope.tune.edit import ServerConfig
 from servescope.tune.measure import Measured
 
-__all__ = ["deployment_of", "gather_evidence", "log_lines_beside", "model_facts", "platform_here", "profile_findings",
-           "server_version"]
+__all__ = ["deployment_of", "gather_evidence", "log_lines_beside", "model_facts", "moe_search_facts", "platform_here",
+           "profile_findings", "server_version"]
 
 _MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules")
 
@@ -105,7 +107,18 @@ def gather_evidence(measured: Measured, config: ServerConfig, *, log_lines: Sequ
     model = values.get("--model", [None])[-1] or next(
         (config.argv[i + 1] for i in range(len(config.argv) - 1) if config.argv[i] == "serve"), None)
     more = {"tp": tp, **({"model": model} if model else {}), **inputs}
+    facts = {**model_facts(config.argv), **moe_search_facts(inputs, log_lines, measured.figure.load)}
     return ChangeEvidence(knee_cause=measured.figure.cause, cause_figures=dict(measured.cause_figures),
                           findings=list(findings), log_lines=list(log_lines), load=measured.figure.load,
                           argv=list(config.argv), env=dict(config.env), settings=deployment_of(config, version),
-                          platform=platform, facts=model_facts(config.argv), inputs=more)
+                          platform=platform, facts=facts, inputs=more)
+
+
+def moe_search_facts(inputs: Mapping[str, str], log_lines: Sequence[str], load: float | None) -> dict[str, float]:
+    """``moe_kernel_gain``: what the searched fused-MoE config (``--moe-config-dir``, the file the server's log
+    says it lacks) gained on the kernel at the knee's load, from the search's timings beside it; none unknown."""
+    folder, wanted = inputs.get("moe_config_dir"), moe_log_facts(log_lines).get("moe_file", "")
+    if not folder or not wanted.startswith("E=") or load is None:
+        return {}
+    timings = read_timings(Path(folder) / wanted)
+    return {"moe_kernel_gain": kernel_gain(timings, load)} if timings else {}
