@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -112,3 +114,17 @@ def test_the_written_file_is_what_vllm_reads(tmp_path: Path) -> None:
     assert kernel_gain(read_timings(path) or {}, 50) == pytest.approx(0.2)  # 64 is nearest 50: 12 / 10 - 1
     assert kernel_gain(read_timings(path) or {}, 8) == 0.0
     assert read_timings(tmp_path / "none.json") is None
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """A missing or dense config, or a Python without vLLM (this one): one line naming what is wrong, exit 2."""
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    (dense / "config.json").write_text(json.dumps({"hidden_size": 4096, "intermediate_size": 14336}))
+    for model, said in ((tmp_path / "none", "No such file"), (dense, "no mixture of experts")):
+        proc = subprocess.run([sys.executable, "-m", "servescope.bench.moe_config", "--model", str(model), "--out",
+                               str(tmp_path / "out")], capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == 2 and proc.stdout == ""
+        [line] = proc.stderr.splitlines()
+        assert said in line and str(model) in line
+    assert not (tmp_path / "out").exists()  # nothing written

@@ -218,13 +218,19 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs a GP
     parser.add_argument("--budget", type=float, default=300.0, help="seconds of search in all")
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)), help="token counts M to tune")
     args = parser.parse_args(argv)
-    import torch
-    from vllm.model_executor.layers.fused_moe.fused_moe import get_default_config
-
     try:
         shape = moe_shape(json.loads((args.model / "config.json").read_text()), args.tp)
     except (OSError, ValueError) as exc:
-        print(f"{args.model}: {exc}", file=sys.stderr)
+        print(f"{args.model / 'config.json'}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import torch
+        from vllm.model_executor.layers.fused_moe.fused_moe import get_default_config
+    except ImportError as exc:
+        print(f"needs the server's Python (torch and vLLM with its fused-MoE kernel): {exc}", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("needs the GPU the server runs on: torch sees no CUDA device", file=sys.stderr)
         return 2
     dtype = torch.bfloat16
     batches = tuple(int(b) for b in args.batches.split(","))
