@@ -18,14 +18,14 @@ import argparse
 import inspect
 import itertools
 import json
-import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from servescope.core.atomic import write_text_atomic
 
 __all__ = ["TIMINGS_SUFFIX", "MoeShape", "candidates", "config_file_name", "kernel_gain", "moe_shape", "read_timings",
            "search", "write_configs"]
@@ -146,12 +146,7 @@ def write_configs(path: Path, found: dict[int, tuple[Config, float, float]]) -> 
 
 
 def _write_json(path: Path, body: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(body, handle, indent=2)
-        handle.write("\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(body, indent=2) + "\n", mkdir=True)
 
 
 def read_timings(config_path: Path) -> dict[int, tuple[float, float]] | None:
