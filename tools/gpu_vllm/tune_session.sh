@@ -2,7 +2,7 @@
 # Runs ON THE LENT GPU, in the repository root, after tools/gpu_vllm/device_session.sh has installed vLLM 0.26 and
 # servescope there (/tmp/site, /tmp/ss-site):
 #
-#   bash tools/gpu_vllm/tune_session.sh STEP...        STEP: scale | seqs | async | kv | defaults | capture | moe
+#   bash tools/gpu_vllm/tune_session.sh STEP...        STEP: scale | seqs | async | kv | defaults | capture | moe | sweep
 #
 # The steps run one after another in a driver started with setsid, which outlives the device call while the machine
 # stays warm: every call (the same command) starts the driver if it is not running yet, then waits until it is done
@@ -16,7 +16,12 @@
 #             8), --leave-running, then the anchor `vllm bench serve` at the final knee's load on the server left up
 #   moe       the MoE model (qwen3moe-30b-12l) with vLLM's defaults, whose log says "Using default MoE config" on an
 #             H100: `python -m servescope.bench.moe_config` searches the fused-MoE kernel's block sizes for its expert
-#             shape first (MOE_SEARCH_S seconds), then `tune --moe-config-dir` on the server, as above
+#             shape first (MOE_SEARCH_S seconds; MOE_CONFIG_SRC=DIR takes an earlier search's config and timings
+#             instead), then `tune --moe-config-dir` on the server, as above
+#   sweep     the anchor for `tune` on the seqs server: vLLM's own `vllm bench sweep serve` restarts the server for
+#             each of SWEEP_SEQS (--max-num-seqs, a knob of the grid vLLM's auto_tune walks) and runs `vllm bench
+#             serve` at each of SWEEP_CONC concurrencies on it (the same 256 in / 128 out); the best throughput
+#             within the SLO is read from its results afterwards, its wall time beside
 set -u
 T0=$(date +%s)
 BUDGET=${SESSION_BUDGET_S:-570}
@@ -100,12 +105,41 @@ WEAK[moe]="--gpu-memory-utilization 0.6 --kv-cache-memory-bytes 8589934592"; MOD
 
 moe_search() {   # the tuned fused-MoE config for the MoE model's expert shape on this GPU, before its tune run
   local m=qwen3moe-30b-12l t=$(date +%s)
+  EXTRA[moe]="--moe-config-dir $W/moe-configs"
+  if [ -n "${MOE_CONFIG_SRC:-}" ]; then
+    mkdir -p $W/moe-configs && cp "$MOE_CONFIG_SRC"/*.json $W/moe-configs/ && say "moe config from $MOE_CONFIG_SRC: $(ls $W/moe-configs | tr '\n' ' ')"
+    return
+  fi
   [ -f $MODELS/$m/config.json ] || python3 /tmp/payload/make_models.py $MODELS $m > $L/models-moe.log 2>&1 || say "make_models $m failed"
   python3 -m servescope.bench.moe_config --model $MODELS/$m --out $W/moe-configs --budget ${MOE_SEARCH_S:-150} \
     > "$R/moe-search.txt" 2> "$L/moe-search.err"
   say "moe search rc=$? in $(( $(date +%s) - t ))s: $(tail -1 "$R/moe-search.txt")"
   cp $W/moe-configs/*.json "$R/" 2>/dev/null
-  EXTRA[moe]="--moe-config-dir $W/moe-configs"
+}
+
+sweep() {   # vLLM's own sweep over --max-num-seqs on the seqs server's base command: tune's anchor
+  local t=$(date +%s) port=8040 d=$W/sweep; mkdir -p /tmp/bin $d
+  printf '#!/bin/sh\nexec python3 -m vllm.entrypoints.cli.main "$@"\n' > /tmp/bin/vllm; chmod +x /tmp/bin/vllm
+  python3 - "$d" "${SWEEP_SEQS:-16,64,256}" "${SWEEP_CONC:-16,64,128,256}" <<'EOF'
+import json, sys
+d, seqs, conc = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(",")
+json.dump([{"max_num_seqs": int(s)} for s in seqs], open(f"{d}/serve.json", "w"))
+json.dump([{"max_concurrency": int(c), "num_prompts": 2 * max(int(c), 32)} for c in conc], open(f"{d}/bench.json", "w"))
+EOF
+  /tmp/bin/vllm bench sweep --help > "$L/sweep-help.txt" 2>&1
+  timeout 900 /tmp/bin/vllm bench sweep serve \
+    --serve-cmd "/tmp/bin/vllm serve $MODELS/$MODEL --served-model-name $MODEL --max-model-len 4096 --gpu-memory-utilization 0.3 --port $port --kv-cache-memory-bytes 4294967296" \
+    --bench-cmd "/tmp/bin/vllm bench serve --backend vllm --base-url http://127.0.0.1:$port --model $MODEL --tokenizer $MODELS/$MODEL --dataset-name random --random-input-len 256 --random-output-len 128 --ignore-eos --seed 0 --metric-percentiles 50,90,95,99" \
+    --serve-params $d/serve.json --bench-params $d/bench.json --num-runs 1 --server-ready-timeout 400 \
+    -o $d/results > "$L/sweep.out" 2>&1
+  say "vllm bench sweep serve rc=$? in $(( $(date +%s) - t ))s (seqs ${SWEEP_SEQS:-16,64,256}, concurrency ${SWEEP_CONC:-16,64,128,256})"
+  python3 - "$d/results" >> "$W/driver.txt" 2>&1 <<'EOF'
+import json, pathlib, sys
+for f in sorted(pathlib.Path(sys.argv[1]).rglob("run=*.json")):
+    r = json.load(open(f))
+    print("    ", {k: r.get(k) for k in ("max_num_seqs", "max_concurrency", "output_throughput", "p99_ttft_ms", "p99_itl_ms", "duration")})
+EOF
+  ( cd $W && tar czf "$R/sweep.tgz" sweep ) 2>/dev/null
 }
 
 tune() {   # tune NAME
@@ -132,6 +166,7 @@ for step in "$@"; do
     scale) scale ;;
     seqs|async|kv|defaults|capture) tune $step ;;
     moe) moe_search; tune moe ;;
+    sweep) sweep ;;
     *) say "unknown step $step" ;;
   esac
 done
