@@ -432,3 +432,14 @@ def test_a_value_left_to_the_engine_is_read_from_its_own_log_line() -> None:
     given = msgspec.structs.replace(ev, argv=[*argv, "--max-num-batched-tokens", "2048"])  # the command line wins
     [cand] = [c for c in match_changes(given).candidates if c.id == "max-num-batched-tokens-down"]
     assert (cand.current, cand.value) == ("2048", "1024")
+
+
+def test_capture_size_covers_the_load_the_knee_search_saw_miss() -> None:
+    # H100 (tests/data/tune/h100, third session): capture 8 at a knee of 64 streams; capture 64 moved the knee to 96,
+    # whose steps ran eager again. The least load the search saw miss the targets is where the knee can move to.
+    argv = ["vllm", "serve", "m", "--max-cudagraph-capture-size", "8"]
+    ev = ChangeEvidence(knee_cause="step_time", load=64, cause_figures={"next_load": 96.0}, argv=argv, platform="cuda")
+    assert _ids(ev)[0]["capture-size"].edit.set_flags == {"--max-cudagraph-capture-size": "128"}
+    # no load seen to miss (the search's limit reached): the knee's own load
+    ev = msgspec.structs.replace(ev, cause_figures={})
+    assert _ids(ev)[0]["capture-size"].edit.set_flags == {"--max-cudagraph-capture-size": "64"}

@@ -38,7 +38,7 @@ SERVE="python3 -m vllm.entrypoints.openai.api_server --model $MODELS/$MODEL --se
 
 pack() {
   cp "$W/driver.txt" "$OUTD/tune-session.txt" 2>/dev/null
-  ( cd "$W" && tar czf "$OUTD/tune-logs.tgz" logs $(ls -d tune-*.logs 2>/dev/null); tar czf "$OUTD/tune-results.tgz" results ) 2>/dev/null
+  ( cd "$W" && tar czf "$OUTD/tune-logs.tgz" logs $(ls -d tune-*.logs 2>/dev/null); tar czf "$OUTD/tune-results.tgz" results $(ls -d sweep 2>/dev/null) ) 2>/dev/null
   ls -la "$R" | tail -n +2
 }
 

@@ -318,7 +318,8 @@ def _new_value(rule: Mapping[str, Any], current: str | None, ev: ChangeEvidence)
         return ev.inputs.get(rule["name"])
     now = _number(current)
     if kind == "pow2_load":
-        need = max(ev.load or 0.0, _figure(ev, rule.get("evidence", "")) or 0.0)
+        names = rule.get("evidence", [])
+        need = max([ev.load or 0.0] + [_figure(ev, n) or 0.0 for n in ([names] if isinstance(names, str) else names)])
         if need <= 0:
             return None
         new = int(min(rule.get("cap", math.inf), 2 ** math.ceil(math.log2(max(need, 1.0)))))

@@ -61,11 +61,20 @@ def evidence_of_analysis(doc: AnalysisDoc, **more: Any) -> ChangeEvidence:
     return ChangeEvidence(**fields)
 
 
+def knee_figures(result: ServeResult) -> dict[str, float]:
+    """The figures the catalogue reads of a knee search: its cause's evidence, and ``next_load`` (the least load
+    seen to miss the targets: where the knee can move once the step is shorter)."""
+    figures = dict(result.cause.evidence) if result.cause else {}
+    if result.knee is not None and result.knee.next_load is not None:
+        figures["next_load"] = result.knee.next_load
+    return figures
+
+
 def serve_next_steps(result: ServeResult, *, argv: Sequence[str] = ()) -> list[str]:
     """:func:`next_steps` of a ``bench serve`` result: the knee's cause and its figures at the knee's load, and
     the points' findings (``front_end_bound``), with the server's command line where known."""
     seen = {f.id: SeenFinding(id=f.id, severity=f.severity) for p in result.points for f in p.findings}
     cause = result.cause
     return next_steps(ChangeEvidence(
-        knee_cause=cause.id if cause else None, cause_figures=dict(cause.evidence) if cause else {},
+        knee_cause=cause.id if cause else None, cause_figures=knee_figures(result),
         load=result.knee.load if result.knee else None, findings=list(seen.values()), argv=list(argv)))

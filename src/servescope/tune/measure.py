@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from servescope.core.next_steps import knee_figures
 from servescope.core.serve import Knee, ServeResult, SloTarget
 from servescope.core.tune import KneeFigure
 
@@ -43,7 +44,7 @@ def figure_of(result: ServeResult, seconds: float) -> Measured:
         load=knee.load if knee else None, unit=knee.unit if knee else None,
         spread=_spread(knee), cause=cause.id if cause else None, tokens_per_s=knee.tokens_per_s if knee else None,
         cause_message=cause.message if cause else None, seconds=seconds)
-    return Measured(figure=figure, cause_figures=dict(cause.evidence) if cause else {})
+    return Measured(figure=figure, cause_figures=knee_figures(result))
 
 
 def _spread(knee: Knee | None) -> list[float] | None:
