@@ -443,3 +443,12 @@ def test_capture_size_covers_the_load_the_knee_search_saw_miss() -> None:
     # no load seen to miss (the search's limit reached): the knee's own load
     ev = msgspec.structs.replace(ev, cause_figures={})
     assert _ids(ev)[0]["capture-size"].edit.set_flags == {"--max-cudagraph-capture-size": "64"}
+
+
+def test_a_finding_as_evidence_keeps_the_phase_of_steps_it_is_about() -> None:
+    # the phase each finding names in the capture's own analysis (plain json of the stored profile document)
+    raw = json.loads((AB / "dense-noasync-b64" / "profile.json").read_text())
+    phases = {f["id"]: f.get("phase") for f in raw["findings"]}
+    ev, _ = _captured("dense-noasync-b64")
+    assert phases["launch_bound"] == "mixed"
+    assert {f.id: f.phase for f in ev.findings}["launch_bound"] == phases["launch_bound"]

@@ -44,10 +44,11 @@ _ADVISED = ("medium", "high")  # a finding's severities that call for a change (
 class SeenFinding(msgspec.Struct, kw_only=True, frozen=True):
     """A finding as evidence: its id and severity, the settings its advice names, the per-step saving each piece
     of advice predicts as fractions of the step (``gains``: setting → [low, high]; ``""`` for advice without a
-    setting) and its numeric figures (``facts``)."""
+    setting), its numeric figures (``facts``) and the phase of steps it is about (``decode``, ``mixed``; None: all)."""
 
     id: str
     severity: str | None = None
+    phase: str | None = None
     advice_settings: list[str] = []
     gains: dict[str, list[float]] = {}
     facts: dict[str, float] = {}

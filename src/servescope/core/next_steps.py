@@ -50,7 +50,7 @@ def evidence_of_analysis(doc: AnalysisDoc, **more: Any) -> ChangeEvidence:
         gains = {a.setting or "": [a.gain.low_us / a.gain.step_us, a.gain.high_us / a.gain.step_us]
                  for a in finding.advice if a.gain is not None and a.gain.step_us > 0}
         facts = {k: float(v) for k, v in finding.evidence.items() if isinstance(v, int | float)}
-        seen.append(SeenFinding(id=finding.id, severity=finding.severity, gains=gains, facts=facts,
+        seen.append(SeenFinding(id=finding.id, severity=finding.severity, phase=finding.phase, gains=gains, facts=facts,
                                 advice_settings=[a.setting for a in finding.advice if a.setting]))
     platform = doc.deployment.get("platform")
     batches = [p.tokens_per_step for r in doc.ranks for name, p in r.phases.items()

@@ -95,7 +95,7 @@ def profile_findings(url: str, load: float, *, api_key: str | None,
     except ServescopeError as exc:
         return [], f"not profiled: {exc}"
     findings = evidence_of_analysis(result.analysis).findings
-    names = ", ".join(f"{f.id} ({f.severity})" for f in findings) or "no findings"
+    names = ", ".join(f"{f.id} ({', '.join(filter(None, (f.severity, f.phase)))})" for f in findings) or "no findings"
     return findings, f"profiled at {batch} requests: {names}"
 
 
