@@ -452,3 +452,19 @@ def test_a_finding_as_evidence_keeps_the_phase_of_steps_it_is_about() -> None:
     ev, _ = _captured("dense-noasync-b64")
     assert phases["launch_bound"] == "mixed"
     assert {f.id: f.phase for f in ev.findings}["launch_bound"] == phases["launch_bound"]
+
+
+def test_knee_figures_carry_the_least_load_seen_to_miss_and_only_in_streams() -> None:
+    from servescope.core.document import decode_as
+    from servescope.core.next_steps import knee_figures
+    from servescope.core.serve import ServeResult
+
+    path = Path(__file__).resolve().parents[1] / "data" / "knee" / "h100" / "knee-seqs.json"
+    raw = json.loads(path.read_text())
+    result = decode_as(path.read_bytes(), str(path), ServeResult)
+    figures = knee_figures(result)
+    assert raw["knee"]["unit"] == "streams" and figures["next_load"] == raw["knee"]["next_load"]
+    assert {k: figures[k] for k in raw["cause"]["evidence"]} == raw["cause"]["evidence"]
+    # a knee of requests/s (--rate auto) is not a batch: neither its load nor the next one reads as one
+    rate = msgspec.structs.replace(result, knee=msgspec.structs.replace(result.knee, unit="requests/s"))
+    assert "next_load" not in knee_figures(rate)

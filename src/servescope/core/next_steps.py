@@ -65,9 +65,15 @@ def knee_figures(result: ServeResult) -> dict[str, float]:
     """The figures the catalogue reads of a knee search: its cause's evidence, and ``next_load`` (the least load
     seen to miss the targets: where the knee can move once the step is shorter)."""
     figures = dict(result.cause.evidence) if result.cause else {}
-    if result.knee is not None and result.knee.next_load is not None:
+    if _streams(result) is not None and result.knee is not None and result.knee.next_load is not None:
         figures["next_load"] = result.knee.next_load
     return figures
+
+
+def _streams(result: ServeResult) -> float | None:
+    """The knee's load where it is a number of streams (what the catalogue reads as the batch served); None for a
+    knee of requests/s (``--rate auto``) or none."""
+    return result.knee.load if result.knee is not None and result.knee.unit == "streams" else None
 
 
 def serve_next_steps(result: ServeResult, *, argv: Sequence[str] = ()) -> list[str]:
@@ -77,4 +83,4 @@ def serve_next_steps(result: ServeResult, *, argv: Sequence[str] = ()) -> list[s
     cause = result.cause
     return next_steps(ChangeEvidence(
         knee_cause=cause.id if cause else None, cause_figures=knee_figures(result),
-        load=result.knee.load if result.knee else None, findings=list(seen.values()), argv=list(argv)))
+        load=_streams(result), findings=list(seen.values()), argv=list(argv)))
