@@ -130,6 +130,7 @@ EOF
   timeout 900 /tmp/bin/vllm bench sweep serve \
     --serve-cmd "/tmp/bin/vllm serve $MODELS/$MODEL --served-model-name $MODEL --max-model-len 4096 --gpu-memory-utilization 0.3 --port $port --kv-cache-memory-bytes 4294967296" \
     --bench-cmd "/tmp/bin/vllm bench serve --backend vllm --base-url http://127.0.0.1:$port --model $MODEL --tokenizer $MODELS/$MODEL --dataset-name random --random-input-len 256 --random-output-len 128 --ignore-eos --seed 0 --metric-percentiles 50,90,95,99" \
+    --after-bench-cmd "python3 -c \"import urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:$port/reset_prefix_cache', method='POST'))\"" \
     --serve-params $d/serve.json --bench-params $d/bench.json --num-runs 1 --server-ready-timeout 400 \
     -o $d/results > "$L/sweep.out" 2>&1
   say "vllm bench sweep serve rc=$? in $(( $(date +%s) - t ))s (seqs ${SWEEP_SEQS:-16,64,256}, concurrency ${SWEEP_CONC:-16,64,128,256})"
