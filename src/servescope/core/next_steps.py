@@ -14,7 +14,7 @@ from servescope.core.analysis import AnalysisDoc
 from servescope.core.changes import ChangeEvidence, SeenFinding, catalogue_engine, match_changes
 from servescope.core.serve import ServeResult
 
-__all__ = ["analysis_next_steps", "evidence_of_analysis", "next_steps", "serve_next_steps"]
+__all__ = ["analysis_next_steps", "evidence_of_analysis", "knee_figures", "next_steps", "serve_next_steps"]
 
 _STEADY_STEPS = 3  # a phase finding about fewer steps (an admission step or two) is context, not advice
 
