@@ -468,3 +468,14 @@ def test_knee_figures_carry_the_least_load_seen_to_miss_and_only_in_streams() ->
     # a knee of requests/s (--rate auto) is not a batch: neither its load nor the next one reads as one
     rate = msgspec.structs.replace(result, knee=msgspec.structs.replace(result.knee, unit="requests/s"))
     assert "next_load" not in knee_figures(rate)
+
+
+def test_the_profile_sentence_names_each_finding_with_its_phase() -> None:
+    from servescope.tune.evidence import profile_sentence
+
+    raw = json.loads((AB / "dense-noasync-b64" / "profile.json").read_text())
+    ev, _ = _captured("dense-noasync-b64")
+    expected = ", ".join(f"{f['id']} ({f['severity']}, {f['phase']})" if f.get("phase") not in (None, "unknown")
+                         else f"{f['id']} ({f['severity']})" for f in raw["findings"])
+    assert profile_sentence(64, ev.findings) == f"profiled at 64 requests: {expected}"
+    assert profile_sentence(8, []) == "profiled at 8 requests: no findings"

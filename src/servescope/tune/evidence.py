@@ -95,8 +95,16 @@ def profile_findings(url: str, load: float, *, api_key: str | None,
     except ServescopeError as exc:
         return [], f"not profiled: {exc}"
     findings = evidence_of_analysis(result.analysis).findings
-    names = ", ".join(f"{f.id} ({', '.join(filter(None, (f.severity, f.phase)))})" for f in findings) or "no findings"
-    return findings, f"profiled at {batch} requests: {names}"
+    return findings, profile_sentence(batch, findings)
+
+
+def profile_sentence(batch: int, findings: Sequence[SeenFinding]) -> str:
+    """``profiled at 64 requests: launch_bound (high, decode), ...``: each finding with its severity and the
+    phase of steps it is about where the trace told it (two findings of one rule differ by it)."""
+    def told(f: SeenFinding) -> str:
+        return ", ".join(x for x in (f.severity, f.phase) if x and x != "unknown")
+    names = ", ".join(f"{f.id} ({told(f)})" for f in findings)
+    return f"profiled at {batch} requests: {names or 'no findings'}"
 
 
 def gather_evidence(measured: Measured, config: ServerConfig, *, log_lines: Sequence[str], version: str | None,
