@@ -65,8 +65,8 @@ def knee_figures(result: ServeResult) -> dict[str, float]:
     """The figures the catalogue reads of a knee search: its cause's evidence, and ``next_load`` (the least load
     seen to miss the targets: where the knee can move once the step is shorter)."""
     figures = dict(result.cause.evidence) if result.cause else {}
-    if _streams(result) is not None and result.knee is not None and result.knee.next_load is not None:
-        figures["next_load"] = result.knee.next_load
+    if _streams(result) is not None and (knee := result.knee) is not None and knee.next_load is not None:
+        figures["next_load"] = knee.next_load
     return figures
 
 
