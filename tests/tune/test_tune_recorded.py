@@ -102,7 +102,7 @@ def test_the_anchor_ran_on_the_server_left_running_at_the_final_knee(name: str) 
     assert expected in line
 
 
-@pytest.mark.parametrize("name", sorted(WEAK) + list(SECOND))
+@pytest.mark.parametrize("name", sorted(WEAK) + list(SECOND) + ["capture-3", "capture-4", "seqs-4"])
 def test_the_documents_read_and_render(name: str) -> None:
     doc = decode_as((DATA / f"tune-{name}.json").read_bytes(), name, TuneDoc)
     text = render_document(doc, "text", width=100)
@@ -197,23 +197,57 @@ def test_the_search_s_own_timings_predict_what_the_moe_config_can_gain(tmp_path:
     assert (general.gain_low, general.gain_high) == (0.0, 0.3)
 
 
-def test_the_capture_fix_is_kept_when_tune_compares_the_tokens_delivered() -> None:
-    """Third session (README.md there): the capture-size-8 server again, tune comparing the tokens/s each knee's
-    load delivered. The decisions follow from those figures and the noise; the kept capture size covers the final
-    knee's load; vLLM's own bench at that load, on the server left running, shows the step the fix shortened
-    against the same bench on the original server (second session): mean TPOT and throughput."""
-    doc = _raw("capture-3")
+@pytest.mark.parametrize("name", ["capture-3", "capture-4"])
+def test_the_capture_fix_is_kept_when_tune_compares_the_tokens_delivered(name: str) -> None:
+    """Third and fourth sessions (README.md there): the capture-size-8 server again, tune comparing the tokens/s
+    each knee's load delivered. The decisions follow from those figures and the noise; the kept capture size covers
+    the final knee's load; vLLM's own bench at that load, on the server left running, shows the step the fix
+    shortened against the same bench on the original server (second session): mean TPOT and throughput."""
+    doc = _raw(name)
     mean, noise, reference = _decisions_follow(doc, "tokens_per_s")
     original, kept = shlex.split(doc["target"]["original"]), shlex.split(doc["keep"]["command_line"])
     assert _value(original, "--max-cudagraph-capture-size") == "8"
     load = int(doc["final"]["load"])
     assert int(_value(kept, "--max-cudagraph-capture-size") or 0) >= load
     assert reference > mean * (1 + noise)
-    fixed = json.loads((DATA / "anchors" / f"vbench-tune-capture-3-c{load}.json").read_text())
+    fixed = json.loads((DATA / "anchors" / f"vbench-tune-{name}-c{load}.json").read_text())
     before = json.loads((DATA / "anchors" / f"vbench-tune-capture-c{load}.json").read_text())
     assert fixed["completed"] == fixed["num_prompts"] == before["completed"] == 4 * load
     assert fixed["mean_tpot_ms"] < 0.6 * before["mean_tpot_ms"]
     assert fixed["output_throughput"] > 1.5 * before["output_throughput"]
-    text = render_document(decode_as((DATA / "tune-capture-3.json").read_bytes(), "capture-3", TuneDoc), "text",
-                           width=100)
+    text = render_document(decode_as((DATA / f"tune-{name}.json").read_bytes(), name, TuneDoc), "text", width=100)
     assert "keep:" in text and "--max-cudagraph-capture-size" in text
+
+
+def _sweep_runs() -> list[dict[str, Any]]:
+    return [json.loads(f.read_text()) for f in sorted((DATA / "anchors" / "sweep-4").glob("*/run=0.json"))]
+
+
+def _targets(doc: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in (t.split("=") for t in doc["options"]["slo"])}
+
+
+def test_tune_on_the_seqs_server_against_vllms_own_sweep() -> None:
+    """Fourth session: `tune` on the --max-num-seqs 16 server and, on the same machine, vLLM's `vllm bench sweep
+    serve` over --max-num-seqs {16, 64, 256} x concurrency {16, 64, 128, 256} on the same base command, load and
+    targets. The sweep's best run within the targets is read from its own result files; tune's final knee
+    delivers more, in less wall time, and vLLM's bench on the server tune left running beats the sweep's best run
+    at the same concurrency."""
+    doc = _raw("seqs-4")
+    _decisions_follow(doc, "tokens_per_s")
+    assert _value(shlex.split(doc["target"]["original"]), "--max-num-seqs") == "16"
+    runs = _sweep_runs()
+    grid = json.loads((DATA / "anchors" / "sweep-4" / "serve.json").read_text())
+    assert {r["max_num_seqs"] for r in runs} == {g["max_num_seqs"] for g in grid} and len(runs) == 12
+    targets = _targets(doc)
+    within = [r for r in runs if r["failed"] == 0 and r["p99_ttft_ms"] <= targets["ttft_p99"]
+              and r["p99_itl_ms"] <= targets["itl_p99"]]
+    best = max(within, key=lambda r: r["output_throughput"])
+    assert doc["final"]["tokens_per_s"] > best["output_throughput"]
+    load = int(doc["final"]["load"])
+    anchor = json.loads((DATA / "anchors" / f"vbench-tune-seqs-4-c{load}.json").read_text())
+    at_load = [r["output_throughput"] for r in within if r["max_concurrency"] == load]
+    assert anchor["completed"] == 4 * load and at_load and anchor["output_throughput"] > max(at_load)
+    session = (DATA / "session-4.txt").read_text()
+    sweep_s = int(re.search(r"vllm bench sweep serve rc=0 in (\d+)s", session)[1])  # type: ignore[index]
+    assert doc["seconds"] < sweep_s
