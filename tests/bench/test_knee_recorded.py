@@ -217,3 +217,27 @@ def test_tune_compares_what_the_knee_delivered_with_its_spread() -> None:
         assert figure.goodput_tokens_per_s == _raw(name)["knee"]["goodput_tokens_per_s"]
         old = figure_of(doc, 1.0).figure  # as recorded, before the knee carried it
         assert old.delivered == _raw(name)["knee"]["goodput_tokens_per_s"]
+
+
+def test_a_knee_with_no_load_measured_above_it_is_a_floor_and_says_so() -> None:
+    """A search stopped by its budget before any load missed: the recorded points cut to the knee's load and
+    below (as a budget that ran out there leaves them). Its knee has no next load, tune's figure carries the
+    search's reason as ``floor`` and both answers say the knee is at least that load; the full search is no floor."""
+    from servescope.report.knee import knee_lines
+    from servescope.report.tune import _knee
+    from servescope.tune.measure import figure_of
+
+    for name in ARGV:
+        doc, raw = _doc(name), _raw(name)
+        knee_load = raw["knee"]["load"]
+        assert raw["knee"]["next_load"] is not None and figure_of(doc, 1.0).figure.floor is None
+        kept = [p for p in doc.points if p.load <= knee_load]
+        assert len(kept) == sum(1 for p in raw["points"] if _load(p) <= knee_load) < len(raw["points"])
+        assert doc.search is not None
+        stopped = "the time budget (35 s) ran out"
+        cut = msgspec.structs.replace(doc, points=kept, knee=knee_of(kept, "streams"),
+                                      search=msgspec.structs.replace(doc.search, stopped=stopped))
+        assert cut.knee is not None and cut.knee.load == knee_load and cut.knee.next_load is None
+        figure = figure_of(cut, 1.0).figure
+        assert figure.floor == stopped and f"at {knee_load:g}+ streams" in _knee(figure)
+        assert any("the knee is at least this" in line for _, line in knee_lines(cut))

@@ -251,3 +251,15 @@ def test_tune_on_the_seqs_server_against_vllms_own_sweep() -> None:
     session = (DATA / "session-4.txt").read_text()
     sweep_s = int(re.search(r"vllm bench sweep serve rc=0 in (\d+)s", session)[1])  # type: ignore[index]
     assert doc["seconds"] < sweep_s
+
+
+def test_a_baseline_knee_that_is_a_floor_is_marked_in_the_answer() -> None:
+    """The fourth capture run's baselines sat at 64 streams; a figure with ``floor`` (no load above it measured)
+    reads as 64+ with the reason on its own line; without it, as recorded, neither appears."""
+    doc = decode_as((DATA / "tune-capture-4.json").read_bytes(), "capture-4", TuneDoc)
+    assert "64+" not in render_document(doc, "text", width=100)
+    why = "the time budget (35 s) ran out"
+    floors = [msgspec.structs.replace(b, floor=why) for b in doc.baseline]
+    text = render_document(msgspec.structs.replace(doc, baseline=floors), "text", width=200)
+    assert "tok/s at 64+ streams" in text and f"64+ streams: no higher load was measured ({why})" in text
+    assert "tok/s at 64 streams  (+" in text  # the final knee saw 96 miss: no floor

@@ -24,7 +24,9 @@ class KneeFigure(msgspec.Struct, kw_only=True, frozen=True):
 
     ``tokens_per_s``: the output tokens/s the knee's load delivered (all its requests; it met the targets as a
     whole), with ``spread`` then over its repeats; tune compares :attr:`delivered`: that figure where it was
-    measured, else goodput (documents written before it was)."""
+    measured, else goodput (documents written before it was). ``floor``: where the search measured no load above
+    ``load``, why it stopped (a budget ran out, every load up to its limit met): the knee is then at least
+    ``load``, not known to be there."""
 
     goodput_tokens_per_s: float
     goodput_requests_per_s: float | None
@@ -35,6 +37,7 @@ class KneeFigure(msgspec.Struct, kw_only=True, frozen=True):
     cause_message: str | None
     seconds: float
     tokens_per_s: float | None = None
+    floor: str | None = None
 
     @property
     def delivered(self) -> float:

@@ -39,7 +39,7 @@ def knee_lines(result: ServeResult) -> list[tuple[str, str]]:
     else:
         lo, hi = knee.spread
         nxt = (f"; {knee.next_load:g} missed ({', '.join(knee.missed_by) or 'targets'})"
-               if knee.next_load is not None else "")
+               if knee.next_load is not None else "; no higher load measured: the knee is at least this")
         delivered = f"; all requests {knee.tokens_per_s:.1f} tok/s" if knee.tokens_per_s is not None else ""
         lines.append(("bold", f"knee: {knee.load:g} {unit} — goodput {knee.goodput_tokens_per_s:.1f} output tok/s, "
                               f"{knee.goodput_requests_per_s:.2f} req/s (spread {lo:.1f}–{hi:.1f} tok/s over "

@@ -23,7 +23,16 @@ def _knee(figure: KneeFigure | None) -> str:
         return "N/A"
     if figure.load is None:
         return "no load met the targets (goodput 0)"
-    return f"{figure.delivered:.1f} tok/s at {figure.load:g} {figure.unit or ''}".rstrip()
+    plus = "+" if figure.floor else ""
+    return f"{figure.delivered:.1f} tok/s at {figure.load:g}{plus} {figure.unit or ''}".rstrip()
+
+
+def _floors(figures: list[KneeFigure | None], console: Console) -> None:
+    """One line for the knees that are lower bounds: no load above them was measured, and why."""
+    floors = {(f.load, f.unit, f.floor) for f in figures if f is not None and f.floor and f.load is not None}
+    for load, unit, why in sorted(floors, key=lambda x: (x[0] or 0, x[2] or "")):
+        console.print(Text(f"  {load:g}+ {unit or ''}: no higher load was measured ({why}); the knee may lie higher "
+                           "(--measure-budget gives each search more time)", style="dim"), overflow="fold")
 
 
 def _pct(value: float | None) -> str:
@@ -49,6 +58,7 @@ def _headline(doc: TuneDoc, console: Console) -> None:
     else:
         final.append("  (nothing kept: the original configuration stays)", style="yellow")
     console.print(final, overflow="fold")
+    _floors([*base, doc.final], console)
     console.print(Text(f"stopped: {doc.stopped}; {len(doc.trials)} trial(s) in {doc.seconds:.0f} s"
                        + ("; the original configuration is in place" if doc.restored else "")), overflow="fold")
 

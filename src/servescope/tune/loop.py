@@ -183,6 +183,8 @@ class _Run:
                                 server_argv=list(argv))
         f = measured.figure
         knee = "no load met the targets" if f.load is None else f"{f.delivered:.1f} tok/s at {f.load:g}"
+        if f.floor:
+            knee += f"+ (no higher load measured: {f.floor})"
         self.say(f"{what}: knee {knee} ({f.cause or 'no named cause'}; {f.seconds:.0f} s)", False)
         return measured
 

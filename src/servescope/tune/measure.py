@@ -43,8 +43,14 @@ def figure_of(result: ServeResult, seconds: float) -> Measured:
         goodput_requests_per_s=knee.goodput_requests_per_s if knee else None,
         load=knee.load if knee else None, unit=knee.unit if knee else None,
         spread=_spread(knee), cause=cause.id if cause else None, tokens_per_s=knee.tokens_per_s if knee else None,
-        cause_message=cause.message if cause else None, seconds=seconds)
+        cause_message=cause.message if cause else None, seconds=seconds, floor=_floor(result))
     return Measured(figure=figure, cause_figures=knee_figures(result))
+
+
+def _floor(result: ServeResult) -> str | None:
+    """Why the search measured no load above its knee, where it measured none (the knee is a lower bound)."""
+    knee, search = result.knee, result.search
+    return search.stopped if knee is not None and knee.next_load is None and search is not None else None
 
 
 def _spread(knee: Knee | None) -> list[float] | None:
