@@ -66,6 +66,7 @@ def _decisions_follow(doc: dict[str, Any], figure: str) -> tuple[float, float, f
         assert trial["reference_tokens_per_s"] == pytest.approx(reference)
         assert trial["measured_gain"] == pytest.approx(got / reference - 1)
         low, high = trial["change"]["gain_low"], trial["change"]["gain_high"]
+        assert high > noise  # tried: a change predicted within the noise is not (tune.loop.beyond_noise)
         assert trial["within_prediction"] == (low <= got / reference - 1 <= high)
         assert trial["outcome"] == ("kept" if got > reference * (1 + noise) else "rolled_back")
         if trial["outcome"] == "kept":
@@ -166,6 +167,7 @@ def test_the_search_s_own_timings_predict_what_the_moe_config_can_gain(tmp_path:
     the knee ~nothing, and the +30% tune measured then (by goodput, its noise 18%) was not the config's doing."""
     from servescope.core.changes import match_changes
     from servescope.tune.evidence import moe_search_facts
+    from servescope.tune.loop import beyond_noise
 
     timed = {}
     for line in (DATA / "moe" / "moe-search.txt").read_text().splitlines():
@@ -195,6 +197,14 @@ def test_the_search_s_own_timings_predict_what_the_moe_config_can_gain(tmp_path:
     [general] = [c for c in match_changes(msgspec.structs.replace(ev, facts={})).candidates
                  if c.id == "fused-moe-config"]
     assert (general.gain_low, general.gain_high) == (0.0, 0.3)
+    # tune tries neither blind: a predicted gain within the baseline's noise is never tried (no trial could keep
+    # it), one beyond it is (the recorded run's noise, re-derived from its two baseline knees)
+    first, second = (b["goodput_tokens_per_s"] for b in doc["baseline"])
+    noise = max(abs(first - second) / ((first + second) / 2), doc["options"]["min_noise"])
+    assert cand.gain_high < noise < general.gain_high
+    tried, below = beyond_noise([cand, general], noise)
+    assert tried == [general] and [(b.id, b.reason) for b in below] == [("fused-moe-config", "below_noise")]
+    assert f"±{noise:.0%}" in below[0].detail
 
 
 @pytest.mark.parametrize("name", ["capture-3", "capture-4"])

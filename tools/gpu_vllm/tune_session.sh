@@ -17,7 +17,9 @@
 #   moe       the MoE model (qwen3moe-30b-12l) with vLLM's defaults, whose log says "Using default MoE config" on an
 #             H100: `python -m servescope.bench.moe_config` searches the fused-MoE kernel's block sizes for its expert
 #             shape first (MOE_SEARCH_S seconds; MOE_CONFIG_SRC=DIR takes an earlier search's config and timings
-#             instead), then `tune --moe-config-dir` on the server, as above
+#             instead, its timings rebuilt from the search's moe-search.txt there where none were kept: e.g. a copy of
+#             tests/data/tune/h100/moe in an untracked folder, which travels with the tree), then `tune
+#             --moe-config-dir` on the server, as above
 #   sweep     the anchor for `tune` on the seqs server: vLLM's own `vllm bench sweep serve` restarts the server for
 #             each of SWEEP_SEQS (--max-num-seqs, a knob of the grid vLLM's auto_tune walks) and runs `vllm bench
 #             serve` at each of SWEEP_CONC concurrencies on it (the same 256 in / 128 out); the best throughput
@@ -107,7 +109,17 @@ moe_search() {   # the tuned fused-MoE config for the MoE model's expert shape o
   local m=qwen3moe-30b-12l t=$(date +%s)
   EXTRA[moe]="--moe-config-dir $W/moe-configs"
   if [ -n "${MOE_CONFIG_SRC:-}" ]; then
-    mkdir -p $W/moe-configs && cp "$MOE_CONFIG_SRC"/*.json $W/moe-configs/ && say "moe config from $MOE_CONFIG_SRC: $(ls $W/moe-configs | tr '\n' ' ')"
+    mkdir -p $W/moe-configs && cp "$MOE_CONFIG_SRC"/E=*.json $W/moe-configs/
+    # the search's timings (tune's prediction) rebuilt from its log where only the log was kept
+    ls $W/moe-configs/*.timings.json > /dev/null 2>&1 || python3 - "$MOE_CONFIG_SRC/moe-search.txt" $W/moe-configs <<'EOF'
+import json, pathlib, re, sys
+log = pathlib.Path(sys.argv[1]).read_text()
+timed = {m[1]: [float(m[2]), float(m[3])] for m in re.finditer(r"M=(\d+): ([\d.]+) us \(default ([\d.]+) us", log)}
+for config in pathlib.Path(sys.argv[2]).glob("E=*.json"):
+    if not config.name.endswith(".timings.json"):
+        config.with_name(config.name + ".timings.json").write_text(json.dumps(timed))
+EOF
+    say "moe config from $MOE_CONFIG_SRC: $(ls $W/moe-configs | tr '\n' ' ')"
     return
   fi
   [ -f $MODELS/$m/config.json ] || python3 /tmp/payload/make_models.py $MODELS $m > $L/models-moe.log 2>&1 || say "make_models $m failed"

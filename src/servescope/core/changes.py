@@ -116,7 +116,9 @@ class Candidate(msgspec.Struct, kw_only=True, frozen=True):
 
 class NotCandidate(msgspec.Struct, kw_only=True, frozen=True):
     """A change the evidence called for that is not tried: ``reason`` is ``in_place``, ``not_allowed``,
-    ``needs_input``, ``platform`` or ``no_value``; ``detail`` says it in a sentence (and how to give an input)."""
+    ``needs_input``, ``platform`` or ``no_value`` (the catalogue's), ``budget`` or ``below_noise`` (tune's: no time
+    left, or a predicted gain no larger than the baseline's noise); ``detail`` says it in a sentence (and how to
+    give an input)."""
 
     id: str
     label: str

@@ -38,7 +38,7 @@ from servescope.tune.measure import Measure, Measured
 from servescope.tune.target import Target
 from servescope.tune.unit import NotConfirmed, UnitTarget
 
-__all__ = ["Profiler", "TuneRequest", "noise_of", "run_tune"]
+__all__ = ["Profiler", "TuneRequest", "beyond_noise", "noise_of", "run_tune"]
 
 Say = Callable[[str, bool], None]
 """Progress: one line per step, and whether it is transient (a load's progress, replaced by the next line)."""
@@ -104,6 +104,22 @@ _NOT_THE_SERVER = {
     "client": "the knee is the client's (servescope's own load generator ran late): no server setting moves it; "
               "measure from more CPUs or another machine to see the server's own knee",
 }
+
+
+def beyond_noise(candidates: list[Candidate], noise: float) -> tuple[list[Candidate], list[NotCandidate]]:
+    """The candidates a trial could tell from the noise, and the others ruled out (``below_noise``): a change
+    predicted to gain at most the baseline's noise could never be kept (it must beat the reference by more), so
+    its restart would be spent for nothing."""
+    showable, below = [], []
+    for c in candidates:
+        if c.gain_high > noise:
+            showable.append(c)
+        else:
+            below.append(NotCandidate(
+                id=c.id, label=c.label, reason="below_noise", because=c.because,
+                detail=(f"predicted {c.gain_low:+.0%}..{c.gain_high:+.0%} ({c.gain_basis}): within the baseline's "
+                        f"noise (±{noise:.0%}), a trial could not tell it from the noise")))
+    return showable, below
 
 
 def noise_of(first: KneeFigure, second: KneeFigure, *, floor: float) -> float:
@@ -294,7 +310,9 @@ class _Run:
             # a change that did not pay is not tried again; one kept may be tried again with a new value
             spent = {t.change.id for t in self.trials if t.outcome != "kept"}
             tried = {(t.change.id, t.change.edit.describe()) for t in self.trials}
-            left = [c for c in candidates if c.id not in spent and (c.id, c.edit.describe()) not in tried]
+            left, below = beyond_noise([c for c in candidates
+                                        if c.id not in spent and (c.id, c.edit.describe()) not in tried], self.noise)
+            self.ruled_out.update((out.id, out) for out in below)
             if not left:
                 self.stopped = "no candidate left"
                 cause = self.last.figure.cause if self.last is not None else None
