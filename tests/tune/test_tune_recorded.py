@@ -273,3 +273,8 @@ def test_a_baseline_knee_that_is_a_floor_is_marked_in_the_answer() -> None:
     text = render_document(msgspec.structs.replace(doc, baseline=floors), "text", width=200)
     assert "tok/s at 64+ streams" in text and f"64+ streams: no higher load was measured ({why})" in text
     assert "tok/s at 64 streams  (+" in text  # the final knee saw 96 miss: no floor
+    assert "--measure-budget gives each search more time" in text
+    limit = "every load up to 64 streams met the targets"
+    text = render_document(msgspec.structs.replace(doc, baseline=[msgspec.structs.replace(b, floor=limit)
+                                                                  for b in doc.baseline]), "text", width=200)
+    assert f"({limit}); the knee may lie higher (--max-load lets the search go further)" in text

@@ -31,8 +31,10 @@ def _floors(figures: list[KneeFigure | None], console: Console) -> None:
     """One line for the knees that are lower bounds: no load above them was measured, and why."""
     floors = {(f.load, f.unit, f.floor) for f in figures if f is not None and f.floor and f.load is not None}
     for load, unit, why in sorted(floors, key=lambda x: (x[0] or 0, x[2] or "")):
+        more = "--measure-budget gives each search more time" if "budget" in (why or "") else \
+            "--max-load lets the search go further"
         console.print(Text(f"  {load:g}+ {unit or ''}: no higher load was measured ({why}); the knee may lie higher "
-                           "(--measure-budget gives each search more time)", style="dim"), overflow="fold")
+                           f"({more})", style="dim"), overflow="fold")
 
 
 def _pct(value: float | None) -> str:
