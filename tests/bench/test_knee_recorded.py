@@ -215,6 +215,14 @@ def test_tune_compares_what_the_knee_delivered_with_its_spread() -> None:
         assert figure.delivered == statistics.median(at_knee)
         assert figure.spread == [min(at_knee), max(at_knee)]
         assert figure.goodput_tokens_per_s == _raw(name)["knee"]["goodput_tokens_per_s"]
+        # the room the knee leaves under each target: the worst of its repeats, read from the points
+        worst: dict[str, float] = {}
+        for p in _raw(name)["points"]:
+            if _load(p) == _raw(name)["knee"]["load"]:
+                for check in p["slo"]["checks"]:
+                    worst[check["target"]] = max(worst.get(check["target"], 0.0), check["value_ms"])
+        assert {c.target: c.value_ms for c in figure.checks or []} == worst and worst
+        assert all(c.value_ms is not None and c.value_ms <= c.limit_ms for c in figure.checks or [])
         old = figure_of(doc, 1.0).figure  # as recorded, before the knee carried it
         assert old.delivered == _raw(name)["knee"]["goodput_tokens_per_s"]
 
@@ -240,4 +248,7 @@ def test_a_knee_with_no_load_measured_above_it_is_a_floor_and_says_so() -> None:
         assert cut.knee is not None and cut.knee.load == knee_load and cut.knee.next_load is None
         figure = figure_of(cut, 1.0).figure
         assert figure.floor == stopped and f"at {knee_load:g}+ streams" in _knee(figure)
+        limits = {c["target"]: c["limit_ms"] for c in raw["points"][0]["slo"]["checks"]}
+        assert all(f"{c.target} {c.value_ms:.0f} of {limits[c.target]:g} ms" in _knee(figure)
+                   for c in figure.checks or []) and figure.checks
         assert any("the knee is at least this" in line for _, line in knee_lines(cut))

@@ -1,7 +1,8 @@
 """The ``tune`` result document: the baseline knee and its noise, every trial, the final knee, what to keep.
 
-The objective is the knee's goodput (output tokens/s of the requests that met every ``--slo`` target, at the most
-load whose points all met them; :mod:`servescope.core.knee`). The noise is how far the baseline moves between two
+The objective is the output tokens/s delivered at the knee (the most load whose points all met every ``--slo``
+target; :mod:`servescope.bench.serve.knee`), with goodput beside it (documents written before the delivered figure
+was measured compare goodput). The noise is how far the baseline moves between two
 measurements of the same server (and the spread of the knee's repeats); a change is kept only when its knee beats
 the reference (the baseline, or the last kept change) by more than that.
 """
@@ -12,6 +13,7 @@ import msgspec
 
 from servescope.core.changes import Candidate, ChangeEdit, NotCandidate
 from servescope.core.document import Document
+from servescope.core.serve import TargetCheck
 
 __all__ = ["KeepSettings", "KneeFigure", "TargetInfo", "Trial", "TuneDoc", "TuneOptions", "relative_gain"]
 
@@ -26,7 +28,8 @@ class KneeFigure(msgspec.Struct, kw_only=True, frozen=True):
     whole), with ``spread`` then over its repeats; tune compares :attr:`delivered`: that figure where it was
     measured, else goodput (documents written before it was). ``floor``: where the search measured no load above
     ``load``, why it stopped (a budget ran out, every load up to its limit met): the knee is then at least
-    ``load``, not known to be there."""
+    ``load``, not known to be there. ``checks``: each target at the knee's load, the worst of its repeats: how much
+    room the knee leaves under the targets."""
 
     goodput_tokens_per_s: float
     goodput_requests_per_s: float | None
@@ -38,6 +41,7 @@ class KneeFigure(msgspec.Struct, kw_only=True, frozen=True):
     seconds: float
     tokens_per_s: float | None = None
     floor: str | None = None
+    checks: list[TargetCheck] | None = None
 
     @property
     def delivered(self) -> float:

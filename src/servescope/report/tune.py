@@ -24,7 +24,10 @@ def _knee(figure: KneeFigure | None) -> str:
     if figure.load is None:
         return "no load met the targets (goodput 0)"
     plus = "+" if figure.floor else ""
-    return f"{figure.delivered:.1f} tok/s at {figure.load:g}{plus} {figure.unit or ''}".rstrip()
+    room = ", ".join(f"{c.target} {c.value_ms:.0f} of {c.limit_ms:g} ms" for c in figure.checks or []
+                     if c.value_ms is not None)
+    return (f"{figure.delivered:.1f} tok/s at {figure.load:g}{plus} {figure.unit or ''}".rstrip()
+            + (f" ({room})" if room else ""))
 
 
 def _floors(figures: list[KneeFigure | None], console: Console) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from servescope.core.next_steps import knee_figures
-from servescope.core.serve import Knee, ServeResult, SloTarget
+from servescope.core.serve import Knee, ServeResult, SloTarget, TargetCheck
 from servescope.core.tune import KneeFigure
 
 __all__ = ["Measure", "Measured", "figure_of", "knee_measure"]
@@ -43,8 +43,25 @@ def figure_of(result: ServeResult, seconds: float) -> Measured:
         goodput_requests_per_s=knee.goodput_requests_per_s if knee else None,
         load=knee.load if knee else None, unit=knee.unit if knee else None,
         spread=_spread(knee), cause=cause.id if cause else None, tokens_per_s=knee.tokens_per_s if knee else None,
-        cause_message=cause.message if cause else None, seconds=seconds, floor=_floor(result))
+        cause_message=cause.message if cause else None, seconds=seconds, floor=_floor(result),
+        checks=_worst_checks(result))
     return Measured(figure=figure, cause_figures=knee_figures(result))
+
+
+def _worst_checks(result: ServeResult) -> list[TargetCheck] | None:
+    """Each target at the knee's load, the worst of its repeats (the largest statistic), in the targets' order."""
+    knee = result.knee
+    if knee is None:
+        return None
+    worst: dict[str, TargetCheck] = {}
+    for point in result.points:
+        if point.load != knee.load or point.slo is None:
+            continue
+        for check in point.slo.checks:
+            held = worst.get(check.target)
+            if held is None or (check.value_ms or 0.0) > (held.value_ms or 0.0):
+                worst[check.target] = check
+    return list(worst.values()) or None
 
 
 def _floor(result: ServeResult) -> str | None:
