@@ -20,6 +20,8 @@
 #             instead, its timings rebuilt from the search's moe-search.txt there where none were kept: e.g. a copy of
 #             tests/data/tune/h100/moe in an untracked folder, which travels with the tree), then `tune
 #             --moe-config-dir` on the server, as above
+#             and, for the A/B of the config itself, the same server started with the config state tune did not
+#             end on, measured by `vllm bench serve` at the same load (moe-ab-tuned | moe-ab-default)
 #   sweep     the anchor for `tune` on the seqs server: vLLM's own `vllm bench sweep serve` restarts the server for
 #             each of SWEEP_SEQS (--max-num-seqs, a knob of the grid vLLM's auto_tune walks) and runs `vllm bench
 #             serve` at each of SWEEP_CONC concurrencies on it (the same 256 in / 128 out); the best throughput
@@ -129,6 +131,24 @@ EOF
   cp $W/moe-configs/*.json "$R/" 2>/dev/null
 }
 
+moe_ab() {   # vLLM's bench on the MoE server in the config state tune did not end on, at tune's final load
+  local port=8031 t=$(date +%s) m=qwen3moe-30b-12l load kept state env=()
+  read -r load kept <<< "$(python3 -c "
+import json; d = json.load(open('$R/tune-moe.json')); f = d.get('final') or {}
+print(int(f.get('load') or 0), int('VLLM_TUNED_CONFIG_FOLDER' in json.dumps(d.get('keep'))))" 2>/dev/null)"
+  [ "${load:-0}" -gt 0 ] || { say "moe A/B: no final load"; return; }
+  if [ "$kept" = 1 ]; then state=default; else state=tuned; env=(env VLLM_TUNED_CONFIG_FOLDER=$W/moe-configs); fi
+  # shellcheck disable=SC2086
+  setsid "${env[@]}" python3 -m vllm.entrypoints.openai.api_server --model $MODELS/$m --served-model-name $m \
+    --max-model-len 4096 --gpu-memory-utilization 0.3 --port $port ${WEAK[moe]} > "$L/server-moe-ab.log" 2>&1 < /dev/null &
+  local pid=$!
+  $SS health http://127.0.0.1:$port --wait --timeout 400 --poll 2 --pid $pid --log "$L/server-moe-ab.log" > "$L/health-moe-ab.txt" 2>&1
+  say "moe A/B server ($state config) rc=$? in $(( $(date +%s) - t ))s; $(grep -ohE 'Using (default MoE config|configuration from)[^.]*' "$L/server-moe-ab.log" | head -1)"
+  grep -hE 'Using (default MoE config|configuration from)' "$L/server-moe-ab.log" | head -2 > "$R/server-moe-ab-lines.txt"
+  MODEL=$m vbench "moe-ab-$state" $port 256 128 $load $(( load * 4 > 64 ? load * 4 : 64 ))
+  kill -TERM -- -$pid 2>/dev/null; sleep 8; kill -KILL -- -$pid 2>/dev/null
+}
+
 sweep() {   # vLLM's own sweep over --max-num-seqs on the seqs server's base command: tune's anchor
   local t=$(date +%s) port=8040 d=$W/sweep; mkdir -p /tmp/bin $d
   printf '#!/bin/sh\nexec python3 -m vllm.entrypoints.cli.main "$@"\n' > /tmp/bin/vllm; chmod +x /tmp/bin/vllm
@@ -178,7 +198,7 @@ for step in "$@"; do
   case $step in
     scale) scale ;;
     seqs|async|kv|defaults|capture) tune $step ;;
-    moe) moe_search; tune moe ;;
+    moe) moe_search; tune moe; moe_ab ;;
     sweep) sweep ;;
     *) say "unknown step $step" ;;
   esac
