@@ -278,3 +278,24 @@ def test_a_baseline_knee_that_is_a_floor_is_marked_in_the_answer() -> None:
     text = render_document(msgspec.structs.replace(doc, baseline=[msgspec.structs.replace(b, floor=limit)
                                                                   for b in doc.baseline]), "text", width=200)
     assert f"({limit}); the knee may lie higher (--max-load lets the search go further)" in text
+
+
+@pytest.mark.parametrize("path", sorted(DATA.glob("tune-*.json")), ids=lambda p: p.stem)
+def test_a_gain_outside_its_range_says_whether_the_noise_covers_it(path: Path) -> None:
+    """A measured gain outside its predicted range is said to be so; by less than the noise where it is (a single
+    measurement cannot tell it from one inside), from the document's own figures read with plain json."""
+    doc = json.loads(path.read_text())
+    text = render_document(decode_as(path.read_bytes(), path.name, TuneDoc), "text", width=2000)
+    for trial in doc["trials"]:
+        gain = trial["measured_gain"]
+        if gain is None:
+            continue
+        low, high = trial["change"]["gain_low"], trial["change"]["gain_high"]
+        line = next(ln for ln in text.splitlines() if f"measured {gain:+.0%}" in ln and f"predicted {low:+.0%}" in ln)
+        by = low - gain if gain < low else gain - high
+        if low <= gain <= high:
+            assert "outside" not in line
+        elif by <= doc["noise"]:
+            assert f"less than the noise (±{doc['noise']:.0%})" in line
+        else:
+            assert line.endswith("outside the prediction")

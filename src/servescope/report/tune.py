@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from servescope.core.tune import KneeFigure, TuneDoc
+from servescope.core.tune import KneeFigure, Trial, TuneDoc
 from servescope.report.page import escape, page, text_block
 
 __all__ = ["render_next_steps", "render_tune", "render_tune_html"]
@@ -94,10 +94,23 @@ def _trials(doc: TuneDoc, console: Console) -> None:
         if t.within_prediction is not None:
             console.print(Text(f"     predicted {t.change.gain_low:+.0%}..{t.change.gain_high:+.0%} "
                                f"({t.change.gain_basis}); measured {_pct(t.measured_gain)}"
-                               f"{'' if t.within_prediction else ', outside the prediction'}", style="dim"),
+                               f"{_outside(t, doc.noise)}", style="dim"),
                           overflow="fold")
         for line in t.log_tail[-1:]:
             console.print(Text(f"     log: {line.strip()}", style="red"), overflow="fold")
+
+
+def _outside(trial: Trial, noise: float) -> str:
+    """What to add after a trial's measured gain: nothing inside its predicted range; outside it, whether by less
+    than the noise (one measurement cannot tell such a gain from one inside) or by more."""
+    if trial.within_prediction or trial.measured_gain is None:
+        return ""
+    gain, change = trial.measured_gain, trial.change
+    by = change.gain_low - gain if gain < change.gain_low else gain - change.gain_high
+    if by <= noise:
+        return (f", outside the prediction by {'under 1%' if by < 0.01 else f'{by:.0%}'}, less than the noise "
+                f"(±{noise:.0%})")
+    return ", outside the prediction"
 
 
 def render_tune(doc: TuneDoc, console: Console) -> None:
