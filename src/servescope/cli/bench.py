@@ -160,6 +160,10 @@ def bench_serve(
     duration: Annotated[float | None, typer.Option("--duration", min=0.1, show_default=False,
                                                    help="Seconds per point to keep launching requests.")] = None,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Warm-up requests before the sweep.")] = 2,
+    warmup_burst: Annotated[int | None, typer.Option("--warmup-burst", min=0, show_default=False,
+                                                     help="Requests sent at once after the warm-up, a few output "
+                                                     "tokens each, unmeasured: the batch shapes run once (default: "
+                                                     "0; a knee search: its most streams, at most 256).")] = None,
     max_concurrency: Annotated[int | None, typer.Option("--max-concurrency", min=1, show_default=False,
                                                         help="Cap on streams in flight with --rate.")] = None,
     model: Annotated[str | None, typer.Option("--model", help="Model id (default: the first one served).")] = None,
@@ -195,6 +199,7 @@ def bench_serve(
         old = decode_as(read_bytes(compare), str(compare), ServeResult) if compare is not None else None
         load = LoadSpec(url=url, input_tokens=input_tokens, output_tokens=output_tokens, concurrency=levels,
                         rate=rates, requests=requests, duration_s=duration, warmup_requests=warmup,
+                        warmup_burst=warmup_burst,
                         max_concurrency=max_concurrency, model=model, seed=seed, timeout_s=timeout, workers=workers,
                         api_key=resolve_api_key(api_key))
         request = ServeRequest(load=load, slo=slo, search=search, tolerance=tolerance, repeats=repeats,

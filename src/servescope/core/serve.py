@@ -214,6 +214,7 @@ class ServeOptions(msgspec.Struct, kw_only=True, frozen=True):
     timeout_s: float
     workers: int = 0
     cpus: int | None = None
+    warmup_burst: int = 0
 
 
 class KneeCause(msgspec.Struct, kw_only=True, frozen=True):

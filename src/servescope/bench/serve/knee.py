@@ -4,9 +4,12 @@ The search (``bench serve --slo …`` without explicit points) probes exponentia
 requests/s with ``--rate auto`` — until a point misses a target, then bisects between the last point that met
 them and the first that did not until the bracket is within ``tolerance`` (relative; one stream for
 concurrency). The knee's point is then measured again (``repeats`` in all) and so is the first point past it,
-so the knee carries a spread. It stops early when the server stops answering, when the client itself runs late
-(its lag: past there it would measure itself), or at the budget (seconds, requests). Every point is appended to
-the document as it finishes (``checkpoint``), so an interrupted search keeps what it measured.
+so the knee carries a spread. Before the first point a burst of requests sent at once (the search's most streams,
+at most 256, a few output tokens each) runs the shapes the search will reach, so that no point pays for a kernel an
+engine compiles on first use (vLLM's Triton fused-MoE kernels: a fresh MoE server's first search on an H100 put its
+knee at 3 streams, the next one at 128). It stops early when the server stops answering, when the client itself
+runs late (its lag: past there it would measure itself), or at the budget (seconds, requests). Every point is
+appended to the document as it finishes (``checkpoint``), so an interrupted search keeps what it measured.
 
 Why the knee is there is judged by :func:`servescope.bench.serve.cause.judge_knee` on the first point past it.
 
@@ -19,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import statistics
 import time
@@ -36,6 +40,7 @@ __all__ = ["KneeSpec", "client_explains", "find_knee", "find_knee_async", "knee_
 
 _MAX_STREAMS = 1024
 _MAX_RATE = 4096.0
+_MAX_BURST = 256  # a knee search's warm-up burst: its most streams, at most this
 
 
 @dataclass(frozen=True)
@@ -182,7 +187,10 @@ async def find_knee_async(spec: KneeSpec, *, progress: PointProgress | None = No
     max_load = spec.max_load or (_MAX_RATE if rate_mode else _MAX_STREAMS)
     search = _Search(spec)
     streams = int(max_load) if not rate_mode else min(_MAX_STREAMS, spec.load.max_concurrency or _MAX_STREAMS)
-    async with ServeSession(spec.load, max_streams=streams, slo=spec.slo, slo_default=spec.slo_default) as session:
+    sent = spec.load
+    if sent.warmup_burst is None:  # the shapes the search will reach run once before it measures
+        sent = dataclasses.replace(sent, warmup_burst=min(streams, _MAX_BURST))
+    async with ServeSession(sent, max_streams=streams, slo=spec.slo, slo_default=spec.slo_default) as session:
 
         def document(stopped: str) -> ServeResult:
             assert session.result is not None

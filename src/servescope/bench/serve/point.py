@@ -39,6 +39,10 @@ class LoadSpec:
 
     ``requests`` per point (default ``max(8, 4 × concurrency)``, or ``8 × rate`` for rate points);
     ``duration_s`` stops launching new requests that many seconds into a point (whichever comes first).
+    ``warmup_burst``: requests sent at once after the ``warmup_requests`` (a few output tokens each), so that the
+    server has run the batch shapes the points will reach before any is measured (an engine compiles some kernels,
+    e.g. Triton's fused MoE, for a shape on its first use); ``None``: 0 for a sweep, a knee search's most streams
+    (at most 256) for a search.
     ``workers`` processes share each point's streams; 0 (the default) sizes them per point from its streams
     and the CPUs (:func:`servescope.bench.serve.pool.auto_workers`).
     """
@@ -51,6 +55,7 @@ class LoadSpec:
     requests: int | None = None
     duration_s: float | None = None
     warmup_requests: int = 2
+    warmup_burst: int | None = None
     max_concurrency: int | None = None
     model: str | None = None
     seed: int = 0

@@ -43,6 +43,7 @@ from servescope.server.prompts import PromptIds, make_prompts, prompt_ids
 __all__ = ["Measured", "ServeSession", "point_label"]
 
 _PROMPT_POOL_MAX = 256
+_BURST_OUTPUT_TOKENS = 16  # enough for a few decode steps at the burst's batch; the prefill shapes are what matter
 _SERVER_PROMPTS = "server /tokenize + /detokenize"
 
 
@@ -69,7 +70,7 @@ class ServeSession:
         self._slo_default = slo_default
         self._pool_hint = pool_hint
         self._client = ServerClient(spec.url, api_key=spec.api_key, read_timeout_s=spec.timeout_s,
-                                    max_connections=max_streams + 8)
+                                    max_connections=max(max_streams, spec.warmup_burst or 0) + 8)
         self._body: dict[str, Any] = {}
         self._prompts: list[str] = []
         self._ids: PromptIds | None = None
@@ -109,7 +110,8 @@ class ServeSession:
                                concurrency=list(spec.concurrency), rate=list(spec.rate), requests=spec.requests,
                                duration_s=spec.duration_s, warmup_requests=spec.warmup_requests,
                                max_concurrency=spec.max_concurrency, seed=spec.seed, prompt_source=source,
-                               timeout_s=spec.timeout_s, workers=spec.workers, cpus=available_cpus())
+                               timeout_s=spec.timeout_s, workers=spec.workers, cpus=available_cpus(),
+                               warmup_burst=spec.warmup_burst or 0)
         warm = Point(client, self._body, self._prompts[::-1])
         for _ in range(spec.warmup_requests):
             sample = await warm.one()
@@ -117,12 +119,25 @@ class ServeSession:
                 raise InputError(client.url_of("/v1/completions"), f"the warm-up request failed: {sample.error}")
         warm_e2e = [s.e2e_s for s in warm.samples if s.e2e_s is not None]
         self._warm_e2e_s = max(warm_e2e) if warm_e2e else None
+        await self._burst(spec.warmup_burst or 0)
         self.result = ServeResult(
             servescope_version=__version__, created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             url=client.base_url, platform={"python": platform.python_version(), "system": platform.platform()},
             options=options, definitions=dict(DEFINITIONS), points=[],
             api_key_source=spec.api_key.source if spec.api_key else None, slo=list(self.slo),
             slo_default=self._slo_default)
+
+    async def _burst(self, requests: int) -> None:
+        """``requests`` sent at once with a few output tokens each, not measured: the batch shapes the points will
+        reach run once before any point does."""
+        if requests < 1:
+            return
+        short = min(self.spec.output_tokens, _BURST_OUTPUT_TOKENS)
+        burst = Point(self._client, {**self._body, "max_tokens": short, "min_tokens": short}, self._prompts,
+                      ids=self._ids, seed=self.spec.seed - 1)
+        await asyncio.gather(*(burst.one() for _ in range(requests)))
+        if burst.down is not None:
+            raise InputError(self._client.url_of("/v1/completions"), f"the warm-up burst stopped: {burst.down}")
 
     async def scrape(self) -> Snapshot | None:
         """The server's ``/metrics`` now (``None`` where it has none)."""
