@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from server.sse import running_sse_server
 
+from server.sse import running_sse_server
 from servescope.bench.serve.knee import KneeSpec, find_knee
 from servescope.bench.serve.sweep import LoadSpec, run_bench_serve
 from servescope.core.knee import parse_slo
