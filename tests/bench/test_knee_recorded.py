@@ -252,3 +252,54 @@ def test_a_knee_with_no_load_measured_above_it_is_a_floor_and_says_so() -> None:
         assert all(f"{c.target} {c.value_ms:.0f} of {limits[c.target]:g} ms" in _knee(figure)
                    for c in figure.checks or []) and figure.checks
         assert any("the knee is at least this" in line for _, line in knee_lines(cut))
+
+
+def _met_by_load(raw: dict[str, Any]) -> dict[float, float]:
+    """Plain json: each load all of whose points met the targets, with the median of their output tokens/s."""
+    by_load: dict[float, list[dict[str, Any]]] = {}
+    for p in raw["points"]:
+        if p["slo"] is not None:
+            by_load.setdefault(_load(p), []).append(p)
+    return {load: statistics.median(p["output_tokens_per_s"] for p in ps)
+            for load, ps in by_load.items() if all(p["slo"]["met"] for p in ps)}
+
+
+def test_tune_keeps_what_every_load_within_the_targets_delivered() -> None:
+    from servescope.tune.measure import figure_of
+
+    for name in ARGV:
+        figure = figure_of(_doc(name), 1.0).figure
+        assert dict(figure.delivered_at or ()) == _met_by_load(_raw(name)) and figure.delivered_at
+        assert [load for load, _ in figure.delivered_at or ()] == sorted(_met_by_load(_raw(name)))
+
+
+@pytest.mark.parametrize(("reference", "trial"), [("seqs", "kv"), ("kv", "defaults"), ("prefill", "seqs")])
+def test_a_shorter_step_is_judged_at_the_reference_knees_load_and_a_larger_cap_at_the_knee(
+        reference: str, trial: str) -> None:
+    """A change whose range prices the same load (a shorter step) is judged by the trial's tokens/s at the
+    reference knee's load; one that prices the knee's move (more requests at once) by the knee's. Two recorded
+    searches stand for the reference and the trial; the figures come from their points by plain json."""
+    from servescope.core.changes import Candidate, ChangeEdit
+    from servescope.core.tune import judge_gain
+    from servescope.tune.measure import figure_of
+
+    ref, got = figure_of(_doc(reference), 1.0).figure, figure_of(_doc(trial), 1.0).figure
+    load = _raw(reference)["knee"]["load"]
+    theirs, ours = _met_by_load(_raw(reference))[load], _met_by_load(_raw(trial)).get(load)
+    at_knee = got.delivered / ref.delivered - 1
+
+    def change(at: str, low: float, high: float) -> Candidate:
+        return Candidate(id="x", label="x", edit=ChangeEdit(), current=None, value=None, because=[], gain_low=low,
+                         gain_high=high, gain_basis="", risk={}, undo="", gain_at=at)
+
+    if ours is None:  # the trial's search never met the targets at that load: judged at its knee
+        gain, at, within = judge_gain(change("load", -9, 9), got, ref.delivered, [ref])
+        assert at is None and gain == pytest.approx(at_knee)
+        return
+    same = ours / theirs - 1
+    assert abs(same - at_knee) > 0.02  # the two measures differ on these servers: the test tells them apart
+    around = (same - 0.01, same + 0.01)
+    gain, at, within = judge_gain(change("load", *around), got, ref.delivered, [ref])
+    assert gain == pytest.approx(at_knee) and at == (load, pytest.approx(same)) and within is True
+    gain, at, within = judge_gain(change("knee", *around), got, ref.delivered, [ref])
+    assert at is None and within is False

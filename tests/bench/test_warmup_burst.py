@@ -65,3 +65,18 @@ def test_a_knee_search_bursts_its_most_streams_first(url: str) -> None:
                                 slo=parse_slo("ttft_p99=5000"), max_load=6, max_requests=60))
     _burst_then_points(_log(url, since), warmup=1, burst=6, output=20)
     assert result.options.warmup_burst == 6
+
+
+def test_a_search_measures_a_load_it_was_asked_for_once_below_its_knee(url: str) -> None:
+    """``also_at`` (tune's reference load): measured after the search where the search did not measure it and it
+    lies below the knee; a load measured already, or above the knee, is not measured again. The server's log
+    counts the requests of each point."""
+    spec = KneeSpec(load=LoadSpec(url, input_tokens=8, output_tokens=8, warmup_requests=1, warmup_burst=0),
+                    slo=parse_slo("ttft_p99=5000"), max_load=6, also_at=(3.0, 4.0, 64.0))
+    since = _count(url)
+    result = find_knee(spec)
+    assert result.knee is not None and result.knee.load == 6
+    steps = [(p.load, p.step) for p in result.points]
+    assert steps[-1] == (3.0, "reference") and [s for s in steps if s[1] == "reference"] == [(3.0, "reference")]
+    assert sorted({load for load, _ in steps}) == [1.0, 2.0, 3.0, 4.0, 6.0]
+    assert len(_log(url, since)) == 1 + sum(p.requests for p in result.points)

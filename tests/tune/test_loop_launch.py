@@ -152,3 +152,46 @@ def test_leave_running_is_refused_for_a_unit(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="--leave-running.*only with --launch"):
         tune_server(setup, measure=toy_measure())
     assert not (tmp_path / "j.json").exists()  # refused before anything was written
+
+
+def test_a_shorter_step_is_judged_at_the_reference_knees_load(tmp_path: Path) -> None:
+    """A change whose range prices a shorter step (scale "fact"): its trial's search is asked to measure the
+    baseline knee's load too, and the prediction is judged there, the knee's own move aside."""
+    import msgspec
+
+    from servescope.tune.measure import Measured
+
+    from .toy import knee_of
+
+    catalogue = tmp_path / "step.toml"
+    catalogue.write_text('''
+[changes.toy-step]
+label = "a shorter step"
+add = ["--enforce-eager"]
+gain = {low = 0.5, high = 0.9, scale = "fact", fact = "toy_step", basis = "a step shorter by a share"}
+risk = {memory = "none", start_time = "none", quality = "none"}
+undo = "remove --enforce-eager"
+  [[changes.toy-step.when]]
+  knee_cause = "step_time"
+''')
+    asked: list[float | None] = []
+
+    def measure(url: str, *, also_at: float | None = None, **_: object) -> Measured:
+        asked.append(also_at)
+        got = knee_of(8, 0.0).figure  # the toy's knee: 800 tok/s at 8 streams, the step its cause
+        if len(asked) <= 2:  # the baseline: 800 at 8, 600 at 4
+            return Measured(msgspec.structs.replace(got, delivered_at=[(4.0, 600.0), (8.0, 800.0)]), {})
+        # the trial: the knee moved to 16 (+150%), at the baseline knee's 8 streams +75%
+        return Measured(msgspec.structs.replace(got, load=16.0, goodput_tokens_per_s=2000.0, spread=[1990, 2010],
+                                                delivered_at=[(8.0, 1400.0), (16.0, 2000.0)]), {})
+
+    setup = TuneSetup(launch=toy_command(free_port(), "--max-num-seqs", "8"), catalogue=catalogue,
+                      journal=tmp_path / "j.json", ready_timeout_s=60, max_restarts=1)
+    doc = tune_server(setup, measure=measure)  # type: ignore[arg-type]
+    [trial] = doc.trials
+    assert trial.change.id == "toy-step" and trial.change.gain_at == "load"
+    assert asked == [None, None, 8.0]  # the baselines search as they are; the trial is asked for 8 too
+    assert trial.measured_gain == 1.5 and trial.same_load == 8.0 and trial.same_load_gain == 0.75
+    assert trial.within_prediction is True and trial.outcome == "kept"  # +75% in 50..90%, where +150% was not
+    text = render_document(doc, "text", width=300)
+    assert "measured +150% (at 8 streams, the reference's knee load: +75%; the knee 8 -> 16)" in text

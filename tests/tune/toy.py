@@ -45,7 +45,8 @@ def toy_measure(*, delay_s: float = 0.0, marker: Path | None = None, delay_from:
                 seqs_of: Callable[[str], int] | None = None) -> Callable[..., Measured]:
     """A measurement of the toy server; ``marker`` is written when a load starts, then a load at ``delay_from``
     requests or more (a trial's, not the baseline's) takes ``delay_s``."""
-    def measure(url: str, *, start: float, progress: object, server_argv: Sequence[str] | None) -> Measured:
+    def measure(url: str, *, start: float, progress: object, server_argv: Sequence[str] | None,
+                also_at: float | None = None) -> Measured:
         if seqs_of is not None:
             seqs = seqs_of(url)
         else:

@@ -40,6 +40,7 @@ __all__ = ["catalogue_engine", "Candidate", "ChangeEdit", "ChangeEvidence", "Mat
 _OPS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt, "==": operator.eq}
 _ADVISED = ("medium", "high")  # a finding's severities that call for a change (info reports, never advises)
+_SAME_LOAD_SCALES = ("finding", "fact")  # ranges of a shorter step: the same load's tokens/s, not the knee's move
 
 class SeenFinding(msgspec.Struct, kw_only=True, frozen=True):
     """A finding as evidence: its id and severity, the settings its advice names, the per-step saving each piece
@@ -97,7 +98,9 @@ class Candidate(msgspec.Struct, kw_only=True, frozen=True):
     """A change the evidence calls for and the deployment lacks, with what it should gain.
 
     ``gain_low`` .. ``gain_high``: the predicted change of the knee's goodput tokens/s, as fractions (0.2 = +20%),
-    ``gain_basis`` where that range comes from; ``because``: the evidence, one sentence each.
+    ``gain_basis`` where that range comes from; ``because``: the evidence, one sentence each. ``gain_at``: ``load``
+    where the range prices the tokens/s at the knee's load as it was (a shorter step: ``scale`` ``finding`` or
+    ``fact``), ``knee`` where it prices the knee wherever it moves (more requests at once, more KV cache).
     """
 
     id: str
@@ -112,6 +115,7 @@ class Candidate(msgspec.Struct, kw_only=True, frozen=True):
     risk: dict[str, str]
     undo: str
     allow: str | None = None
+    gain_at: str = "knee"
 
 
 class NotCandidate(msgspec.Struct, kw_only=True, frozen=True):
@@ -462,7 +466,8 @@ def _candidate(cid: str, entry: Mapping[str, Any], ev: ChangeEvidence, flags: Ma
     low, high, basis = _gain(entry, ev, current, value, values)
     return Candidate(id=cid, label=entry["label"], edit=edit, current=current, value=value, because=because,
                      gain_low=low, gain_high=high, gain_basis=basis, risk=dict(entry["risk"]),
-                     undo=format_message(entry["undo"], values), allow=entry.get("allow"))
+                     undo=format_message(entry["undo"], values), allow=entry.get("allow"),
+                     gain_at="load" if entry["gain"].get("scale") in _SAME_LOAD_SCALES else "knee")
 
 
 def match_changes(ev: ChangeEvidence, *, allow: Sequence[str] = (),

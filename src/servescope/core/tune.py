@@ -15,7 +15,8 @@ from servescope.core.changes import Candidate, ChangeEdit, NotCandidate
 from servescope.core.document import Document
 from servescope.core.serve import TargetCheck
 
-__all__ = ["KeepSettings", "KneeFigure", "TargetInfo", "Trial", "TuneDoc", "TuneOptions", "relative_gain"]
+__all__ = ["KeepSettings", "KneeFigure", "TargetInfo", "Trial", "TuneDoc", "TuneOptions", "judge_gain",
+           "relative_gain", "same_load_gain"]
 
 OUTCOMES = ("kept", "rolled_back", "failed_start", "measure_failed", "interrupted")
 
@@ -29,7 +30,8 @@ class KneeFigure(msgspec.Struct, kw_only=True, frozen=True):
     measured, else goodput (documents written before it was). ``floor``: where the search measured no load above
     ``load``, why it stopped (a budget ran out, every load up to its limit met): the knee is then at least
     ``load``, not known to be there. ``checks``: each target at the knee's load, the worst of its repeats: how much
-    room the knee leaves under the targets."""
+    room the knee leaves under the targets. ``delivered_at``: each load whose points all met the targets, with the
+    output tokens/s it delivered (the median of its points), lowest load first."""
 
     goodput_tokens_per_s: float
     goodput_requests_per_s: float | None
@@ -42,6 +44,11 @@ class KneeFigure(msgspec.Struct, kw_only=True, frozen=True):
     tokens_per_s: float | None = None
     floor: str | None = None
     checks: list[TargetCheck] | None = None
+    delivered_at: list[tuple[float, float]] | None = None
+
+    def delivered_at_load(self, load: float) -> float | None:
+        """The tokens/s delivered at ``load`` where the search measured it and it met the targets."""
+        return next((tokens for at, tokens in self.delivered_at or () if at == load), None)
 
     @property
     def delivered(self) -> float:
@@ -54,8 +61,10 @@ class Trial(msgspec.Struct, kw_only=True, frozen=True):
 
     ``outcome``: ``kept``, ``rolled_back`` (no gain beyond the noise), ``failed_start`` (the server did not come up:
     ``why`` quotes its log), ``measure_failed``, ``interrupted``. ``measured_gain``: the knee's goodput against
-    ``reference_tokens_per_s`` (the knee it had to beat), as a fraction; ``within_prediction``: whether that lies in
-    the candidate's predicted range.
+    ``reference_tokens_per_s`` (the knee it had to beat), as a fraction. A change whose range prices the same load
+    (``change.gain_at`` ``load``: a shorter step) is judged there too: ``same_load_gain`` is the trial's tokens/s at
+    ``same_load`` (the reference knee's load) against the reference's there, the knee's own move aside.
+    ``within_prediction``: whether the gain the range prices lies in it.
     """
 
     number: int
@@ -71,6 +80,13 @@ class Trial(msgspec.Struct, kw_only=True, frozen=True):
     measure_s: float
     seconds: float
     log_tail: list[str] = []
+    same_load: float | None = None
+    same_load_gain: float | None = None
+
+    @property
+    def judged_gain(self) -> float | None:
+        """The gain set against the predicted range: at the same load where the range prices that, else the knee's."""
+        return self.same_load_gain if self.same_load_gain is not None else self.measured_gain
 
 
 class TargetInfo(msgspec.Struct, kw_only=True, frozen=True):
@@ -133,6 +149,30 @@ class TuneDoc(Document, kw_only=True, frozen=True):
     evidence: list[str] = []
     seconds: float = 0.0
     journal: str | None = None
+
+
+def same_load_gain(figure: KneeFigure, references: list[KneeFigure]) -> tuple[float, float] | None:
+    """``figure``'s tokens/s at the references' knee load (the lowest, where their knees differ) against the mean
+    of theirs there, as (load, gain); ``None`` where that load was not measured within the targets on both sides."""
+    loads = [r.load for r in references if r.load is not None]
+    if not loads:
+        return None
+    load = min(loads)
+    theirs = [v for r in references if (v := r.delivered_at_load(load)) is not None]
+    ours = figure.delivered_at_load(load)
+    gain = relative_gain(ours, sum(theirs) / len(theirs)) if ours is not None and theirs else None
+    return None if gain is None else (load, gain)
+
+
+def judge_gain(change: Candidate, figure: KneeFigure, reference: float,
+               references: list[KneeFigure]) -> tuple[float | None, tuple[float, float] | None, bool | None]:
+    """A trial's knee against its prediction: the gain over ``reference`` (tokens/s), the same-load (load, gain)
+    where ``change`` prices the same load and both sides measured it, and whether the priced gain lies in the
+    range."""
+    gain = relative_gain(figure.delivered, reference)
+    at = same_load_gain(figure, references) if change.gain_at == "load" else None
+    judged = at[1] if at is not None else gain
+    return gain, at, None if judged is None else change.gain_low <= judged <= change.gain_high
 
 
 def relative_gain(value: float, reference: float) -> float | None:

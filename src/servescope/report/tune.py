@@ -93,19 +93,28 @@ def _trials(doc: TuneDoc, console: Console) -> None:
         console.print(Text(f"     because: {'; '.join(t.change.because)}", style="dim"), overflow="fold")
         if t.within_prediction is not None:
             console.print(Text(f"     predicted {t.change.gain_low:+.0%}..{t.change.gain_high:+.0%} "
-                               f"({t.change.gain_basis}); measured {_pct(t.measured_gain)}"
+                               f"({t.change.gain_basis}); measured {_pct(t.measured_gain)}{_same_load(t)}"
                                f"{_outside(t, doc.noise)}", style="dim"),
                           overflow="fold")
         for line in t.log_tail[-1:]:
             console.print(Text(f"     log: {line.strip()}", style="red"), overflow="fold")
 
 
+def _same_load(trial: Trial) -> str:
+    """Where the range priced the same load: the trial's gain there, and where the knee moved."""
+    if trial.same_load is None or trial.same_load_gain is None or trial.knee is None:
+        return ""
+    moved = f"; the knee {trial.same_load:g} -> {trial.knee.load:g}" if trial.knee.load != trial.same_load else ""
+    unit = trial.knee.unit or "streams"
+    return f" (at {trial.same_load:g} {unit}, the reference's knee load: {_pct(trial.same_load_gain)}{moved})"
+
+
 def _outside(trial: Trial, noise: float) -> str:
     """What to add after a trial's measured gain: nothing inside its predicted range; outside it, whether by less
     than the noise (one measurement cannot tell such a gain from one inside) or by more."""
-    if trial.within_prediction or trial.measured_gain is None:
+    gain, change = trial.judged_gain, trial.change
+    if trial.within_prediction or gain is None:
         return ""
-    gain, change = trial.measured_gain, trial.change
     by = change.gain_low - gain if gain < change.gain_low else gain - change.gain_high
     if by <= noise:
         return (f", outside the prediction by {'under 1%' if by < 0.01 else f'{by:.0%}'}, less than the noise "

@@ -29,7 +29,15 @@ from servescope import __version__
 from servescope.core.changes import Candidate, ChangeEdit, NotCandidate, SeenFinding, load_catalogue, match_changes
 from servescope.core.errors import InputError, ServescopeError
 from servescope.core.redact import redact
-from servescope.core.tune import KeepSettings, KneeFigure, TargetInfo, Trial, TuneDoc, TuneOptions, relative_gain
+from servescope.core.tune import (
+    KeepSettings,
+    KneeFigure,
+    TargetInfo,
+    Trial,
+    TuneDoc,
+    TuneOptions,
+    judge_gain,
+)
 from servescope.tune.edit import ServerConfig, apply_edits, merge_edits, shell_line
 from servescope.tune.evidence import gather_evidence, platform_here, server_version
 from servescope.tune.journal import Journal, JournalProcess, write_journal
@@ -157,6 +165,7 @@ class _Run:
         self.stopped = "running"
         self.restored = False
         self.last: Measured | None = None
+        self.references: list[KneeFigure] = []  # the knees the reference figure came from (same-load judging)
         self.left_running: int | None = None
 
     # ---------------------------------------------------------------------------------------- bookkeeping
@@ -192,11 +201,11 @@ class _Run:
                  False)
         return started.ok, started.reason, started.seconds, started.log_tail
 
-    def knee(self, what: str, argv: Sequence[str]) -> Measured:
+    def knee(self, what: str, argv: Sequence[str], also_at: float | None = None) -> Measured:
         # the search never goes below its first load (a first miss ends it with no knee): a change that lowers the
         # knee must be measured from the bottom too, so every search starts at 1
         measured = self.measure(self.target.url, start=1.0, progress=lambda s: self.say(f"{what}: {s}", True),
-                                server_argv=list(argv))
+                                server_argv=list(argv), also_at=also_at)
         f = measured.figure
         knee = "no load met the targets" if f.load is None else f"{f.delivered:.1f} tok/s at {f.load:g}"
         if f.floor:
@@ -231,7 +240,8 @@ class _Run:
         if not ok:
             raise InputError(self.target.name, f"the last good configuration did not start again: {reason}")
 
-    def trial(self, number: int, cand: Candidate, reference: float) -> tuple[Trial, Measured | None]:
+    def trial(self, number: int, cand: Candidate, reference: float,
+              references: list[KneeFigure]) -> tuple[Trial, Measured | None]:
         what = f"trial {number} ({cand.edit.describe()})"
         config = self.config([cand.edit])
         self.journal.trying = cand
@@ -241,19 +251,22 @@ class _Run:
 
         def done(outcome: str, why: str, measured: Measured | None, restart_s: float, measure_s: float,
                  tail: list[str] | None = None) -> Trial:
-            gain = relative_gain(measured.figure.delivered, reference) if measured else None
-            within = None if gain is None else cand.gain_low <= gain <= cand.gain_high
+            gain, at, within = judge_gain(cand, measured.figure, reference, references) if measured else \
+                (None, None, None)
             return Trial(number=number, change=cand, config=shown, outcome=outcome, why=why,
                          knee=measured.figure if measured else None, reference_tokens_per_s=reference,
                          measured_gain=gain, within_prediction=within, restart_s=restart_s, measure_s=measure_s,
-                         seconds=time.monotonic() - began, log_tail=tail or [])
+                         seconds=time.monotonic() - began, log_tail=tail or [],
+                         same_load=at[0] if at else None, same_load_gain=at[1] if at else None)
 
         ok, reason, restart_s, tail = self.start(config, what)
         if not ok:
             self.rollback(what)
             return done("failed_start", f"the server did not start: {reason}", None, restart_s, 0.0, tail), None
         try:
-            measured = self.knee(what, config.argv)
+            # a range of a shorter step prices the reference knee's load: the trial's search measures it too
+            loads = [r.load for r in references if r.load is not None]
+            measured = self.knee(what, config.argv, also_at=min(loads) if loads and cand.gain_at == "load" else None)
         except ServescopeError as exc:
             self.rollback(what)
             return done("measure_failed", f"the knee could not be measured: {exc}", None, restart_s, 0.0), None
@@ -282,10 +295,11 @@ class _Run:
         self.version = server_version(self.target.url, self.request.api_key)
         if resumed:  # the configuration as kept so far, measured again as the reference
             last = self.knee("resumed reference", config.argv)
+            self.references = [last.figure]
             return last, last.figure.delivered
         first = self.knee("baseline 1/2", config.argv)
         second = self.knee("baseline 2/2", config.argv)
-        self.baseline = [first.figure, second.figure]
+        self.baseline, self.references = [first.figure, second.figure], [first.figure, second.figure]
         self.noise = noise_of(first.figure, second.figure, floor=self.request.min_noise)
         self.save()
         reference = (first.figure.delivered + second.figure.delivered) / 2
@@ -331,12 +345,13 @@ class _Run:
                                                         because=c.because)
                 return
             cand = left[0]
-            trial, measured = self.trial(len(self.trials) + 1, cand, reference)
+            trial, measured = self.trial(len(self.trials) + 1, cand, reference, self.references)
             self.trials.append(trial)
             self.journal.trying = None
             if measured is not None:
                 self.kept.append(cand.edit)
                 self.last, reference = measured, measured.figure.delivered
+                self.references = [measured.figure]
                 candidates = self.candidates(measured, self.config())
             self.save()
 

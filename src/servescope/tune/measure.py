@@ -8,13 +8,14 @@ makes the real one. Tests of the loop may pass their own.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from servescope.core.next_steps import knee_figures
-from servescope.core.serve import Knee, ServeResult, SloTarget, TargetCheck
+from servescope.core.serve import Knee, ServePoint, ServeResult, SloTarget, TargetCheck
 from servescope.core.tune import KneeFigure
 
 __all__ = ["Measure", "Measured", "figure_of", "knee_measure"]
@@ -29,10 +30,11 @@ class Measured:
 
 
 class Measure(Protocol):
-    """Measures the knee of the server at ``url``, starting the search at ``start`` streams."""
+    """Measures the knee of the server at ``url``, starting the search at ``start`` streams (and ``also_at``, below
+    its knee, where the search did not)."""
 
     def __call__(self, url: str, *, start: float, progress: Callable[[str], None] | None,
-                 server_argv: Sequence[str] | None) -> Measured: ...
+                 server_argv: Sequence[str] | None, also_at: float | None = None) -> Measured: ...
 
 
 def figure_of(result: ServeResult, seconds: float) -> Measured:
@@ -44,8 +46,19 @@ def figure_of(result: ServeResult, seconds: float) -> Measured:
         load=knee.load if knee else None, unit=knee.unit if knee else None,
         spread=_spread(knee), cause=cause.id if cause else None, tokens_per_s=knee.tokens_per_s if knee else None,
         cause_message=cause.message if cause else None, seconds=seconds, floor=_floor(result),
-        checks=_worst_checks(result))
+        checks=_worst_checks(result), delivered_at=_delivered_at(result))
     return Measured(figure=figure, cause_figures=knee_figures(result))
+
+
+def _delivered_at(result: ServeResult) -> list[tuple[float, float]] | None:
+    """Each load whose points all met the targets, with the median of the output tokens/s its points delivered."""
+    by_load: dict[float, list[ServePoint]] = {}
+    for point in result.points:
+        if point.slo is not None:
+            by_load.setdefault(point.load, []).append(point)
+    met = [(load, [p.output_tokens_per_s for p in points if p.output_tokens_per_s is not None])
+           for load, points in sorted(by_load.items()) if all(p.slo is not None and p.slo.met for p in points)]
+    return [(load, statistics.median(tokens)) for load, tokens in met if tokens] or None
 
 
 def _worst_checks(result: ServeResult) -> list[TargetCheck] | None:
@@ -90,7 +103,7 @@ def knee_measure(*, slo: tuple[SloTarget, ...], input_tokens: int, output_tokens
     key = ApiKey(api_key, "--api-key") if api_key else None
 
     def measure(url: str, *, start: float, progress: Callable[[str], None] | None,
-                server_argv: Sequence[str] | None) -> Measured:
+                server_argv: Sequence[str] | None, also_at: float | None = None) -> Measured:
         def tick(label: str, done: int, planned: int) -> None:
             if progress is not None:
                 progress(f"{label}: {done}/{planned or '?'} requests")
@@ -99,7 +112,8 @@ def knee_measure(*, slo: tuple[SloTarget, ...], input_tokens: int, output_tokens
         spec = KneeSpec(load=LoadSpec(url=url, input_tokens=input_tokens, output_tokens=output_tokens, api_key=key,
                                       workers=workers),
                         slo=slo, budget_s=budget_s, max_requests=max_requests, repeats=repeats,
-                        start=max(1.0, start), max_load=max_load, server_argv=server_argv)
+                        start=max(1.0, start), max_load=max_load, server_argv=server_argv,
+                        also_at=(also_at,) if also_at is not None else ())
         result = find_knee(spec, progress=tick)
         return figure_of(result, time.monotonic() - began)
 

@@ -51,6 +51,8 @@ class KneeSpec:
     the most it tries (default 1024 streams / 4096 requests/s). ``tolerance``: the bracket's relative width that
     ends the bisection. ``repeats``: measurements of the knee's load in all. ``budget_s`` / ``max_requests``:
     stop there with what was found. ``server_argv``: the server's command line, where known (what is in place).
+    ``also_at``: loads measured once after the search where it measured none of them and they lie below its knee
+    (tune sets a trial's tokens/s at the reference knee's load beside the reference's there).
     """
 
     load: LoadSpec
@@ -64,6 +66,7 @@ class KneeSpec:
     max_load: float | None = None
     slo_default: bool = False
     server_argv: Sequence[str] | None = field(default=None, repr=False)
+    also_at: tuple[float, ...] = ()
 
 
 def _met(point: ServePoint) -> bool:
@@ -227,6 +230,12 @@ async def find_knee_async(spec: KneeSpec, *, progress: PointProgress | None = No
                     break
         if stop is None:
             stop = _closed(search, max_load, unit)
+            measured = {p.load for p in session.result.points} if session.result else set()
+            for load in sorted(set(spec.also_at)):
+                if search.met is not None and load < search.met and load not in measured:
+                    if (late := search.over_budget() or await run(load, "reference")) is not None:
+                        stop = late
+                        break
         return document(stop)
 
 
