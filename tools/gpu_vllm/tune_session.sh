@@ -18,8 +18,8 @@
 #             H100: `python -m servescope.bench.moe_config` searches the fused-MoE kernel's block sizes for its expert
 #             shape first (MOE_SEARCH_S seconds; MOE_CONFIG_SRC=DIR takes an earlier search's config and timings
 #             instead, its timings rebuilt from the search's moe-search.txt there where none were kept: e.g. a copy of
-#             tests/data/tune/h100/moe in an untracked folder, which travels with the tree), then `tune
-#             --moe-config-dir` on the server, as above
+#             tests/data/tune/h100/moe-5 in an untracked folder, which travels with the tree; a folder moe-src at
+#             the root is taken without it), then `tune --moe-config-dir` on the server, as above
 #             and, for the A/B of the config itself, the same server started with the config state tune did not
 #             end on, measured by `vllm bench serve` at the same load (moe-ab-tuned | moe-ab-default)
 #   sweep     the anchor for `tune` on the seqs server: vLLM's own `vllm bench sweep serve` restarts the server for
@@ -110,6 +110,7 @@ WEAK[moe]="--gpu-memory-utilization 0.6 --kv-cache-memory-bytes 8589934592"; MOD
 moe_search() {   # the tuned fused-MoE config for the MoE model's expert shape on this GPU, before its tune run
   local m=qwen3moe-30b-12l t=$(date +%s)
   EXTRA[moe]="--moe-config-dir $W/moe-configs"
+  [ -z "${MOE_CONFIG_SRC:-}" ] && [ -d moe-src ] && MOE_CONFIG_SRC=moe-src   # the folder that travels with the tree
   if [ -n "${MOE_CONFIG_SRC:-}" ]; then
     mkdir -p $W/moe-configs && cp "$MOE_CONFIG_SRC"/E=*.json $W/moe-configs/
     # the search's timings (tune's prediction) rebuilt from its log where only the log was kept
