@@ -41,7 +41,7 @@ def test_launch_loop_fails_keeps_and_rolls_back(tmp_path: Path) -> None:
     assert [t.change.value for t in kept] == ["2", "4", "8"]
     assert [t.knee.goodput_tokens_per_s for t in kept if t.knee] == [200.0, 400.0, 800.0]
     assert {i for i, o in outcomes if o == "rolled_back"} == {"spec-ngram", "toy-front-ends"}
-    assert doc.stopped == "no candidate left"
+    assert doc.stopped == "no candidate left" and not any("apart" in note for note in doc.evidence)  # steady
     assert "--max-num-seqs 8" in doc.keep.command_line and "--no-such-flag" not in doc.keep.command_line
     assert doc.baseline[0].goodput_tokens_per_s == 100.0 and doc.final and doc.final.goodput_tokens_per_s == 800.0
     # predicted vs measured: 1 -> 2 predicted +10%..+70%, measured +100% (outside, and said so)
@@ -195,3 +195,30 @@ undo = "remove --enforce-eager"
     assert trial.within_prediction is True and trial.outcome == "kept"  # +75% in 50..90%, where +150% was not
     text = render_document(doc, "text", width=300)
     assert "measured +150% (at 8 streams, the reference's knee load: +75%; the knee 8 -> 16)" in text
+
+
+def test_a_baseline_that_will_not_hold_still_is_said_to(tmp_path: Path) -> None:
+    """As on the H100 MoE server before the warm-up burst: the two baseline knees at 3 and 128 streams; the noise
+    that makes is the server's unsteadiness, and the answer says so with the two knees and what steadies them."""
+    import msgspec
+
+    from servescope.tune.measure import Measured
+
+    from .toy import knee_of
+
+    calls: list[int] = []
+
+    def measure(url: str, **_: object) -> Measured:
+        calls.append(1)
+        got = knee_of(8, 0.0).figure
+        if len(calls) == 1:
+            return Measured(msgspec.structs.replace(got, load=3.0, goodput_tokens_per_s=930.7, spread=None), {})
+        return Measured(msgspec.structs.replace(got, load=128.0, goodput_tokens_per_s=14279.4, spread=None), {})
+
+    setup = TuneSetup(launch=toy_command(free_port(), "--max-num-seqs", "8"), journal=tmp_path / "j.json",
+                      ready_timeout_s=60, max_restarts=0)
+    doc = tune_server(setup, measure=measure)  # type: ignore[arg-type]
+    noise = abs(930.7 - 14279.4) / ((930.7 + 14279.4) / 2)
+    assert doc.noise == noise
+    [note] = [n for n in doc.evidence if "apart" in n]
+    assert f"lie {noise:.0%} apart (930.7 tok/s at 3, 14279.4 at 128)" in note and "--repeats" in note

@@ -130,6 +130,9 @@ def beyond_noise(candidates: list[Candidate], noise: float) -> tuple[list[Candid
     return showable, below
 
 
+_UNSTEADY = 0.5  # a baseline noise above this is said to be the server's unsteadiness, not a fine point
+
+
 def noise_of(first: KneeFigure, second: KneeFigure, *, floor: float) -> float:
     """How far the knee moves on its own, as a fraction of the baseline: the two baselines' difference and each
     one's repeat spread, relative to their mean; at least ``floor``."""
@@ -301,6 +304,14 @@ class _Run:
         second = self.knee("baseline 2/2", config.argv)
         self.baseline, self.references = [first.figure, second.figure], [first.figure, second.figure]
         self.noise = noise_of(first.figure, second.figure, floor=self.request.min_noise)
+        if self.noise > _UNSTEADY:
+            a, b = first.figure, second.figure
+            self.evidence_notes.append(
+                f"the baseline's two knees lie {self.noise:.0%} apart ({a.delivered:.1f} tok/s at {a.load or 0:g}, "
+                f"{b.delivered:.1f} at {b.load or 0:g}): a change must beat that to be kept and none predicted to "
+                "gain less is tried; a server this unsteady between two searches is worth a look first (still "
+                "compiling or loading, other work on it, a target on its edge), and a longer --measure-budget or "
+                "more --repeats steadies the knee")
         self.save()
         reference = (first.figure.delivered + second.figure.delivered) / 2
         self.say(f"baseline: {reference:.1f} tok/s, noise ±{self.noise:.0%}", False)
