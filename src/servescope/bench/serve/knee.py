@@ -233,7 +233,9 @@ async def find_knee_async(spec: KneeSpec, *, progress: PointProgress | None = No
             measured = {p.load for p in session.result.points} if session.result else set()
             for load in sorted(set(spec.also_at)):
                 if search.met is not None and load < search.met and load not in measured:
-                    if (late := search.over_budget() or await run(load, "reference")) is not None:
+                    if search.over_budget() is not None:  # the search itself is done: its reason stands
+                        break
+                    if (late := await run(load, "reference")) is not None:
                         stop = late
                         break
         return document(stop)
