@@ -235,8 +235,14 @@ async def find_knee_async(spec: KneeSpec, *, progress: PointProgress | None = No
                 if search.met is not None and load < search.met and load not in measured:
                     if search.over_budget() is not None:  # the search itself is done: its reason stands
                         break
-                    if (late := await run(load, "reference")) is not None:
-                        stop = late
+                    point = (await session.measure(None if rate_mode else int(load), load if rate_mode else None,
+                                                   progress=progress, step="reference",
+                                                   requests=_requests(spec.load, load, rate_mode))).point
+                    search.requests += point.requests  # the bracket stays the search's: this load is below it
+                    if checkpoint is not None:
+                        checkpoint(document(stop))
+                    if point.stopped is not None:
+                        stop = f"the server stopped answering at {load:g}: {point.stopped}"
                         break
         return document(stop)
 
