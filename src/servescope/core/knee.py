@@ -16,12 +16,13 @@ Stats: ``p50`` (or ``median``), ``p90``, ``p95``, ``p99``, ``mean``. Without ``-
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from servescope.core.errors import InputError
-from servescope.core.serve import Knee, KneeCause, KneeSearch, PointSlo, ServeResult, SloTarget, TargetCheck
+from servescope.core.serve import Knee, KneeCause, KneeSearch, PointSlo, ServePoint, ServeResult, SloTarget, TargetCheck
 
 __all__ = ["DEFAULT_SLO", "METRICS", "STATS", "Knee", "KneeCause", "KneeResult", "KneeSearch", "PointSlo",
-           "SloTarget", "TargetCheck", "describe_slo", "parse_slo"]
+           "SloTarget", "TargetCheck", "describe_slo", "loads_met", "parse_slo"]
 
 KneeResult = ServeResult
 """The knee's document: a ``bench serve`` result whose ``knee`` and ``cause`` the search filled in."""
@@ -81,3 +82,13 @@ def parse_slo(text: str | None, *, option: str = "--slo") -> tuple[SloTarget, ..
 def describe_slo(targets: tuple[SloTarget, ...] | list[SloTarget]) -> str:
     """``TTFT p99 <= 2000 ms, ITL p99 <= 100 ms``."""
     return ", ".join(f"{t.metric.upper()} {t.stat} <= {t.limit_ms:g} ms" for t in targets)
+
+
+def loads_met(points: Sequence[ServePoint]) -> tuple[dict[float, list[ServePoint]], list[float]]:
+    """The points judged against targets, by load, and the loads every one of whose points met them (lowest
+    first)."""
+    by_load: dict[float, list[ServePoint]] = {}
+    for point in points:
+        if point.slo is not None:
+            by_load.setdefault(point.load, []).append(point)
+    return by_load, sorted(load for load, ps in by_load.items() if all(p.slo is not None and p.slo.met for p in ps))

@@ -16,7 +16,7 @@ from servescope.core.document import Document
 from servescope.core.serve import TargetCheck
 
 __all__ = ["KeepSettings", "KneeFigure", "TargetInfo", "Trial", "TuneDoc", "TuneOptions", "judge_gain",
-           "relative_gain", "same_load_gain"]
+           "reference_load", "relative_gain", "same_load_gain"]
 
 OUTCOMES = ("kept", "rolled_back", "failed_start", "measure_failed", "interrupted")
 
@@ -151,13 +151,17 @@ class TuneDoc(Document, kw_only=True, frozen=True):
     journal: str | None = None
 
 
+def reference_load(references: list[KneeFigure]) -> float | None:
+    """The load a shorter step's range prices: the references' knee load (the lowest, where their knees differ)."""
+    return min((r.load for r in references if r.load is not None), default=None)
+
+
 def same_load_gain(figure: KneeFigure, references: list[KneeFigure]) -> tuple[float, float] | None:
-    """``figure``'s tokens/s at the references' knee load (the lowest, where their knees differ) against the mean
-    of theirs there, as (load, gain); ``None`` where that load was not measured within the targets on both sides."""
-    loads = [r.load for r in references if r.load is not None]
-    if not loads:
+    """``figure``'s tokens/s at :func:`reference_load` against the mean of the references' there, as (load, gain);
+    ``None`` where that load was not measured within the targets on both sides."""
+    load = reference_load(references)
+    if load is None:
         return None
-    load = min(loads)
     theirs = [v for r in references if (v := r.delivered_at_load(load)) is not None]
     ours = figure.delivered_at_load(load)
     gain = relative_gain(ours, sum(theirs) / len(theirs)) if ours is not None and theirs else None

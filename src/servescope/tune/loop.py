@@ -37,6 +37,7 @@ from servescope.core.tune import (
     TuneDoc,
     TuneOptions,
     judge_gain,
+    reference_load,
 )
 from servescope.tune.edit import ServerConfig, apply_edits, merge_edits, shell_line
 from servescope.tune.evidence import gather_evidence, platform_here, server_version
@@ -268,8 +269,8 @@ class _Run:
             return done("failed_start", f"the server did not start: {reason}", None, restart_s, 0.0, tail), None
         try:
             # a range of a shorter step prices the reference knee's load: the trial's search measures it too
-            loads = [r.load for r in references if r.load is not None]
-            measured = self.knee(what, config.argv, also_at=min(loads) if loads and cand.gain_at == "load" else None)
+            measured = self.knee(what, config.argv,
+                                 also_at=reference_load(references) if cand.gain_at == "load" else None)
         except ServescopeError as exc:
             self.rollback(what)
             return done("measure_failed", f"the knee could not be measured: {exc}", None, restart_s, 0.0), None

@@ -14,8 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from servescope.core.knee import loads_met
 from servescope.core.next_steps import knee_figures
-from servescope.core.serve import Knee, ServePoint, ServeResult, SloTarget, TargetCheck
+from servescope.core.serve import Knee, ServeResult, SloTarget, TargetCheck
 from servescope.core.tune import KneeFigure
 
 __all__ = ["Measure", "Measured", "figure_of", "knee_measure"]
@@ -52,13 +53,9 @@ def figure_of(result: ServeResult, seconds: float) -> Measured:
 
 def _delivered_at(result: ServeResult) -> list[tuple[float, float]] | None:
     """Each load whose points all met the targets, with the median of the output tokens/s its points delivered."""
-    by_load: dict[float, list[ServePoint]] = {}
-    for point in result.points:
-        if point.slo is not None:
-            by_load.setdefault(point.load, []).append(point)
-    met = [(load, [p.output_tokens_per_s for p in points if p.output_tokens_per_s is not None])
-           for load, points in sorted(by_load.items()) if all(p.slo is not None and p.slo.met for p in points)]
-    return [(load, statistics.median(tokens)) for load, tokens in met if tokens] or None
+    by_load, met = loads_met(result.points)
+    tokens = [(load, [t for p in by_load[load] if (t := p.output_tokens_per_s) is not None]) for load in met]
+    return [(load, statistics.median(values)) for load, values in tokens if values] or None
 
 
 def _worst_checks(result: ServeResult) -> list[TargetCheck] | None:

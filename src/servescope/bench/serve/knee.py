@@ -34,6 +34,7 @@ import msgspec
 from servescope.bench.serve.cause import judge_knee
 from servescope.bench.serve.point import LoadSpec, PointProgress
 from servescope.bench.serve.session import ServeSession
+from servescope.core.knee import loads_met
 from servescope.core.serve import Knee, KneeCause, KneeSearch, ServePoint, ServeResult, SloTarget
 
 __all__ = ["KneeSpec", "client_explains", "find_knee", "find_knee_async", "knee_of", "next_load"]
@@ -123,11 +124,7 @@ def next_load(met: float | None, missed: float | None, *, mode: str, start: floa
 def knee_of(points: Sequence[ServePoint], unit: str) -> Knee | None:
     """The knee of a finished search: the highest load every one of whose points met the targets (a load
     measured again and missed once is not the knee), with the median goodput of its repeats and their spread."""
-    by_load: dict[float, list[ServePoint]] = {}
-    for p in points:
-        if p.slo is not None:
-            by_load.setdefault(p.load, []).append(p)
-    good = [load for load, ps in by_load.items() if all(_met(p) for p in ps)]
+    by_load, good = loads_met(points)
     if not good:
         return None
     best = max(good)
@@ -210,7 +207,12 @@ async def find_knee_async(spec: KneeSpec, *, progress: PointProgress | None = No
             concurrency, rate = (None, load) if rate_mode else (int(load), None)
             measured = await session.measure(concurrency, rate, progress=progress, step=step,
                                              requests=_requests(spec.load, load, rate_mode))
-            reason = search.record(measured.point)
+            if step == "reference":  # below the bracket, which stays the search's: only a dead server ends it
+                search.requests += measured.point.requests
+                reason = None if measured.point.stopped is None else \
+                    f"the server stopped answering at {load:g}: {measured.point.stopped}"
+            else:
+                reason = search.record(measured.point)
             if checkpoint is not None:
                 checkpoint(document(reason or "running"))
             return reason
@@ -235,14 +237,8 @@ async def find_knee_async(spec: KneeSpec, *, progress: PointProgress | None = No
                 if search.met is not None and load < search.met and load not in measured:
                     if search.over_budget() is not None:  # the search itself is done: its reason stands
                         break
-                    point = (await session.measure(None if rate_mode else int(load), load if rate_mode else None,
-                                                   progress=progress, step="reference",
-                                                   requests=_requests(spec.load, load, rate_mode))).point
-                    search.requests += point.requests  # the bracket stays the search's: this load is below it
-                    if checkpoint is not None:
-                        checkpoint(document(stop))
-                    if point.stopped is not None:
-                        stop = f"the server stopped answering at {load:g}: {point.stopped}"
+                    if (dead := await run(load, "reference")) is not None:
+                        stop = dead
                         break
         return document(stop)
 
