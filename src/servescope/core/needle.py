@@ -19,7 +19,9 @@ import re
 from functools import cache
 from typing import Any
 
-__all__ = ["Needled", "keep_needles", "needle_of", "needled"]
+import ahocorasick
+
+__all__ = ["AnyOf", "Needled", "any_of", "keep_needles", "needle_of", "needled"]
 
 _MIN_NEEDLE = 2  # a single character is in almost every name: not worth an extra test
 
@@ -160,3 +162,73 @@ class Needled:
 def needled(patterns: tuple[str, ...], flags: int = 0) -> tuple[Needled, ...]:
     """``patterns``, each compiled with ``flags`` and its needle, once."""
     return tuple(Needled.of(p, flags) for p in patterns)
+
+
+_FEW_NEEDLES = 8  # fewer than this: ``in`` for each is as fast as one pass of the automaton
+
+
+class AnyOf:
+    """Whether any of several regexes is found in a text: :meth:`found` answers as ``any(p.regex.search(text) ...)``.
+
+    With many patterns, every needle of every one is looked for in one pass over the text (and one over its
+    lower-cased form for those that ignore case) by an Aho-Corasick automaton (pyahocorasick), and only the
+    patterns whose needle is there, or that have none, are searched; with a few, each needle is tested with ``in``
+    as :class:`Needled` does.
+    """
+
+    __slots__ = ("_always", "_folded", "_plain", "patterns")
+
+    def __init__(self, patterns: tuple[Needled, ...]) -> None:
+        self.patterns = patterns
+        plain: dict[str, list[int]] = {}
+        folded: dict[str, list[int]] = {}
+        always: list[int] = []  # no needle: searched every time
+        for i, p in enumerate(patterns):
+            if not p.needles:
+                always.append(i)
+            for needle in p.needles:
+                (folded if p.ignore_case else plain).setdefault(needle, []).append(i)
+        self._always = tuple(always)
+        few = len(plain) + len(folded) < _FEW_NEEDLES
+        self._plain = None if few else _automaton(plain)
+        self._folded = None if few else _automaton(folded)
+
+    def found(self, text: str, lower: str | None = None) -> bool:
+        """Whether one of the patterns is found in ``text``. ``lower``: ``text.lower()`` when ``text`` is ASCII (a
+        caller testing many sets on one name lowers it once), else None."""
+        if self._plain is None and self._folded is None:
+            return any(p.found(text, lower) for p in self.patterns)
+        if lower is None:
+            if not text.isascii():  # lower() is not IGNORECASE here: each pattern as it is
+                return any(p.found(text, None) for p in self.patterns)
+            lower = text.lower()
+        patterns = self.patterns
+        if any(patterns[i].regex.search(text) is not None for i in self._always):
+            return True
+        tried: set[int] = set()
+        for automaton, where in ((self._plain, text), (self._folded, lower)):
+            if automaton is None:
+                continue
+            for _, hits in automaton.iter(where):
+                for i in hits:
+                    if i not in tried:
+                        tried.add(i)
+                        if patterns[i].regex.search(text) is not None:
+                            return True
+        return False
+
+
+@cache
+def any_of(patterns: tuple[str, ...], flags: int = 0) -> AnyOf:
+    """``patterns`` (each compiled with ``flags``, as :func:`needled`) as one :class:`AnyOf`, once."""
+    return AnyOf(needled(patterns, flags))
+
+
+def _automaton(words: dict[str, list[int]]) -> ahocorasick.Automaton | None:
+    if not words:
+        return None
+    automaton = ahocorasick.Automaton()
+    for text, hits in words.items():
+        automaton.add_word(text, tuple(hits))
+    automaton.make_automaton()
+    return automaton

@@ -18,7 +18,7 @@ import msgspec
 
 from servescope.core.categories import BUILTIN_SOURCE, CATEGORY_OTHER, GROUPS, Category, category_table
 from servescope.core.errors import InputError
-from servescope.core.needle import needled
+from servescope.core.needle import any_of, needled
 
 __all__ = [
     "FIXED",
@@ -108,7 +108,7 @@ class PrecisionRule(msgspec.Struct, frozen=True):
     def compile(self) -> None:
         """Its patterns compiled and their needles found, now rather than at the first match."""
         flags = re.IGNORECASE if self.ignore_case else 0
-        needled(self.patterns, flags)
+        any_of(self.patterns, flags)
         needled(self.requires, flags)
 
     def matches(self, name: str, lower: str | None = None) -> bool:
@@ -118,7 +118,7 @@ class PrecisionRule(msgspec.Struct, frozen=True):
         flags = re.IGNORECASE if self.ignore_case else 0
         if lower is None and name.isascii():
             lower = name.lower()
-        return any(p.found(name, lower) for p in needled(self.patterns, flags)) and all(
+        return any_of(self.patterns, flags).found(name, lower) and all(
             p.found(name, lower) for p in needled(self.requires, flags))
 
 

@@ -25,7 +25,7 @@ from servescope.core.document import decode as decode_document
 from servescope.core.document import read_document
 from servescope.core.engines import ENGINES_FILE, engine_words, engines
 from servescope.core.errors import InputError
-from servescope.core.needle import Needled, keep_needles, needled
+from servescope.core.needle import Needled, any_of, keep_needles, needled
 from servescope.core.settings import SettingsDoc
 from servescope.trace.read.files import Discovery
 from servescope.trace.read.table import TraceData, distinct_ids
@@ -64,7 +64,7 @@ def load_deployment_rules() -> dict[str, Any]:
                                            "data/deployment.toml does not define")
     for spec in settings.values():  # the patterns compiled once, their needles kept for the next runs
         for key in ("frames_on", "frames_off", "kernels"):
-            needled(tuple(spec.get(key, ())))
+            any_of(tuple(spec.get(key, ())))
     keep_needles()
     return data
 
@@ -144,9 +144,9 @@ def _from_input(inp: DeploymentInput, rules: Mapping[str, Any]) -> dict[str, Set
 
 def _first_match(traces: Sequence[TraceData], ids: Sequence[Iterable[int]], patterns: Sequence[str]) -> str | None:
     """The first name (of the traces' ``ids``) that one of ``patterns`` matches, else None."""
-    compiled = needled(tuple(patterns))
+    compiled = any_of(tuple(patterns))
     return next((d.names[i] for d, each in zip(traces, ids, strict=True) for i in each
-                 if any(p.found(d.names[i]) for p in compiled)), None)
+                 if compiled.found(d.names[i])), None)
 
 
 def _from_trace(traces: Sequence[TraceData], steps: Sequence[Sequence[StepRow]],

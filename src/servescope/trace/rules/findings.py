@@ -31,7 +31,7 @@ from servescope.core.bundled import bundled_toml
 from servescope.core.categories import CATEGORY_OTHER, Category, bundled_categories
 from servescope.core.errors import InputError
 from servescope.core.kernel_names import shorten_kernel_name
-from servescope.core.needle import keep_needles, needled
+from servescope.core.needle import any_of, keep_needles
 from servescope.trace.classify.precision import quant_facts
 from servescope.trace.rules.advice import advice_for, host_values
 from servescope.trace.rules.engine import ENGINE_SETTING
@@ -86,16 +86,16 @@ def _load_rules_cached() -> dict[str, Any]:
         for spec in data.get(table, {}).values():
             for key in ("patterns", "exclude", "kernels"):
                 if isinstance(spec.get(key), list):
-                    needled(tuple(spec[key]))
+                    any_of(tuple(spec[key]))
     keep_needles()
     return data
 
 
 def _matches(name: str, spec: Mapping[str, Any], key: str = "patterns") -> bool:
     lower = name.lower() if name.isascii() else None
-    if not any(p.found(name, lower) for p in needled(tuple(spec.get(key, ())))):
+    if not any_of(tuple(spec.get(key, ()))).found(name, lower):
         return False
-    return not any(p.found(name, lower) for p in needled(tuple(spec.get("exclude", ()))))
+    return not any_of(tuple(spec.get("exclude", ()))).found(name, lower)
 
 
 # ---------------------------------------------------------------------------------------------------------
