@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from servescope.core.needle import any_of
 from servescope.trace.classify.taxonomy import Taxonomy, load_taxonomy
+from servescope.trace.read.trace_json import decode_trace
 from servescope.trace.rules.deployment import load_deployment_rules
 from servescope.trace.rules.findings import load_rules
-from servescope.trace.read.trace_json import decode_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = sorted([*(ROOT / "tests" / "data").rglob("*.pt.trace.json.gz"),

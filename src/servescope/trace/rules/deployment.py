@@ -25,7 +25,7 @@ from servescope.core.document import decode as decode_document
 from servescope.core.document import read_document
 from servescope.core.engines import ENGINES_FILE, engine_words, engines
 from servescope.core.errors import InputError
-from servescope.core.needle import Needled, any_of, keep_needles, needled
+from servescope.core.needle import Needled, any_of, keep_needles
 from servescope.core.settings import SettingsDoc
 from servescope.trace.read.files import Discovery
 from servescope.trace.read.table import TraceData, distinct_ids
