@@ -9,7 +9,7 @@ there: it stages the parts it is given, installs once all are there, and runs th
   python3 tools/gpu_vllm_run.py build            # ~5 min once: payload into the cache (--cache DIR)
   python3 tools/gpu_vllm_run.py stage            # .p0 .. .pN-1 (git-ignored), sized to fit beside the tree;
                                                  # the last one holds install.sh, make_models.py, SHA256SUMS,
-                                                 # a wheel of this checkout and the deflate cp312 wheel
+                                                 # a wheel of this checkout and the cp312 wheels of deflate and pyahocorasick
   python3 tools/gpu_vllm_run.py calls            # the device calls to make, in order, back to back
   python3 tools/gpu_vllm_run.py collect DIR      # captures.tar from a call's files -> tests/data/h200-vllm/
 
@@ -107,7 +107,8 @@ def cmd_stage(args: argparse.Namespace) -> None:
         _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
               src], cwd=src)
     print(f"servescope wheel from HEAD {head}")
-    _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PLAT, "-d", str(wheels), "deflate>=0.7"])
+    _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PLAT, "-d", str(wheels), "deflate>=0.7",
+          "pyahocorasick>=2.0"])
     extra = sum(p.stat().st_size for p in wheels.iterdir()) + sum((SHARED / s).stat().st_size for s in SCRIPTS)
     tree = tree_bytes()
     room = CALL_LIMIT - tree - MARGIN

@@ -6,7 +6,7 @@
 # 1. Staging: copies whatever payload part folders this call carries (.p0, .p1, ...; `tools/gpu_vllm_run.py
 #    stage` makes them) into /tmp/payload. While parts are missing it says which and exits 0: such a call only
 #    stages. Once all parts are there: ../shared/gpu-vllm/install.sh -> /tmp/site (vLLM 0.26.0), servescope's
-#    wheel (+ deflate) -> /tmp/ss-site, make_models.py -> /tmp/models. All of /tmp survives only while the
+#    wheel (+ deflate, pyahocorasick) -> /tmp/ss-site, make_models.py -> /tmp/models. All of /tmp survives only while the
 #    machine stays warm (~30 s between calls), so later calls reuse it with no carry, or stage again.
 # 2. Each plan word starts two real vLLM servers side by side on the one GPU (dense llama8b-16l on :8001, MoE
 #    qwen3moe-30b-12l on :8002; --kv-cache-memory-bytes so that neither sizes its KV cache from the other's
