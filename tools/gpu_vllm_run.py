@@ -9,7 +9,8 @@ there: it stages the parts it is given, installs once all are there, and runs th
   python3 tools/gpu_vllm_run.py build            # ~5 min once: payload into the cache (--cache DIR)
   python3 tools/gpu_vllm_run.py stage            # .p0 .. .pN-1 (git-ignored), sized to fit beside the tree;
                                                  # the last one holds install.sh, make_models.py, SHA256SUMS,
-                                                 # a wheel of this checkout and the cp312 wheels of deflate and pyahocorasick
+                                                 # a wheel of this checkout, the cp312 wheels of deflate
+                                                 # and pyahocorasick
   python3 tools/gpu_vllm_run.py calls            # the device calls to make, in order, back to back
   python3 tools/gpu_vllm_run.py collect DIR      # captures.tar from a call's files -> tests/data/h200-vllm/
 
