@@ -16,12 +16,13 @@ Example:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any
 
 import ahocorasick
 
-__all__ = ["AnyOf", "Needled", "any_of", "keep_needles", "needle_of", "needled"]
+__all__ = ["AnyOf", "Needled", "any_of", "automaton", "keep_needles", "needle_of", "needled"]
 
 _MIN_NEEDLE = 2  # a single character is in almost every name: not worth an extra test
 
@@ -190,8 +191,8 @@ class AnyOf:
                 (folded if p.ignore_case else plain).setdefault(needle, []).append(i)
         self._always = tuple(always)
         few = len(plain) + len(folded) < _FEW_NEEDLES
-        self._plain = None if few else _automaton(plain)
-        self._folded = None if few else _automaton(folded)
+        self._plain = None if few else automaton(plain)
+        self._folded = None if few else automaton(folded)
 
     def found(self, text: str, lower: str | None = None) -> bool:
         """Whether one of the patterns is found in ``text``. ``lower``: ``text.lower()`` when ``text`` is ASCII (a
@@ -206,10 +207,10 @@ class AnyOf:
         if any(patterns[i].regex.search(text) is not None for i in self._always):
             return True
         tried: set[int] = set()
-        for automaton, where in ((self._plain, text), (self._folded, lower)):
-            if automaton is None:
+        for words, where in ((self._plain, text), (self._folded, lower)):
+            if words is None:
                 continue
-            for _, hits in automaton.iter(where):
+            for _, hits in words.iter(where):
                 for i in hits:
                     if i not in tried:
                         tried.add(i)
@@ -224,11 +225,13 @@ def any_of(patterns: tuple[str, ...], flags: int = 0) -> AnyOf:
     return AnyOf(needled(patterns, flags))
 
 
-def _automaton(words: dict[str, list[int]]) -> ahocorasick.Automaton | None:
+def automaton(words: Mapping[str, Sequence[Any]]) -> ahocorasick.Automaton | None:
+    """An Aho-Corasick automaton that finds each of ``words`` in a text with what it maps to (a tuple of it), or
+    None for no words."""
     if not words:
         return None
-    automaton = ahocorasick.Automaton()
+    found = ahocorasick.Automaton()
     for text, hits in words.items():
-        automaton.add_word(text, tuple(hits))
-    automaton.make_automaton()
-    return automaton
+        found.add_word(text, tuple(hits))
+    found.make_automaton()
+    return found

@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-import ahocorasick
-
 from servescope.core.bundled import code_stamp, data_stamp, read_derived, write_derived
 from servescope.core.categories import (
     BUILTIN_SOURCE,
@@ -32,7 +30,7 @@ from servescope.core.categories import (
     bundled_taxonomy,
     read_taxonomy,
 )
-from servescope.core.needle import Needled, keep_needles
+from servescope.core.needle import Needled, automaton, keep_needles
 from servescope.trace.classify import taxonomy_file
 from servescope.trace.classify.taxonomy_file import (
     FIXED,
@@ -265,7 +263,7 @@ class _Index:
                 self._regexes.append((i, j, regex, bool(regex.needles)))
                 for needle in regex.needles:
                     (folded if regex.ignore_case else plain).setdefault(needle, []).append((i, j))
-        self._plain, self._folded = _automaton(plain), _automaton(folded)
+        self._plain, self._folded = automaton(plain), automaton(folded)
 
     def first(self, name: str) -> _Matcher | None:
         """The first of the matchers whose rule matches ``name``."""
@@ -273,10 +271,10 @@ class _Index:
             return _first(self.matchers, name)
         bound = len(self.matchers)  # the first rule with a plain-text pattern in the name
         found: set[tuple[int, int]] = set()  # regexes whose needles are in the name
-        for automaton, text in ((self._plain, name), (self._folded, name.lower())):
-            if automaton is None:
+        for words, text in ((self._plain, name), (self._folded, name.lower())):
+            if words is None:
                 continue
-            for _, hits in automaton.iter(text):
+            for _, hits in words.iter(text):
                 for i, j in hits:
                     if j < 0:
                         bound = min(bound, i)
@@ -289,12 +287,3 @@ class _Index:
                 return self.matchers[i]
         return self.matchers[bound] if bound < len(self.matchers) else None
 
-
-def _automaton(words: dict[str, list[tuple[int, int]]]) -> ahocorasick.Automaton | None:
-    if not words:
-        return None
-    automaton = ahocorasick.Automaton()
-    for text, hits in words.items():
-        automaton.add_word(text, tuple(hits))
-    automaton.make_automaton()
-    return automaton
