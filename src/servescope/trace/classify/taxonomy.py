@@ -245,7 +245,7 @@ class _Index:
     text each match of it must hold), is found in one pass over the name (and one over its lower-cased form for
     the ``ignore_case`` ones) by an Aho-Corasick automaton (pyahocorasick). The first rule with a plain-text
     pattern found bounds the answer; before it, only the regexes whose needles were found (or that have none)
-    are searched, in rule order. The answer is :func:`_first`'s, name for name (tests/trace/test_taxonomy_index.py);
+    are searched, in rule order. The answer is :func:`_first`'s, name for name (tests/trace/test_pattern_index.py);
     a name that is not ASCII takes :func:`_first` itself (``lower()`` is not IGNORECASE there).
     """
 
@@ -255,7 +255,7 @@ class _Index:
         self.matchers = matchers
         plain: dict[str, list[tuple[int, int]]] = {}  # text sought in the name -> (rule, -1 | its regex)
         folded: dict[str, list[tuple[int, int]]] = {}  # the same, sought in the lower-cased name
-        self._regexes: list[tuple[int, int, Needled, bool]] = []  # (rule, regex, regex, tried only where found)
+        self._regexes: list[tuple[int, int, Needled, bool]] = []  # (rule, which regex of it, the regex, needled)
         for i, (_, ignore_case, literals, regexes, _rule) in enumerate(matchers):
             for text in literals:
                 (folded if ignore_case else plain).setdefault(text, []).append((i, -1))
