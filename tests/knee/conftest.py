@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from children import default_signals
+from children import default_signals, pin_to_core
 from tracefiles import tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,12 +25,6 @@ MAX_NUM_SEQS = 2
 
 capture = tool("capture_vllm_cpu")
 
-
-def pin_to_core(core: int) -> list[str]:
-    """``taskset -c CORE`` where this machine has a second core and taskset, else nothing."""
-    if len(os.sched_getaffinity(0)) > 1 and subprocess.run(["which", "taskset"], capture_output=True).returncode == 0:
-        return ["taskset", "-c", str(core)]
-    return []
 VENV = tool("vllm_venv").vllm_venv()
 
 

@@ -14,9 +14,10 @@ from typing import Any
 
 import msgspec
 
+from children import pin_to_core
 from servescope.core.serve import ServeResult
 
-from .conftest import MAX_NUM_SEQS, pin_to_core
+from .conftest import MAX_NUM_SEQS
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,9 +2,11 @@
 knee search: a flag vLLM rejects (failed start, rolled back), eight requests at once for a server started with
 one (kept), and back to one (rolled back); nothing left running.
 
-Slow (server starts of ~1 minute each on 2 cores): ``SERVESCOPE_SLOW=1``. The engine is bound to core 0
-(``VLLM_CPU_OMP_THREADS_BIND=0``) so the client keeps the other; the model (hidden 1024, 8 layers) is big enough
-that a token takes tens of milliseconds, so the client's own delays stay below what it measures.
+Slow (server starts of ~1 minute each on 2 cores): ``SERVESCOPE_SLOW=1``. Where the machine has two cores, the
+server is pinned whole to core 0 (``taskset -c 0`` in the command tune launches, with
+``VLLM_CPU_OMP_THREADS_BIND=0``) and tune, whose knee searches are the client, to core 1; the model (hidden
+1024, 8 layers) is big enough that a token takes tens of milliseconds, so the client's own delays stay below what
+it measures.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from children import pin_to_core
 from servescope.core.document import decode_as
 from servescope.core.tune import TuneDoc
 from servescope.tune.journal import read_journal
@@ -54,12 +57,14 @@ def test_tune_launch_on_vllm_cpu(tmp_path: Path) -> None:
                     "--layers", "8", "--heads", "16", "--kv-heads", "4"], check=True, timeout=300,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     port = free_port()
-    command = (f"{python} -m vllm.entrypoints.openai.api_server --model {model} --served-model-name small "
-               f"--host 127.0.0.1 --port {port} --max-model-len 256 --dtype bfloat16 --max-num-seqs 1 --seed 0")
+    command = " ".join([*pin_to_core(0), str(python), "-m vllm.entrypoints.openai.api_server --model", str(model),
+                        f"--served-model-name small --host 127.0.0.1 --port {port} --max-model-len 256",
+                        "--dtype bfloat16 --max-num-seqs 1 --seed 0"])
     journal = tmp_path / "j.json"
     done = subprocess.run(
-        [sys.executable, "-m", "servescope", "tune", "--launch", command, "--env", "VLLM_CPU_OMP_THREADS_BIND=0",
-         "--env", "VLLM_CPU_KVCACHE_SPACE=1", "--env", "VLLM_NO_USAGE_STATS=1", "--slo", "ttft_p99=2000,itl_p99=500",
+        [*pin_to_core(1), sys.executable, "-m", "servescope", "tune", "--launch", command,
+         "--env", "VLLM_CPU_OMP_THREADS_BIND=0", "--env", "VLLM_CPU_KVCACHE_SPACE=1", "--env", "VLLM_NO_USAGE_STATS=1",
+         "--slo", "ttft_p99=2000,itl_p99=500",
          "--input-tokens", "32", "--output-tokens", "32", "--measure-budget", "30s", "--max-load", "8",
          "--catalogue", str(HERE / "data" / "cpu-changes.toml"), "--journal", str(journal),
          "-o", str(tmp_path / "doc.json"), "--ready-timeout", "300"],
