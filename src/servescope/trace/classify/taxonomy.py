@@ -255,12 +255,12 @@ class _Index:
         self.matchers = matchers
         plain: dict[str, list[tuple[int, int]]] = {}  # text sought in the name -> (rule, -1 | its regex)
         folded: dict[str, list[tuple[int, int]]] = {}  # the same, sought in the lower-cased name
-        self._regexes: list[tuple[int, int, Needled, bool]] = []  # (rule, which regex of it, the regex, needled)
+        self._regexes: list[tuple[int, int, Needled]] = []  # (rule, which regex of it, the regex), in rule order
         for i, (_, ignore_case, literals, regexes, _rule) in enumerate(matchers):
             for text in literals:
                 (folded if ignore_case else plain).setdefault(text, []).append((i, -1))
             for j, regex in enumerate(regexes):
-                self._regexes.append((i, j, regex, bool(regex.needles)))
+                self._regexes.append((i, j, regex))
                 for needle in regex.needles:
                     (folded if regex.ignore_case else plain).setdefault(needle, []).append((i, j))
         self._plain, self._folded = automaton(plain), automaton(folded)
@@ -280,10 +280,9 @@ class _Index:
                         bound = min(bound, i)
                     else:
                         found.add((i, j))
-        for i, j, regex, needled in self._regexes:
+        for i, j, regex in self._regexes:
             if i >= bound:
                 break
-            if (not needled or (i, j) in found) and regex.regex.search(name) is not None:
+            if (not regex.needles or (i, j) in found) and regex.regex.search(name) is not None:
                 return self.matchers[i]
         return self.matchers[bound] if bound < len(self.matchers) else None
-
