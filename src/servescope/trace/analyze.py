@@ -19,20 +19,23 @@ import msgspec
 from servescope import __version__
 from servescope.core.analysis import AnalysisDoc, InputFile, RankAnalysis, StepReference, TraceInfo
 from servescope.core.categories import category_entries
+from servescope.core.engines import engines
 from servescope.core.errors import InputError
+from servescope.trace.classify.kernel_types import precision_evidence
 from servescope.trace.classify.taxonomy import Taxonomy, load_taxonomy
 from servescope.trace.classify.work import Work, select_work
 from servescope.trace.classify.work_category import CaptureReference, capture_reference, is_capture
 from servescope.trace.read.files import EXAMPLE_NAME, EXAMPLES, Discovery, example_trace_dir, find_traces
 from servescope.trace.read.readahead import ReadAhead
 from servescope.trace.read.table import TraceData
-from servescope.trace.rules.deployment import DeploymentInput, deployment_settings
+from servescope.trace.rules.deployment import DeploymentInput, deployment_settings, load_deployment_rules
 from servescope.trace.rules.engine import ENGINE_SETTING, engine_evidence
 from servescope.trace.rules.facts import RankFacts, rank_facts
 from servescope.trace.rules.findings import find_bottlenecks, load_rules
 from servescope.trace.rules.verdict import decide_verdicts
 from servescope.trace.steps.breakdown import RankBreakdown, break_down
 from servescope.trace.steps.find import Steps, find_steps
+from servescope.trace.steps.formats import step_formats
 from servescope.trace.steps.measures import StepMeasures, measure_steps
 from servescope.trace.steps.ranks import RankedTrace, assign_ranks, compare_ranks, rank_from_name
 
@@ -148,6 +151,15 @@ def _analyze_rank(context: RankContext, taxonomy: Taxonomy, capture: CaptureRefe
     return _Rank(doc, result, facts, context)
 
 
+def _load_data_files() -> None:
+    """Read the other data files the stages read (each read once a process, then kept), before the traces are
+    waited for: while they decode in child processes, not after, when nothing else runs."""
+    step_formats()
+    engines()
+    load_deployment_rules()
+    precision_evidence()
+
+
 def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
             read_ahead: ReadAhead | None = None) -> AnalysisDoc:
     """Analyze the traces of one run: every rank's steps, breakdown per phase, ranks compared, findings.
@@ -164,6 +176,7 @@ def analyze(request: AnalyzeRequest, *, progress: Progress | None = None,
     """
     taxonomy: Taxonomy = load_taxonomy(request.taxonomy)
     rules = load_rules()  # like the taxonomy, before the traces are waited for
+    _load_data_files()
     discovery = request.paths if isinstance(request.paths, Discovery) else find_traces(request.paths)
     left_out: dict[str, str] = {}
     read = _read_all(discovery.traces, progress, read_ahead, set(discovery.named), left_out)

@@ -21,7 +21,7 @@ from servescope.core.categories import bundled_taxonomy
 from servescope.core.kernel_names import demangle
 from servescope.trace.classify.taxonomy import Taxonomy
 
-__all__ = ["NameParts", "name_parts", "name_role"]
+__all__ = ["NameParts", "name_parts", "name_role", "precision_evidence"]
 
 
 class NameParts(msgspec.Struct, frozen=True):
@@ -69,7 +69,9 @@ def name_parts(name: str) -> NameParts:
 
 
 @cache
-def _evidence() -> tuple[frozenset[str], tuple[re.Pattern[str], ...], tuple[re.Pattern[str], ...]]:
+def precision_evidence() -> tuple[frozenset[str], tuple[re.Pattern[str], ...], tuple[re.Pattern[str], ...]]:
+    """``taxonomy.toml``'s ``[precision_evidence]``: the categories read by operation words only, and the patterns
+    of high and of low precision types in template arguments (read once)."""
     raw: dict[str, Any] = bundled_taxonomy().get("precision_evidence", {})
     return (frozenset(raw.get("operation_only", ())), tuple(re.compile(p) for p in raw.get("high", ())),
             tuple(re.compile(p) for p in raw.get("low", ())))
@@ -79,7 +81,7 @@ def name_role(taxonomy: Taxonomy, name: str, category: str) -> str | None:
     """The precision role the name rules give a kernel of ``category`` (its category by name), read from what
     its name is evidence of: operation words only for ``operation_only`` categories; a ``quantize`` whose
     template arguments state types, none of them (nor its operation words) low precision, is none."""
-    operation_only, high, low = _evidence()
+    operation_only, high, low = precision_evidence()
     parts = name_parts(name) if category in operation_only else None  # the rest only where a quantize needs it
     role = taxonomy.precision(parts.operation if parts is not None else demangle(name), "name")
     if role != "quantize":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from functools import cache
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -97,7 +98,7 @@ def _informative(data: TraceData, taxonomy: Taxonomy, rules: list[Rule]) -> _Fra
         threads.append(table.thread[keep])
     start, end = np.concatenate(starts), np.concatenate(ends)
     thread = np.concatenate(threads).astype(np.int64)
-    order = np.lexsort((-end, start, thread))  # stable: ties keep cpu_op, python, annotation order
+    order = _outer_first(thread, start, end)  # stable: ties keep cpu_op, python, annotation order
     start, end, thread = start[order], end[order], thread[order]
     bounds: dict[int, tuple[int, int]] = {}
     if len(thread):
@@ -108,6 +109,23 @@ def _informative(data: TraceData, taxonomy: Taxonomy, rules: list[Rule]) -> _Fra
                                                               strict=True)}
     return _Frames(start, end, np.concatenate(matched)[order], np.concatenate(names)[order],
                    _parents(start.tolist(), end.tolist(), bounds), bounds)
+
+
+def _outer_first(thread: npt.NDArray[np.integer[Any]], start: npt.NDArray[np.float64],
+                 end: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+    """Positions by thread, then start, the one that ends later first where two start together (a frame before
+    the frames inside it); stable. ``np.lexsort((-end, start, thread))``, without its full sort on ``end`` (~3 ms
+    a 40k-row table): the starts come nearly sorted, so only the rows that share a start are ordered by end."""
+    order = np.argsort(start, kind="stable")
+    sorted_start = start[order]
+    tied = np.flatnonzero(sorted_start[1:] == sorted_start[:-1])
+    if len(tied):
+        in_tie = np.zeros(len(order), dtype=bool)
+        in_tie[tied] = in_tie[tied + 1] = True
+        slots = np.flatnonzero(in_tie)  # whole runs of equal starts, each in place
+        rows = order[slots]
+        order[slots] = rows[np.lexsort((-end[rows], start[rows]))]
+    return order[np.argsort(thread[order], kind="stable")]
 
 
 def _parents(start: list[float], end: list[float], bounds: dict[int, tuple[int, int]]) -> npt.NDArray[np.int64]:
@@ -297,7 +315,7 @@ def _sequences(data: TraceData, work: Work, taxonomy: Taxonomy, index: dict[str,
         return
     region: dict[int, tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.int32],
                             npt.NDArray[np.int32]]] = {}  # starts, ends, labels, names
-    all_order = np.lexsort((-ops.dur_us, ops.ts_us, ops.thread))  # stable: ties keep row order
+    all_order = _outer_first(ops.thread, ops.ts_us, ops.ts_us + ops.dur_us)  # stable: ties keep row order
     if len(data.step_markers) and data.step_markers.any():  # a ProfilerStep#N range holds, not is, a layer
         all_order = all_order[~data.step_markers[all_order]]
     for thread, part in _by_thread(ops.thread[all_order].astype(np.int64)):

@@ -249,20 +249,24 @@ class _Index:
     a name that is not ASCII takes :func:`_first` itself (``lower()`` is not IGNORECASE there).
     """
 
-    __slots__ = ("_folded", "_plain", "_regexes", "matchers")
+    __slots__ = ("_folded", "_needleless", "_plain", "_regexes", "matchers")
 
     def __init__(self, matchers: tuple[_Matcher, ...]) -> None:
         self.matchers = matchers
         plain: dict[str, list[tuple[int, int]]] = {}  # text sought in the name -> (rule, -1 | its regex)
         folded: dict[str, list[tuple[int, int]]] = {}  # the same, sought in the lower-cased name
-        self._regexes: list[tuple[int, int, Needled]] = []  # (rule, which regex of it, the regex), in rule order
+        self._regexes: dict[tuple[int, int], Needled] = {}  # (rule, which regex of it) -> the regex
+        needleless: list[tuple[int, int]] = []  # the regexes searched whatever the name holds
         for i, (_, ignore_case, literals, regexes, _rule) in enumerate(matchers):
             for text in literals:
                 (folded if ignore_case else plain).setdefault(text, []).append((i, -1))
             for j, regex in enumerate(regexes):
-                self._regexes.append((i, j, regex))
+                self._regexes[i, j] = regex
+                if not regex.needles:
+                    needleless.append((i, j))
                 for needle in regex.needles:
                     (folded if regex.ignore_case else plain).setdefault(needle, []).append((i, j))
+        self._needleless = tuple(needleless)
         self._plain, self._folded = automaton(plain), automaton(folded)
 
     def first(self, name: str) -> _Matcher | None:
@@ -270,7 +274,7 @@ class _Index:
         if not name.isascii():
             return _first(self.matchers, name)
         bound = len(self.matchers)  # the first rule with a plain-text pattern in the name
-        found: set[tuple[int, int]] = set()  # regexes whose needles are in the name
+        found: list[tuple[int, int]] = []  # regexes whose needles are in the name
         for words, text in ((self._plain, name), (self._folded, name.lower())):
             if words is None:
                 continue
@@ -279,10 +283,11 @@ class _Index:
                     if j < 0:
                         bound = min(bound, i)
                     else:
-                        found.add((i, j))
-        for i, j, regex in self._regexes:
+                        found.append((i, j))
+        # the regexes that may match, in rule order: those whose needles were found and those without any
+        for i, j in sorted({*found, *self._needleless}) if found else self._needleless:
             if i >= bound:
                 break
-            if (not regex.needles or (i, j) in found) and regex.regex.search(name) is not None:
+            if self._regexes[i, j].regex.search(name) is not None:
                 return self.matchers[i]
         return self.matchers[bound] if bound < len(self.matchers) else None

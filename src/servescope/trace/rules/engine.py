@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from servescope.core.analysis import SettingEvidence
 from servescope.core.engines import engine_ids, engines
+from servescope.core.needle import any_of
 from servescope.trace.read.table import TraceData, distinct_ids
 from servescope.trace.rules.deployment import DeploymentInput
 from servescope.trace.steps.formats import step_formats
@@ -64,14 +65,16 @@ def _from_trace(traces: Sequence[TraceData], serves: Sequence[str | None]) -> Se
     names = [_names(d) for d in traces]
     for engine in engines():
         for per_trace in names:
-            hit = next((n for n in per_trace if any(p.search(n) for p in engine.frame_patterns)), None)
+            frames = any_of(engine.frames)  # each name's needles found in one pass, not each regex searched
+            hit = next((n for n in per_trace if frames.found(n)), None)
             if hit is not None:
                 return SettingEvidence(value=engine.id, source="trace", detail=f"the trace's frames ({hit[:80]})")
     marked = next((s for s in serves if s is not None), None)
     if marked is not None:
         return SettingEvidence(value=marked, source="trace", detail=f"{words.get(marked, marked)}'s step marks")
     for per_trace in names:
-        hit = next((n for n in per_trace if any(p.search(n) for p in formats.training_ops)), None)
+        training = any_of(tuple(p.pattern for p in formats.training_ops))
+        hit = next((n for n in per_trace if training.found(n)), None)
         if hit is not None:
             return SettingEvidence(value="training", source="trace",
                                    detail=f"a training run: the trace's backward / optimizer ops ({hit[:80]}), "

@@ -11,7 +11,7 @@ against the tables.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from typing import Any
 
@@ -91,11 +91,20 @@ def _load_rules_cached() -> dict[str, Any]:
     return data
 
 
-def _matches(name: str, spec: Mapping[str, Any], key: str = "patterns") -> bool:
-    lower = name.lower() if name.isascii() else None
-    if not any_of(tuple(spec.get(key, ()))).found(name, lower):
-        return False
-    return not any_of(tuple(spec.get("exclude", ()))).found(name, lower)
+def _matcher(spec: Mapping[str, Any], key: str = "patterns") -> Callable[[str], bool]:
+    """Whether a name matches one of ``spec[key]`` and none of ``spec["exclude"]``; each name tested once (a rank's
+    kernel rows repeat their names, phase by phase)."""
+    include, exclude = any_of(tuple(spec.get(key, ()))), any_of(tuple(spec.get("exclude", ())))
+    known: dict[str, bool] = {}
+
+    def matches(name: str) -> bool:
+        hit = known.get(name)
+        if hit is None:
+            lower = name.lower() if name.isascii() else None
+            hit = known[name] = include.found(name, lower) and not exclude.found(name, lower)
+        return hit
+
+    return matches
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -115,8 +124,9 @@ def _family(rows: Sequence[KernelRow], spec: Mapping[str, Any], total_us: float,
     kinds = set(spec.get("kinds", ("kernel", "cpu_op", "gpu_memcpy", "gpu_memset")))
     cats = set(spec["categories"]) if "categories" in spec else None
     other = families[spec["exclude_family"]] if "exclude_family" in spec else None
-    picked = [k for k in rows if k.kind in kinds and (cats is None or k.category in cats) and _matches(k.name, spec)
-              and (other is None or not _matches(k.name, other))]
+    matches, excluded = _matcher(spec), _matcher(other) if other is not None else None
+    picked = [k for k in rows if k.kind in kinds and (cats is None or k.category in cats) and matches(k.name)
+              and (excluded is None or not excluded(k.name))]
     by_name: dict[str, float] = {}
     for k in picked:
         by_name[k.name] = by_name.get(k.name, 0.0) + k.total_us
@@ -253,7 +263,7 @@ def _kernel_conditions(rows: Sequence[KernelRow], data: Mapping[str, Any]) -> di
             continue
         picked = names if "categories" not in spec else sorted(
             {n for cat in spec["categories"] for n in by_category.get(cat, ())})
-        out[c] = any(_matches(n, spec, "kernels") for n in picked)
+        out[c] = any(map(_matcher(spec, "kernels"), picked))
     return out
 
 
