@@ -30,7 +30,7 @@ from servescope.core.categories import (
     bundled_taxonomy,
     read_taxonomy,
 )
-from servescope.core.needle import Needled, automaton, keep_needles
+from servescope.core.needle import AnyOf, Needled, automaton, keep_needles
 from servescope.trace.classify import taxonomy_file
 from servescope.trace.classify.taxonomy_file import (
     FIXED,
@@ -123,6 +123,8 @@ class Taxonomy:
     precision_standalone: frozenset[str] = frozenset()
     _by_kind: dict[str, _Index] = field(init=False, repr=False, compare=False)
     _by_frame: dict[str, _Index] = field(init=False, repr=False, compare=False)
+    _precision: dict[str, tuple[tuple[str, AnyOf, tuple[Needled, ...]], ...]] = field(
+        init=False, repr=False, compare=False)  # by what they read (on): each rule's role, patterns, requirements
 
     def __post_init__(self) -> None:
         matchers = [(rule.kinds, _matcher(rule)) for rule in self.rules]
@@ -131,8 +133,10 @@ class Taxonomy:
         frames = [(rule.kinds, _matcher(rule)) for rule in self.launch_rules]
         object.__setattr__(self, "_by_frame",
                            {kind: _Index(tuple(m for kinds, m in frames if kind in kinds)) for kind in FRAME_KINDS})
-        for precision in self.precision_rules:  # compiled now: analyze loads the taxonomy while the traces decode
-            precision.compile()
+        precision: dict[str, list[tuple[str, AnyOf, tuple[Needled, ...]]]] = {}
+        for rule in self.precision_rules:  # compiled now: analyze loads the taxonomy while the traces decode
+            precision.setdefault(rule.on, []).append((rule.role, *rule.compile()))
+        object.__setattr__(self, "_precision", {on: tuple(rules) for on, rules in precision.items()})
         keep_needles()
 
     def marked(self, mark: str) -> list[str]:
@@ -155,8 +159,10 @@ class Taxonomy:
         """The role (``quantize``, ``dequantize``, ``cast``) of the first precision rule reading ``on`` (``name``:
         a kernel's own name; ``launch``: a cpu_op around its launch) that ``name`` matches, or None."""
         lower = name.lower() if name.isascii() else None
-        return next((rule.role for rule in self.precision_rules if rule.on == on and rule.matches(name, lower)),
-                    None)
+        for role, patterns, requires in self._precision.get(on, ()):
+            if patterns.found(name, lower) and all(p.found(name, lower) for p in requires):
+                return role
+        return None
 
     def classify(self, name: str, kind: str) -> str:
         """The category of an operation named ``name`` of event kind ``kind``.
