@@ -107,7 +107,7 @@ def test_workers_share_a_point_on_one_clock_and_merge_exactly(sse_server: Callab
 def test_bench_serve_shares_streams_by_default_and_says_so(sse_server: Callable[..., str], tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """No --workers: 2 streams run in this process, 20 over two (one per 16 streams) on a 4-CPU machine."""
-    monkeypatch.setattr(session, "available_cpus", lambda: 4)   # the session records the CPUs each point sizes by
+    monkeypatch.setattr(session, "usable_cpus", lambda: 4)   # the session records the CPUs each point sizes by
     url = sse_server("--ttft-ms", "20", "--interval-ms", "10")
     out = tmp_path / "run.json"
     result = CliRunner().invoke(app, ["bench", "serve", url, "--concurrency", "2,20", "--output-tokens", "8",

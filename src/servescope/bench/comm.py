@@ -25,7 +25,16 @@ from typing import Any
 
 from servescope.bench.torchrun import read_raw, run_torchrun
 from servescope.core.atomic import write_text_atomic
-from servescope.core.comm import OPS, CurveDoc, CurvePoint, OpCurve, bus_factor, curve_doc_to_json, time_us_at
+from servescope.core.comm import (
+    OPS,
+    CurveDoc,
+    CurvePoint,
+    OpCurve,
+    bus_factor,
+    curve_doc_to_json,
+    size_text,
+    time_us_at,
+)
 from servescope.core.comm_result import CommResultDoc, DecodeChoiceRow
 from servescope.core.errors import InputError, require_extra
 
@@ -262,18 +271,10 @@ def run_comm_bench(req: CommRun, progress: Progress | None = None) -> CommBenchR
     return CommBenchResult(doc=doc, failures=tuple(failures), output=str(req.output) if req.output else None)
 
 
-def _size_text(nbytes: int) -> str:
-    """Bytes as nccl-tests writes sizes: 1K, 64M (powers of 1024), else the number."""
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale}{unit}"
-    return str(nbytes)
-
-
 def measuring_line(req: CommRun) -> str:
     """What a run measures, in one line (its first progress line)."""
     sizes = sorted(req.sizes)
-    span = _size_text(sizes[0]) if len(sizes) == 1 else f"{_size_text(sizes[0])}..{_size_text(sizes[-1])}"
+    span = size_text(sizes[0]) if len(sizes) == 1 else f"{size_text(sizes[0])}..{size_text(sizes[-1])}"
     modes = " (eager and CUDA graph)" if req.graph else ""
     return (f"timing {', '.join(req.ops)}{modes} at {len(sizes)} sizes ({span} bytes), {req.dtype}, "
             f"{req.warmup} warm-up + {req.iters} timed per size, {req.backend} over {req.nproc} processes, "

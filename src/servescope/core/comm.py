@@ -38,6 +38,7 @@ __all__ = [
     "curve_doc_from_dict",
     "curve_doc_to_json",
     "load_curves",
+    "size_text",
     "time_us_at",
 ]
 
@@ -45,6 +46,14 @@ CURVES_SCHEMA = "servescope.comm-curves/1"
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 INTERCONNECTS = ("nvlink", "pcie", "shm", "unknown")
 SOURCES = ("measured", "published")
+
+
+def size_text(nbytes: int) -> str:
+    """Bytes as nccl-tests writes message sizes: 1K, 64M (powers of 1024), else the number."""
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
 
 
 def bus_factor(op: str, world_size: int) -> float:

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from servescope.core.errors import InputError
+from servescope.core.files import read_bytes
 
 __all__ = ["KINDS", "Document", "DocumentKind", "decode", "decode_as", "encode", "kind_named", "kind_of",
            "read_document", "read_header"]
@@ -205,8 +206,4 @@ def read_document(path: Path) -> Any:
     Raises:
         InputError: ``path`` cannot be read, or is not a result document.
     """
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputError(str(path), exc.strerror or "cannot read") from None
-    return decode(data, str(path))
+    return decode(read_bytes(path), str(path))

@@ -42,12 +42,13 @@ def read_bytes(path: Path) -> bytes:
     """The bytes of the file a user named.
 
     Raises:
-        InputError: ``PATH: cannot read (WHY)``.
+        InputError: ``PATH: no such file``, ``PATH: is a directory, not a file`` or ``PATH: cannot read: WHY``.
     """
     try:
         return path.read_bytes()
     except OSError as exc:
-        raise InputError(str(path), f"cannot read ({exc.strerror or exc})") from None
+        raise unreadable(str(path), exc, {FileNotFoundError: "no such file",
+                                          IsADirectoryError: "is a directory, not a file"}) from None
 
 
 def read_text(path: Path) -> str:

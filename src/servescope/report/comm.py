@@ -5,16 +5,10 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from servescope.core.comm import size_text
 from servescope.core.comm_result import CommResultDoc
 
 __all__ = ["render_comm"]
-
-
-def _size(nbytes: int) -> str:
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale}{unit}"
-    return str(nbytes)
 
 
 def render_comm(result: CommResultDoc, console: Console) -> None:
@@ -30,7 +24,7 @@ def render_comm(result: CommResultDoc, console: Console) -> None:
             table.add_column(col, justify="left" if col == "variant" else "right")
         for curve in (c for c in doc.curves if c.op == op):
             for p in curve.points:
-                table.add_row(_size(p.bytes), curve.label, f"{p.time_us:.1f}", f"{p.algbw_gbps:.2f}",
+                table.add_row(size_text(p.bytes), curve.label, f"{p.time_us:.1f}", f"{p.algbw_gbps:.2f}",
                               f"{p.busbw_gbps:.2f}")
         console.print(table)
     if result.best_at_decode:

@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from servescope.bench.serve.bottleneck import is_client_bound
-from servescope.bench.serve.pool import auto_workers, available_cpus
+from servescope.bench.serve.pool import auto_workers
 from servescope.bench.serve.streams import Sample
+from servescope.core.cpus import usable_cpus
 from servescope.core.errors import InputError
 from servescope.core.serve import ClientLag, Dist, TokenCounts
 from servescope.server.client import ApiKey, ServerClient
@@ -148,7 +149,7 @@ def workers_for(spec: LoadSpec, concurrency: int | None, rate: float | None = No
     if spec.workers > 0:
         return spec.workers if concurrency is None else min(spec.workers, concurrency)
     return auto_workers(point_streams(spec, concurrency, rate, warm_e2e_s),
-                        cpus if cpus is not None else available_cpus())
+                        cpus if cpus is not None else usable_cpus())
 
 
 def plan_requests(spec: LoadSpec, *, concurrency: int | None, rate: float | None) -> int:

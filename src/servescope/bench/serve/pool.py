@@ -22,7 +22,6 @@ import asyncio
 import dataclasses
 import math
 import multiprocessing as mp
-import os
 import queue
 import time
 from collections.abc import Callable
@@ -32,21 +31,13 @@ from typing import Any
 from servescope.bench.serve.streams import PointJob, PointRun, run_point_here
 from servescope.core.errors import InputError
 
-__all__ = ["STREAMS_PER_WORKER", "auto_workers", "available_cpus", "run_point_in_workers", "split_job"]
+__all__ = ["STREAMS_PER_WORKER", "auto_workers", "run_point_in_workers", "split_job"]
 
 #: Streams one event loop is given before another process is added (``--workers 0``, the default). One
 #: process held 8 streams within 0.5% of the engine's TPOT on the H200, 32 already +1.5..1.8%.
 STREAMS_PER_WORKER = 16
 _START_TIMEOUT_S = 60.0
 _POLL_S = 0.2
-
-
-def available_cpus() -> int:
-    """CPUs this process may run on (its affinity mask where the OS has one, else the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def auto_workers(streams: int, cpus: int) -> int:

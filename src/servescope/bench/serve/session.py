@@ -31,9 +31,10 @@ from servescope.bench.serve.point import (
     summarize,
     workers_for,
 )
-from servescope.bench.serve.pool import available_cpus, run_point_in_workers
+from servescope.bench.serve.pool import run_point_in_workers
 from servescope.bench.serve.slo import judge_slo
 from servescope.bench.serve.streams import Point, PointJob, Sample, run_point_here
+from servescope.core.cpus import usable_cpus
 from servescope.core.errors import InputError
 from servescope.core.serve import DEFINITIONS, ServeOptions, ServePoint, ServeResult, SloTarget
 from servescope.server.client import ServerClient
@@ -110,7 +111,7 @@ class ServeSession:
                                concurrency=list(spec.concurrency), rate=list(spec.rate), requests=spec.requests,
                                duration_s=spec.duration_s, warmup_requests=spec.warmup_requests,
                                max_concurrency=spec.max_concurrency, seed=spec.seed, prompt_source=source,
-                               timeout_s=spec.timeout_s, workers=spec.workers, cpus=available_cpus(),
+                               timeout_s=spec.timeout_s, workers=spec.workers, cpus=usable_cpus(),
                                warmup_burst=spec.warmup_burst or 0)
         warm = Point(client, self._body, self._prompts[::-1])
         for _ in range(spec.warmup_requests):

@@ -2,9 +2,10 @@
 
 Decoding a trace is CPU work in one thread (msgspec holds the GIL), and so is importing numpy and the
 analysis modules; with two or more cores they can run at once. :class:`ReadAhead` forks its children
-*before* its caller imports anything heavy (this module imports only the standard library); each imports
-just the decoder (:mod:`servescope.trace.read.trace_json`) and sends what it decodes back through a pipe, one pickle
-at a time, read by a thread per child so that no child waits on a full pipe.
+*before* its caller imports anything heavy (this module imports only the standard library and
+:mod:`servescope.core.cpus`, which is ``os`` alone); each imports just the decoder
+(:mod:`servescope.trace.read.trace_json`) and sends what it decodes back through a pipe, one pickle at a time, read
+by a thread per child so that no child waits on a full pipe.
 
 Up to one child per core is started, each decoding its share of the files, biggest first. One file of over
 ``SPLIT_BYTES`` of JSON, read alone, is cut into byte ranges instead, each moved to the next event boundary
@@ -30,11 +31,13 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
+from servescope.core.cpus import usable_cpus
+
 if TYPE_CHECKING:
     from servescope.trace.read.parts import Part
     from servescope.trace.read.table import TraceData
 
-__all__ = ["SPLIT_BYTES", "ReadAhead", "usable_cores"]
+__all__ = ["SPLIT_BYTES", "ReadAhead"]
 
 SPLIT_BYTES = 16 << 20
 """A trace of more JSON than this, read alone, is decoded in parts by several children."""
@@ -42,14 +45,6 @@ _PART_BYTES = 16 << 20  # at least this much JSON per part
 # A gzip trace of more JSON than this is inflated as a stream by one process (the decoder's _WHOLE_LIMIT), not
 # inflated whole by each part.
 _WHOLE_GZ_BYTES = 128 << 20
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 @dataclass(slots=True)
@@ -88,12 +83,12 @@ class ReadAhead:
     _ready: threading.Condition = field(default_factory=threading.Condition, init=False)
 
     def __post_init__(self) -> None:
-        jobs = min(len(self.paths), self.jobs or usable_cores())
+        jobs = min(len(self.paths), self.jobs or usable_cpus())
         if len(self.paths) < self.min_files or jobs < 1 or not _safe_to_fork():
             return
-        if self.jobs is None and usable_cores() < 2:
+        if self.jobs is None and usable_cpus() < 2:
             return
-        parts = _parts_for(self.paths, self.jobs or usable_cores())
+        parts = _parts_for(self.paths, self.jobs or usable_cpus())
         shares = _shares(self.paths, jobs) if parts == 1 else []
         # the decoder (msgspec and what it imports: ~40 ms) imported once here, before the children are forked:
         # they inherit it, and this process needs it anyway to take their results

@@ -25,6 +25,7 @@ from servescope.core.document import decode as decode_document
 from servescope.core.document import read_document
 from servescope.core.engines import ENGINES_FILE, engine_words, engines
 from servescope.core.errors import InputError
+from servescope.core.files import read_bytes
 from servescope.core.needle import Needled, any_of, keep_needles
 from servescope.core.settings import SettingsDoc
 from servescope.trace.read.files import Discovery
@@ -311,10 +312,7 @@ def evidence_beside(discovery: Discovery, named: Sequence[Path] = ()) -> Evidenc
 def _profile_reference(path: Path) -> StepReference | None:
     """The unprofiled step a saved ``profile -o`` document holds: its ``unprofiled`` reference, or (documents
     written before it was stored) its ``profile.unprofiled_server`` inter-token latency."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputError(str(path), exc.strerror or "cannot read") from None
+    data = read_bytes(path)
     doc = decode_document(data, str(path))
     if not isinstance(doc, AnalysisDoc):
         return None
