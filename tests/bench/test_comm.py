@@ -44,9 +44,10 @@ def _workers_alive(tag: str | None = None) -> list[str]:
     return alive
 
 
-def _cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, timeout: float = 90, tag: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SERVESCOPE_TEST_TAG": tag} if tag is not None else None
     return subprocess.run([sys.executable, "-m", "servescope", "bench", "comm", *args], capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -164,15 +165,16 @@ def test_graph_needs_nccl() -> None:
 
 def test_worker_failure_is_one_line_keeps_finished_variants_and_leaves_no_process(tmp_path: Path) -> None:
     out = tmp_path / "c.json"
+    tag = f"{os.getpid()}-failure-{time.monotonic_ns()}"  # this test's workers only: not another suite's
     proc = _cli("--backend", "gloo", "--gpus", "2", "--ops", "all_reduce", "--sizes", "1K,4K", "--iters", "3",
-                "--variant", "GLOO_SOCKET_IFNAME=nosuchif0", "-o", str(out))
+                "--variant", "GLOO_SOCKET_IFNAME=nosuchif0", "-o", str(out), tag=tag)
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("bench comm: ")]  # progress
     assert len(lines) == 1 and "variant GLOO_SOCKET_IFNAME=nosuchif0" in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
     kept = json.loads(out.read_text())   # the default variant ran first and stays
     assert [(c["op"], c["variant"]) for c in kept["curves"]] == [("all_reduce", "default")]
-    assert _workers_alive() == []
+    assert _workers_alive(tag) == []
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
