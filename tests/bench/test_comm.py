@@ -182,7 +182,7 @@ def test_ctrl_c_stops_workers_and_keeps_finished_variants(tmp_path: Path, sig: s
     out = tmp_path / "c.json"
     tag = f"{os.getpid()}-{sig.name}-{time.monotonic_ns()}"
     proc = subprocess.Popen([sys.executable, "-m", "servescope", "bench", "comm", "--backend", "gloo", "--gpus",
-                             "2", "--ops", "all_reduce", "--sizes", "1K,4K", "--iters", "5000", "--variant",
+                             "2", "--ops", "all_reduce", "--sizes", "1K,4K", "--iters", "2000", "--variant",
                              "GLOO_DEVICE_TRANSPORT=TCP", "--variant", "GLOO_DEVICE_TRANSPORT=UV", "-o", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_signals,
                             env={**os.environ, "SERVESCOPE_TEST_TAG": tag})
@@ -190,7 +190,10 @@ def test_ctrl_c_stops_workers_and_keeps_finished_variants(tmp_path: Path, sig: s
     while not out.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert out.exists(), "the first variant never finished"
-    time.sleep(1.0)
+    # the next variant's two ranks running (not only torchrun starting them): what the signal must stop
+    while len([w for w in _workers_alive(tag) if "torch.distributed.run" not in w]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len([w for w in _workers_alive(tag) if "torch.distributed.run" not in w]) == 2, "no variant's ranks ran"
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=60)
     errors = [line for line in stderr.decode().splitlines() if not line.startswith("bench comm: ")]  # progress
@@ -207,7 +210,7 @@ def test_progress_says_what_it_measures_and_each_op_and_variant_as_they_finish(t
     curve file the run writes: one line per curve, each variant's "done" before the next variant starts."""
     out = tmp_path / "c.json"
     proc = subprocess.Popen([sys.executable, "-m", "servescope", "bench", "comm", "--backend", "gloo", "--gpus", "2",
-                             "--ops", "all_reduce,all_gather", "--sizes", "1K:16K", "--iters", "2000", "--variant",
+                             "--ops", "all_reduce,all_gather", "--sizes", "1K:16K", "--iters", "200", "--variant",
                              "GLOO_DEVICE_TRANSPORT=TCP", "-o", str(out)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     assert proc.stderr is not None
@@ -217,7 +220,7 @@ def test_progress_says_what_it_measures_and_each_op_and_variant_as_they_finish(t
     assert proc.returncode == 0, seen
     lines = [line for _, line in seen]
     assert lines[0] == ("bench comm: timing all_reduce, all_gather at 5 sizes (1K..16K bytes), bfloat16, 10 warm-up "
-                        "+ 2000 timed per size, gloo over 2 processes, 2 variants")
+                        "+ 200 timed per size, gloo over 2 processes, 2 variants")
     curves = json.loads(out.read_text())["curves"]
     timed = [line for line in lines if " timed (" in line]
     assert [(c["variant"], c["op"]) for c in curves] == [
