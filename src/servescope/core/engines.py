@@ -14,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from functools import cache
 from pathlib import PurePath
@@ -71,15 +70,6 @@ class Engine(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
                 and argv[i + 1] == self.subcommand):
             return i + 2
         return None
-
-    @property
-    def frame_patterns(self) -> tuple[re.Pattern[str], ...]:
-        return _compiled(self.frames)
-
-
-@cache
-def _compiled(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
-    return tuple(re.compile(p) for p in patterns)
 
 
 @cache

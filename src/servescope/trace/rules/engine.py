@@ -64,16 +64,16 @@ def _from_trace(traces: Sequence[TraceData], serves: Sequence[str | None]) -> Se
                                        detail=f"the trace's metadata ({key} {data.metadata[key]})")
     names = [_names(d) for d in traces]
     for engine in engines():
+        frames = any_of(engine.frames)  # each name's needles found in one pass, not each regex searched
         for per_trace in names:
-            frames = any_of(engine.frames)  # each name's needles found in one pass, not each regex searched
             hit = next((n for n in per_trace if frames.found(n)), None)
             if hit is not None:
                 return SettingEvidence(value=engine.id, source="trace", detail=f"the trace's frames ({hit[:80]})")
     marked = next((s for s in serves if s is not None), None)
     if marked is not None:
         return SettingEvidence(value=marked, source="trace", detail=f"{words.get(marked, marked)}'s step marks")
+    training = any_of(tuple(p.pattern for p in formats.training_ops))
     for per_trace in names:
-        training = any_of(tuple(p.pattern for p in formats.training_ops))
         hit = next((n for n in per_trace if training.found(n)), None)
         if hit is not None:
             return SettingEvidence(value="training", source="trace",

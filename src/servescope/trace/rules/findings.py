@@ -92,17 +92,13 @@ def _load_rules_cached() -> dict[str, Any]:
 
 
 def _matcher(spec: Mapping[str, Any], key: str = "patterns") -> Callable[[str], bool]:
-    """Whether a name matches one of ``spec[key]`` and none of ``spec["exclude"]``; each name tested once (a rank's
-    kernel rows repeat their names, phase by phase)."""
+    """Whether a name matches one of ``spec[key]`` and none of ``spec["exclude"]`` (the pattern sets looked up once,
+    not once a name)."""
     include, exclude = any_of(tuple(spec.get(key, ()))), any_of(tuple(spec.get("exclude", ())))
-    known: dict[str, bool] = {}
 
     def matches(name: str) -> bool:
-        hit = known.get(name)
-        if hit is None:
-            lower = name.lower() if name.isascii() else None
-            hit = known[name] = include.found(name, lower) and not exclude.found(name, lower)
-        return hit
+        lower = name.lower() if name.isascii() else None
+        return include.found(name, lower) and not exclude.found(name, lower)
 
     return matches
 
