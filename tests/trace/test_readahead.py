@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import os
 import threading
+import time
 from functools import cache
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def test_a_bad_file_raises_the_same_error_from_a_child(tmp_path: Path) -> None:
 
 @pytest.mark.needs_shared
 def test_a_child_that_dies_leaves_its_files_to_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    def die(paths: list[Path], pipe: object) -> None:
+    def die(paths: list[Path], pipes: object) -> None:
         os._exit(3)
 
     monkeypatch.setattr(readahead, "_decode_files", die)  # the forked children run this and die at once
@@ -146,6 +147,38 @@ def test_a_gzip_file_decoded_in_parts_equals_whole(monkeypatch: pytest.MonkeyPat
         got = ahead.take(path)
         assert len(ahead._parts) == parts
     _same(got, decode_trace(path))
+
+
+@pytest.mark.needs_shared
+def test_closing_before_taking_stops_the_child_and_its_helpers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each helper sends its part straight to this process, so its pipe ends only when it does: close() stops the
+    child's whole process group, and nothing of it is left running."""
+    path = _plain(tmp_path, TRACES / "hta/a100_8rank_rank3_nccl.json.gz")
+    monkeypatch.setattr(readahead, "SPLIT_BYTES", 1 << 10)
+    monkeypatch.setattr(readahead, "_PART_BYTES", path.stat().st_size // 3)
+    with ReadAhead([path], jobs=3, min_files=1) as ahead:
+        assert ahead.forked == 1
+        (child,) = ahead._children
+        assert len(child.fds) == 3  # one pipe per part, the helpers' too
+        assert os.getpgid(child.pid) == child.pid  # the leader of its own group
+    deadline = time.monotonic() + 10
+    while _running_in_group(child.pid) and time.monotonic() < deadline:  # the killed helpers' ends are init's
+        time.sleep(0.05)
+    assert _running_in_group(child.pid) == []
+
+
+def _running_in_group(group: int) -> list[int]:
+    """The processes of process group ``group`` still running (not zombies), as /proc/PID/stat tells."""
+    running = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except (OSError, ValueError):
+            continue
+        state, _, _, pgrp = stat.rpartition(")")[2].split()[:4]
+        if int(pgrp) == group and state not in ("Z", "X"):
+            running.append(int(entry.name))
+    return running
 
 
 @pytest.mark.needs_shared

@@ -5,14 +5,15 @@ analysis modules; with two or more cores they can run at once. :class:`ReadAhead
 *before* its caller imports anything heavy (this module imports only the standard library and
 :mod:`servescope.core.cpus`, which is ``os`` alone); each imports just the decoder
 (:mod:`servescope.trace.read.trace_json`) and sends what it decodes back through a pipe, one pickle at a time, read
-by a thread per child so that no child waits on a full pipe.
+by a thread per pipe so that no child waits on a full pipe.
 
 Up to one child per core is started, each decoding its share of the files, biggest first. One file of over
 ``SPLIT_BYTES`` of JSON, read alone, is cut into byte ranges instead, each moved to the next event boundary
 (:func:`~servescope.trace.read.trace_json.decode_parts`): one child maps or inflates the file once and forks a helper
-per range but its own, which decode from that one copy; the child passes their parts on after its own, and the
-caller joins them in order. (Sharing one gzip file's blocks between a child and the caller was tried: the
-caller must inflate the file again to help, which costs what its help saves.)
+per range but its own, which decode from that one copy; each sends its part straight to the caller through a pipe
+of its own (the caller made them all before the first fork), and the caller joins them in order. The child and its
+helpers form a process group, stopped together. (Sharing one gzip file's blocks between a child and the caller was
+tried: the caller must inflate the file again to help, which costs what its help saves.)
 
 It never changes a result, only when it is computed: if ``fork`` is missing, the caller already runs other
 threads (forking those is unsafe), the machine has one core, a child cannot be started or dies, or a file
@@ -49,11 +50,12 @@ _WHOLE_GZ_BYTES = 128 << 20
 
 @dataclass(slots=True)
 class _Child:
-    pid: int
-    fd: int
+    pid: int  # the leader of its process group (its helpers, if any, are in it too)
+    fds: list[int]  # the read ends of its pipes: its own, then one per helper
     paths: list[Path]
-    reader: threading.Thread | None = None
-    ended: bool = False  # its pipe reached the end: whatever it did not send, it never will
+    readers: list[threading.Thread] = field(default_factory=list)
+    open_pipes: int = 0  # how many of its pipes have not reached their end
+    ended: bool = False  # every pipe reached its end: whatever it did not send, it never will
 
 
 @dataclass(slots=True)
@@ -96,7 +98,7 @@ class ReadAhead:
         import servescope.trace.read.trace_json  # noqa: F401
         if parts > 1:
             self._split, self._part_count = self.paths[0], parts
-            child = _fork([self._split], partial(_decode_parts, self._split, parts))
+            child = _fork([self._split], partial(_decode_parts, self._split), pipes=parts)
             if child is not None:  # else take() decodes the file itself
                 self._children.append(child)
         else:
@@ -107,8 +109,10 @@ class ReadAhead:
                 self._children.append(child)
                 self._child_of.update(dict.fromkeys(share, child))
         for child in self._children:  # threads only after the last fork
-            child.reader = threading.Thread(target=self._drain, args=(child,), daemon=True)
-            child.reader.start()
+            child.open_pipes = len(child.fds)
+            child.readers = [threading.Thread(target=self._drain, args=(child, fd), daemon=True) for fd in child.fds]
+            for reader in child.readers:
+                reader.start()
 
     @property
     def forked(self) -> int:
@@ -154,12 +158,12 @@ class ReadAhead:
                 pass
         return decode_trace(path)
 
-    def _drain(self, child: _Child) -> None:
-        """Read the child's results as they come (a thread per child)."""
+    def _drain(self, child: _Child, fd: int) -> None:
+        """Read the results that come through one of the child's pipes (a thread per pipe)."""
         from servescope.trace.read.parts import Part
 
         try:
-            with os.fdopen(child.fd, "rb") as pipe:
+            with os.fdopen(fd, "rb") as pipe:
                 while True:
                     index, outcome = pickle.load(pipe)
                     with self._ready:
@@ -172,7 +176,8 @@ class ReadAhead:
             pass
         finally:
             with self._ready:
-                child.ended = True
+                child.open_pipes -= 1
+                child.ended = child.open_pipes == 0
                 self._ready.notify_all()
 
     def close(self) -> None:
@@ -180,17 +185,17 @@ class ReadAhead:
         import signal
 
         for child in self._children:
-            if not child.ended:
+            if not child.ended:  # the child and its helpers: a helper's pipe ends only when the helper does
                 try:
-                    os.kill(child.pid, signal.SIGKILL)
-                except ProcessLookupError:
+                    os.killpg(child.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
                     pass
             try:
                 os.waitpid(child.pid, 0)
             except ChildProcessError:
                 pass
-            if child.reader is not None:
-                child.reader.join()
+            for reader in child.readers:
+                reader.join()
         self._children.clear()
 
     def __enter__(self) -> ReadAhead:
@@ -240,17 +245,18 @@ def _parts_for(paths: Sequence[Path], cores: int) -> int:
     return max(2, min(cores, size // _PART_BYTES))
 
 
-def _fork(paths: list[Path], work: Callable[[BinaryIO], None]) -> _Child | None:
-    """A child running ``work`` into a pipe (its results for ``paths``); None when it cannot be started."""
+def _fork(paths: list[Path], work: Callable[[list[int]], None], pipes: int = 1) -> _Child | None:
+    """A child running ``work`` on the write ends of ``pipes`` pipes (its results for ``paths``), the leader of a
+    process group of its own; None when it cannot be started."""
+    ends: list[tuple[int, int]] = []
     try:
-        read_end, write_end = os.pipe()
-    except OSError:
-        return None
-    try:
+        for _ in range(pipes):
+            ends.append(os.pipe())
         pid = os.fork()
     except OSError:
-        os.close(read_end)
-        os.close(write_end)
+        for read_end, write_end in ends:
+            os.close(read_end)
+            os.close(write_end)
         return None
     if pid == 0:  # the child: never returns, and exits without cleanup (the buffers, atexit handlers and
         status = 1  # threads it inherited are the caller's)
@@ -258,16 +264,18 @@ def _fork(paths: list[Path], work: Callable[[BinaryIO], None]) -> _Child | None:
             import gc
 
             gc.disable()  # it makes millions of acyclic objects and lives for a moment
-            os.close(read_end)
-            with os.fdopen(write_end, "wb") as pipe:
-                work(pipe)
+            os.setpgid(0, 0)  # its helpers join its group: close() stops them all at once
+            for read_end, _ in ends:
+                os.close(read_end)
+            work([write_end for _, write_end in ends])
             status = 0
         except BaseException:  # noqa: BLE001, S110 - anything else: the caller decodes what is missing itself
             pass
         finally:
             os._exit(status)
-    os.close(write_end)
-    return _Child(pid=pid, fd=read_end, paths=paths)
+    for _, write_end in ends:
+        os.close(write_end)
+    return _Child(pid=pid, fds=[read_end for read_end, _ in ends], paths=paths)
 
 
 def _send(pipe: BinaryIO, index: int, outcome: object) -> None:
@@ -275,57 +283,54 @@ def _send(pipe: BinaryIO, index: int, outcome: object) -> None:
     pipe.flush()
 
 
-def _decode_parts(path: Path, parts: int, pipe: BinaryIO) -> None:
-    """A child's work on a file decoded in parts: the JSON mapped or inflated once, then a helper forked for each
-    part but the first, which all decode at once from that one copy (a gzip file is not inflated again per
-    part); the helpers' parts are passed on as they come, after this child's own. Any problem ends a part
-    quietly: the caller decodes the whole file itself, and names the problem."""
+def _send_part(fd: int, index: int, part: Part) -> None:
+    """Part ``index`` pickled into the pipe ``fd``, which is closed after (the caller's reader sees its end)."""
+    with os.fdopen(fd, "wb") as pipe:
+        _send(pipe, index, part)
+
+
+def _decode_parts(path: Path, pipes: list[int]) -> None:
+    """A child's work on a file decoded in as many parts as ``pipes``: the JSON mapped or inflated once, then a
+    helper forked for each part but the first, which all decode at once from that one copy (a gzip file is not
+    inflated again per part), each part sent through its own pipe. Any problem ends a part quietly: the caller
+    decodes the whole file itself, and names the problem."""
     from servescope.trace.read.parts import decode_parts
 
     def each(part_of: Callable[[int], Part]) -> None:
-        helpers: list[tuple[int, int]] = []  # (read end of its pipe, pid)
-        for index in range(1, parts):
-            read_end, write_end = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # a helper: its part into its own pipe, then gone
-                status = 1
-                try:
-                    for fd in (read_end, pipe.fileno(), *(r for r, _ in helpers)):
-                        os.close(fd)
-                    with os.fdopen(write_end, "wb") as out:
-                        _send(out, index, part_of(index))
-                    status = 0
-                except BaseException:  # noqa: BLE001, S110 - its part goes missing: the caller decodes the file
-                    pass
-                finally:
-                    os._exit(status)
-            os.close(write_end)
-            helpers.append((read_end, pid))
+        helpers: list[int] = []
         try:
-            _send(pipe, 0, part_of(0))
-            while helpers:  # each helper's pickled part, passed on as it is when the helper ended well
-                read_end, pid = helpers.pop(0)
-                with os.fdopen(read_end, "rb") as source:
-                    sent = source.read()
-                if os.waitpid(pid, 0)[1] == 0:
-                    pipe.write(sent)
-                    pipe.flush()
-        finally:  # a failure here: the helpers' pipes closed (a helper's write fails and it ends), then reaped
-            for read_end, pid in helpers:
-                os.close(read_end)
+            for index in range(1, len(pipes)):
+                pid = os.fork()
+                if pid == 0:  # a helper: its part into its own pipe, then gone
+                    status = 1
+                    try:
+                        for fd in (pipes[0], *pipes[index + 1:]):  # the earlier helpers' are closed already
+                            os.close(fd)
+                        _send_part(pipes[index], index, part_of(index))
+                        status = 0
+                    except BaseException:  # noqa: BLE001, S110 - its part goes missing: the caller decodes the file
+                        pass
+                    finally:
+                        os._exit(status)
+                os.close(pipes[index])
+                helpers.append(pid)
+            _send_part(pipes[0], 0, part_of(0))
+        finally:  # the helpers reaped (a part that failed is missing at the caller, which decodes the file)
+            for pid in helpers:
                 os.waitpid(pid, 0)
 
-    decode_parts(path, parts, each)
+    decode_parts(path, len(pipes), each)
 
 
-def _decode_files(paths: list[Path], pipe: BinaryIO) -> None:
-    """The child's work: each file's trace, or the InputError that names its problem, pickled into ``pipe``."""
+def _decode_files(paths: list[Path], pipes: list[int]) -> None:
+    """The child's work: each file's trace, or the InputError that names its problem, pickled into its pipe."""
     from servescope.core.errors import InputError
     from servescope.trace.read.trace_json import decode_trace
 
-    for index, path in enumerate(paths):
-        try:
-            outcome = _Outcome(trace=decode_trace(path))
-        except InputError as exc:
-            outcome = _Outcome(error=(exc.source, exc.problem))
-        _send(pipe, index, outcome)
+    with os.fdopen(pipes[0], "wb") as pipe:
+        for index, path in enumerate(paths):
+            try:
+                outcome = _Outcome(trace=decode_trace(path))
+            except InputError as exc:
+                outcome = _Outcome(error=(exc.source, exc.problem))
+            _send(pipe, index, outcome)

@@ -98,7 +98,8 @@ class Table:
         return first
 
     def extend(self, other: Table, name_ids: list[int], thread_ids: list[int]) -> None:
-        """Append ``other``'s rows, its name and thread ids mapped through ``name_ids`` and ``thread_ids``."""
+        """Append ``other``'s rows, its name and thread ids mapped through ``name_ids`` and ``thread_ids``
+        (the caller joining parts does this, numpy at hand; a decoding child never does)."""
         first = len(self)
         kinds, names, starts, durations, correlations, threads = self._columns
         o_kinds, o_names, o_starts, o_durations, o_correlations, o_threads = other._columns
@@ -106,15 +107,8 @@ class Table:
         starts.extend(o_starts)
         durations.extend(o_durations)
         correlations.extend(o_correlations)
-        # the first part's ids are the joined trace's own (interned first, in the same order): copied as they are
-        if _identity(name_ids):
-            names.extend(o_names)
-        else:
-            names.fromlist([name_ids[i] for i in o_names])
-        if _identity(thread_ids):
-            threads.extend(o_threads)
-        else:
-            threads.fromlist([thread_ids[i] for i in o_threads])
+        _extend_mapped(names, o_names, name_ids)
+        _extend_mapped(threads, o_threads, thread_ids)
         self.msg_bytes.update({first + row: size for row, size in other.msg_bytes.items()})
         self.msg_out.update({first + row: out for row, out in other.msg_out.items()})
         self.kernel.update({first + row: name_ids[name] for row, name in other.kernel.items()})
@@ -204,8 +198,15 @@ class TraceData:
         return self._markers  # type: ignore[no-any-return]
 
 
-def _identity(ids: list[int]) -> bool:
-    return ids == list(range(len(ids)))
+def _extend_mapped(into: array[Any], ids: array[Any], mapping: list[int]) -> None:
+    """``into`` extended by ``ids``, each mapped through ``mapping`` (an id column of another part)."""
+    if mapping == list(range(len(mapping))):  # the first part's ids are the joined trace's own: copied as they are
+        into.extend(ids)
+    elif ids:
+        import numpy as np
+
+        mapped = np.asarray(mapping, dtype=np.intc)[np.frombuffer(ids, dtype=np.intc)]
+        into.frombytes(mapped.tobytes())
 
 
 def distinct_ids(values: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.int64]:
