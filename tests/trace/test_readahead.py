@@ -156,11 +156,21 @@ def test_closing_before_taking_stops_the_child_and_its_helpers(tmp_path: Path, m
     path = _plain(tmp_path, TRACES / "hta/a100_8rank_rank3_nccl.json.gz")
     monkeypatch.setattr(readahead, "SPLIT_BYTES", 1 << 10)
     monkeypatch.setattr(readahead, "_PART_BYTES", path.stat().st_size // 3)
+    statuses: dict[int, int] = {}
+    waitpid = os.waitpid
+
+    def reaped(pid: int, options: int) -> tuple[int, int]:
+        got = waitpid(pid, options)
+        statuses[got[0]] = got[1]
+        return got
+
+    monkeypatch.setattr(os, "waitpid", reaped)
     with ReadAhead([path], jobs=3, min_files=1) as ahead:
         assert ahead.forked == 1
         (child,) = ahead._children
         assert len(child.fds) == 3  # one pipe per part, the helpers' too
         assert os.getpgid(child.pid) == child.pid  # the leader of its own group
+    assert os.WIFSIGNALED(statuses[child.pid])  # stopped, not left to finish its part
     deadline = time.monotonic() + 10
     while _running_in_group(child.pid) and time.monotonic() < deadline:  # the killed helpers' ends are init's
         time.sleep(0.05)

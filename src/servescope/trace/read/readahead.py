@@ -273,6 +273,10 @@ def _fork(paths: list[Path], work: Callable[[list[int]], None], pipes: int = 1) 
             pass
         finally:
             os._exit(status)
+    try:  # on both sides, as shells do: whichever runs first makes the group, so that a close() right after the
+        os.setpgid(pid, pid)  # fork finds it (else its kill finds no group, and the child runs on to the end)
+    except OSError:
+        pass  # the child made it already, or has ended
     for _, write_end in ends:
         os.close(write_end)
     return _Child(pid=pid, fds=[read_end for read_end, _ in ends], paths=paths)
