@@ -68,3 +68,38 @@ def test_a_right_guess_is_handed_out_once() -> None:
         kernels = [read_ahead.take(path) for path in found]
     assert len(kernels) == len(found)
     assert head_start.claim(found) is None
+
+
+def test_ctrl_c_while_the_head_start_forks_stops_it_and_says_so(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """An interrupt in the command's first milliseconds (the traces found and their children just forked) ends in
+    main's handler: one line, exit 130, the children stopped. It used to come before the handler: a traceback, and
+    the children left to finish."""
+    import gc
+    import sys
+
+    from servescope.cli import main
+
+    started = head_start.start
+    pids: list[int] = []
+
+    def start_then_interrupted(args: list[str]) -> None:
+        started(args)
+        pending = head_start._pending
+        pids.extend(child.pid for child in (pending._children if pending is not None else []))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(head_start, "start", start_then_interrupted)
+    monkeypatch.setattr(sys, "argv", ["servescope", "analyze", str(EXAMPLE), "--json"])
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")  # what analyze's start-up sets, undone after the test
+    collecting = gc.isenabled()
+    try:
+        with pytest.raises(SystemExit) as ended:
+            main()
+    finally:
+        if collecting:  # analyze's start-up turns the collector off for its one process; this one goes on
+            gc.enable()
+    assert ended.value.code == 130
+    assert capsys.readouterr().err.strip() == "servescope: interrupted"
+    assert head_start._pending is None
+    assert all(_reaped(pid) for pid in pids)

@@ -36,8 +36,8 @@ def main() -> None:
 
     first = sys.argv[1:2]
     command = first[0] if first and first[0] in COMMAND_MODULES else None
-    startup.prepare(command, sys.argv[2:])  # start-up tricks: see servescope.cli.startup
     try:
+        startup.prepare(command, sys.argv[2:])  # start-up tricks: see servescope.cli.startup
         if startup.run_plain(command, sys.argv[2:]):  # analyze with plain flags, without typer
             startup.finish(command, 0)
             return
