@@ -136,3 +136,18 @@ def test_a_failure_on_the_plain_route_is_typer_routes_line(tmp_path: Path) -> No
     assert proc.returncode == 2 and proc.stdout == ""
     assert "servescope: error: missing_rank0.pt.trace.json.gz: no such file" in proc.stderr
     assert "typer" not in imported
+
+
+@pytest.mark.parametrize("args", [[""], [str(RANK0), "--taxonomy", ""], [str(RANK0), "-o", ""]])
+def test_an_empty_argument_fails_in_one_line(args: list[str], tmp_path: Path) -> None:
+    """``analyze "$TRACE"`` with the variable unset: typer reads the empty path as ".", so the command analyzed
+    whatever the working folder held (here, a real trace: it used to exit 0). Now one line, exit 2, before anything is
+    read."""
+    import shutil
+
+    shutil.copy(RANK0, tmp_path / RANK0.name)
+    proc, imported = _run(args, tmp_path)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert [ln for ln in proc.stderr.splitlines() if not ln.startswith("modules: ")] == [
+        "servescope: error: an empty argument (an unset variable?): give trace files or directories, or --example"]
+    assert "servescope.trace.read.readahead" not in imported  # nothing guessed, nothing decoded

@@ -43,7 +43,7 @@ def _guess(args: Sequence[str]) -> tuple[list[Path], Discovery] | None:
     """The paths ``analyze ARGS`` names (the bundled example's folder last) and the traces found in them."""
     from servescope.trace.read.files import example_trace_dir, find_traces
 
-    if "--help" in args or "-h" in args:
+    if "--help" in args or "-h" in args or "" in args:  # an empty argument fails the command (cli.plain)
         return None
     named: list[str] = []
     example: str | None = None  # "" for --example: the default example

@@ -124,6 +124,8 @@ def run_plain(args: Sequence[str]) -> bool:
     Raises:
         SystemExit: the command failed (exit 2, one line on stderr), or as above.
     """
+    if "" in args:  # a path, a name or a number, never empty: an unset variable ("$TRACE"), which typer reads as "."
+        fail("an empty argument (an unset variable?): give trace files or directories, or --example")
     values = parse(args)
     if values is None:
         return False
