@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import servescope.trace.read.readahead as readahead
 from servescope.core.errors import InputError
+from servescope.server.sessions import group_pids
 from servescope.trace.read.readahead import ReadAhead
 from servescope.trace.read.table import TraceData
 from servescope.trace.read.trace_json import decode_trace
@@ -172,23 +173,9 @@ def test_closing_before_taking_stops_the_child_and_its_helpers(tmp_path: Path, m
         assert os.getpgid(child.pid) == child.pid  # the leader of its own group
     assert os.WIFSIGNALED(statuses[child.pid])  # stopped, not left to finish its part
     deadline = time.monotonic() + 10
-    while _running_in_group(child.pid) and time.monotonic() < deadline:  # the killed helpers' ends are init's
+    while group_pids(child.pid) and time.monotonic() < deadline:  # the killed helpers' ends are init's to reap
         time.sleep(0.05)
-    assert _running_in_group(child.pid) == []
-
-
-def _running_in_group(group: int) -> list[int]:
-    """The processes of process group ``group`` still running (not zombies), as /proc/PID/stat tells."""
-    running = []
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text()
-        except (OSError, ValueError):
-            continue
-        state, _, _, pgrp = stat.rpartition(")")[2].split()[:4]
-        if int(pgrp) == group and state not in ("Z", "X"):
-            running.append(int(entry.name))
-    return running
+    assert group_pids(child.pid) == []
 
 
 @pytest.mark.needs_shared

@@ -54,8 +54,15 @@ class _Child:
     fds: list[int]  # the read ends of its pipes: its own, then one per helper
     paths: list[Path]
     readers: list[threading.Thread] = field(default_factory=list)
-    open_pipes: int = 0  # how many of its pipes have not reached their end
-    ended: bool = False  # every pipe reached its end: whatever it did not send, it never will
+    open_pipes: int = field(init=False)  # how many of its pipes have not reached their end
+
+    def __post_init__(self) -> None:
+        self.open_pipes = len(self.fds)
+
+    @property
+    def ended(self) -> bool:
+        """Every pipe reached its end: whatever it did not send, it never will."""
+        return self.open_pipes == 0
 
 
 @dataclass(slots=True)
@@ -109,7 +116,6 @@ class ReadAhead:
                 self._children.append(child)
                 self._child_of.update(dict.fromkeys(share, child))
         for child in self._children:  # threads only after the last fork
-            child.open_pipes = len(child.fds)
             child.readers = [threading.Thread(target=self._drain, args=(child, fd), daemon=True) for fd in child.fds]
             for reader in child.readers:
                 reader.start()
@@ -177,7 +183,6 @@ class ReadAhead:
         finally:
             with self._ready:
                 child.open_pipes -= 1
-                child.ended = child.open_pipes == 0
                 self._ready.notify_all()
 
     def close(self) -> None:
