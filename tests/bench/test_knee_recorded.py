@@ -204,15 +204,23 @@ def test_the_knee_renders_again_from_its_document_text_and_html(tmp_path: Path) 
 
 def test_tune_compares_what_the_knee_delivered_with_its_spread() -> None:
     """What tune takes from a recorded search: the knee's delivered tokens/s and the spread of its repeats (plain
-    json over the points at the knee's load), goodput kept beside it; a document without it falls back to goodput."""
+    json over the points at the knee's load), goodput kept beside it; a document without it falls back to goodput.
+    The figure compared is the knee's, unless a lower load that met the targets delivered more than the knee's best
+    repeat by over 2% (the kv server: 48 streams over its knee of 52, whose steps preempted)."""
     from servescope.tune.measure import figure_of
 
+    lower_won = set()
     for name in ARGV:
-        doc = _doc(name)
+        doc, raw = _doc(name), _raw(name)
         searched = msgspec.structs.replace(doc, knee=knee_of(doc.points, "streams"))
         figure = figure_of(searched, 1.0).figure
-        at_knee = [p["output_tokens_per_s"] for p in _raw(name)["points"] if _load(p) == _raw(name)["knee"]["load"]]
-        assert figure.delivered == statistics.median(at_knee)
+        knee_load = raw["knee"]["load"]
+        at_knee = [p["output_tokens_per_s"] for p in raw["points"] if _load(p) == knee_load]
+        assert figure.tokens_per_s == statistics.median(at_knee)
+        better = [t for load, t in _met_by_load(raw).items() if load < knee_load and t > max(at_knee) * 1.02]
+        assert figure.delivered == pytest.approx(max(better) if better else statistics.median(at_knee))
+        if better:
+            lower_won.add(name)
         assert figure.spread == [min(at_knee), max(at_knee)]
         assert figure.goodput_tokens_per_s == _raw(name)["knee"]["goodput_tokens_per_s"]
         # the room the knee leaves under each target: the worst of its repeats, read from the points
@@ -225,6 +233,7 @@ def test_tune_compares_what_the_knee_delivered_with_its_spread() -> None:
         assert all(c.value_ms is not None and c.value_ms <= c.limit_ms for c in figure.checks or [])
         old = figure_of(doc, 1.0).figure  # as recorded, before the knee carried it
         assert old.delivered == _raw(name)["knee"]["goodput_tokens_per_s"]
+    assert lower_won and lower_won < set(ARGV)  # both cases are among the recorded searches
 
 
 def test_a_knee_with_no_load_measured_above_it_is_a_floor_and_says_so() -> None:
@@ -247,7 +256,7 @@ def test_a_knee_with_no_load_measured_above_it_is_a_floor_and_says_so() -> None:
                                       search=msgspec.structs.replace(doc.search, stopped=stopped))
         assert cut.knee is not None and cut.knee.load == knee_load and cut.knee.next_load is None
         figure = figure_of(cut, 1.0).figure
-        assert figure.floor == stopped and f"at {knee_load:g}+ streams" in _knee(figure)
+        assert figure.floor == stopped and f"{knee_load:g}+ streams" in _knee(figure)
         limits = {c["target"]: c["limit_ms"] for c in raw["points"][0]["slo"]["checks"]}
         assert all(f"{c.target} {c.value_ms:.0f} of {limits[c.target]:g} ms" in _knee(figure)
                    for c in figure.checks or []) and figure.checks

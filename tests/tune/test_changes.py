@@ -8,6 +8,7 @@ each live server beside them) and their server logs; the knee's causes are given
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 from pathlib import Path
@@ -443,6 +444,35 @@ def test_capture_size_covers_the_load_the_knee_search_saw_miss() -> None:
     # no load seen to miss (the search's limit reached): the knee's own load
     ev = msgspec.structs.replace(ev, cause_figures={})
     assert _ids(ev)[0]["capture-size"].edit.set_flags == {"--max-cudagraph-capture-size": "64"}
+
+
+def test_capture_size_covers_the_next_probe_where_the_knee_is_a_lower_bound() -> None:
+    # H100 (tests/data/tune/h100, sessions 3, 4 and 6): baseline knees of 64+ streams (the search's budget ran out
+    # before any load above was measured); capture 64 moved the knee to 96 twice of three, each time one restart
+    # more for capture 128. A knee no load above was measured for may lie at the load the search measures next.
+    from servescope.bench.serve.knee import knee_of
+    from servescope.core.document import decode_as
+    from servescope.core.next_steps import knee_figures
+    from servescope.core.serve import ServeResult
+
+    path = Path(__file__).resolve().parents[1] / "data" / "knee" / "h100" / "knee-seqs.json"
+    raw = json.loads(path.read_text())
+    result = decode_as(path.read_bytes(), str(path), ServeResult)
+    knee_load = raw["knee"]["load"]
+    kept = [p for p in result.points if p.load <= knee_load]  # as a budget that ran out at the knee leaves them
+    assert result.search is not None
+    cut = msgspec.structs.replace(result, points=kept, knee=knee_of(kept, "streams"),
+                                  search=msgspec.structs.replace(result.search, stopped="the time budget ran out"))
+    assert cut.knee is not None and cut.knee.next_load is None and knee_load < raw["search"]["max_load"]
+    figures = knee_figures(cut)
+    assert figures["next_load"] == knee_load * 2  # the search doubles the last load that met the targets
+    argv = ["vllm", "serve", "m", "--max-cudagraph-capture-size", "8"]
+    ev = ChangeEvidence(knee_cause="step_time", load=knee_load, cause_figures=figures, argv=argv, platform="cuda")
+    want = 2 ** math.ceil(math.log2(knee_load * 2))
+    assert _ids(ev)[0]["capture-size"].edit.set_flags == {"--max-cudagraph-capture-size": str(want)}
+    # the search stopped at its limit: nothing lies above it to cover
+    limit = msgspec.structs.replace(cut, search=msgspec.structs.replace(cut.search, max_load=knee_load))
+    assert "next_load" not in knee_figures(limit)
 
 
 def test_a_finding_as_evidence_keeps_the_phase_of_steps_it_is_about() -> None:

@@ -110,6 +110,8 @@ WEAK[moe]="--gpu-memory-utilization 0.6 --kv-cache-memory-bytes 8589934592"; MOD
 moe_search() {   # the tuned fused-MoE config for the MoE model's expert shape on this GPU, before its tune run
   local m=qwen3moe-30b-12l t=$(date +%s)
   EXTRA[moe]="--moe-config-dir $W/moe-configs"
+  # the model first, whether the config is searched or taken (the sixth session's tune failed without it)
+  [ -f $MODELS/$m/config.json ] || python3 /tmp/payload/make_models.py $MODELS $m > $L/models-moe.log 2>&1 || say "make_models $m failed"
   [ -z "${MOE_CONFIG_SRC:-}" ] && [ -d moe-src ] && MOE_CONFIG_SRC=moe-src   # the folder that travels with the tree
   if [ -n "${MOE_CONFIG_SRC:-}" ]; then
     mkdir -p $W/moe-configs && cp "$MOE_CONFIG_SRC"/E=*.json $W/moe-configs/
@@ -125,7 +127,6 @@ EOF
     say "moe config from $MOE_CONFIG_SRC: $(ls $W/moe-configs | tr '\n' ' ')"
     return
   fi
-  [ -f $MODELS/$m/config.json ] || python3 /tmp/payload/make_models.py $MODELS $m > $L/models-moe.log 2>&1 || say "make_models $m failed"
   python3 -m servescope.bench.moe_config --model $MODELS/$m --out $W/moe-configs --budget ${MOE_SEARCH_S:-150} \
     > "$R/moe-search.txt" 2> "$L/moe-search.err"
   say "moe search rc=$? in $(( $(date +%s) - t ))s: $(tail -1 "$R/moe-search.txt")"

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from servescope.core.errors import InputError
 from servescope.core.serve import Knee, KneeCause, KneeSearch, PointSlo, ServePoint, ServeResult, SloTarget, TargetCheck
 
-__all__ = ["DEFAULT_SLO", "METRICS", "STATS", "Knee", "KneeCause", "KneeResult", "KneeSearch", "PointSlo",
-           "SloTarget", "TargetCheck", "describe_slo", "loads_met", "parse_slo"]
+__all__ = ["DEFAULT_SLO", "METRICS", "PROBE_FACTOR", "STATS", "Knee", "KneeCause", "KneeResult", "KneeSearch",
+           "PointSlo", "SloTarget", "TargetCheck", "describe_slo", "loads_met", "parse_slo"]
 
 KneeResult = ServeResult
 """The knee's document: a ``bench serve`` result whose ``knee`` and ``cause`` the search filled in."""
@@ -37,6 +37,9 @@ METRICS: dict[str, str] = {
 
 STATS: dict[str, str] = {"p50": "p50", "median": "p50", "p90": "p90", "p95": "p95", "p99": "p99", "mean": "mean"}
 """Accepted statistic spellings → the stored one."""
+
+PROBE_FACTOR = 2
+"""Until a load misses the targets, the knee search measures this many times the last load that met them next."""
 
 DEFAULT_SLO = "ttft_p99=2000,itl_p99=100"
 """Targets used when none is given: an interactive chat server — the first token within 2 s and no stall

@@ -12,6 +12,7 @@ from typing import Any
 
 from servescope.core.analysis import AnalysisDoc
 from servescope.core.changes import ChangeEvidence, SeenFinding, catalogue_engine, match_changes
+from servescope.core.knee import PROBE_FACTOR
 from servescope.core.serve import ServeResult
 
 __all__ = ["analysis_next_steps", "evidence_of_analysis", "knee_figures", "next_steps", "serve_next_steps"]
@@ -62,11 +63,19 @@ def evidence_of_analysis(doc: AnalysisDoc, **more: Any) -> ChangeEvidence:
 
 
 def knee_figures(result: ServeResult) -> dict[str, float]:
-    """The figures the catalogue reads of a knee search: its cause's evidence, and ``next_load`` (the least load
-    seen to miss the targets: where the knee can move once the step is shorter)."""
+    """The figures the catalogue reads of a knee search: its cause's evidence, and ``next_load``: where the knee can
+    move once the step is shorter, the least load seen to miss the targets, or, where the search stopped before
+    any load above the knee was measured (its budget ran out first: the knee is a lower bound), the load it would
+    have measured next."""
     figures = dict(result.cause.evidence) if result.cause else {}
-    if _streams(result) is not None and (knee := result.knee) is not None and knee.next_load is not None:
+    if _streams(result) is None or (knee := result.knee) is None:
+        return figures
+    if knee.next_load is not None:
         figures["next_load"] = knee.next_load
+    elif (search := result.search) is not None and (search.max_load is None or knee.load < search.max_load):
+        # the H100 capture-size servers: knees of 64+ moved to 96 once the steps up to 64 were captured (twice of 3)
+        probe = knee.load * PROBE_FACTOR
+        figures["next_load"] = min(probe, search.max_load) if search.max_load is not None else probe
     return figures
 
 

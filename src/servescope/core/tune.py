@@ -1,10 +1,11 @@
 """The ``tune`` result document: the baseline knee and its noise, every trial, the final knee, what to keep.
 
-The objective is the output tokens/s delivered at the knee (the most load whose points all met every ``--slo``
-target; :mod:`servescope.bench.serve.knee`), with goodput beside it (documents written before the delivered figure
-was measured compare goodput). The noise is how far the baseline moves between two
-measurements of the same server (and the spread of the knee's repeats); a change is kept only when its knee beats
-the reference (the baseline, or the last kept change) by more than that.
+The objective is the most output tokens/s delivered at a load whose points all met every ``--slo`` target: the
+knee's (the most load that met them; :mod:`servescope.bench.serve.knee`), or a lower load's where the server
+delivered more there (past a point more streams can deliver fewer tokens and still meet the targets), with goodput
+beside it (documents written before the delivered figure was measured compare goodput). The noise is how far the
+baseline moves between two measurements of the same server (and the spread of the knee's repeats); a change is
+kept only when it beats the reference (the baseline, or the last kept change) by more than that.
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ from servescope.core.changes import Candidate, ChangeEdit, NotCandidate
 from servescope.core.document import Document
 from servescope.core.serve import TargetCheck
 
-__all__ = ["KeepSettings", "KneeFigure", "TargetInfo", "Trial", "TuneDoc", "TuneOptions", "judge_gain",
+__all__ = ["PLATEAU", "KeepSettings", "KneeFigure", "TargetInfo", "Trial", "TuneDoc", "TuneOptions", "judge_gain",
            "reference_load", "relative_gain", "same_load_gain"]
+
+PLATEAU = 0.02
+"""How much more than the knee's best repeat a lower load must deliver to stand for the knee (tune's noise floor)."""
 
 OUTCOMES = ("kept", "rolled_back", "failed_start", "measure_failed", "interrupted")
 
@@ -26,12 +30,13 @@ class KneeFigure(msgspec.Struct, kw_only=True, frozen=True):
     targets, goodput 0), the repeats' spread, the cause's id and sentence, and the seconds it took.
 
     ``tokens_per_s``: the output tokens/s the knee's load delivered (all its requests; it met the targets as a
-    whole), with ``spread`` then over its repeats; tune compares :attr:`delivered`: that figure where it was
-    measured, else goodput (documents written before it was). ``floor``: where the search measured no load above
-    ``load``, why it stopped (a budget ran out, every load up to its limit met): the knee is then at least
-    ``load``, not known to be there. ``checks``: each target at the knee's load, the worst of its repeats: how much
-    room the knee leaves under the targets. ``delivered_at``: each load whose points all met the targets, with the
-    output tokens/s it delivered (the median of its points), lowest load first."""
+    whole), with ``spread`` then over its repeats; tune compares :attr:`delivered`: that figure, or a lower load's
+    of ``delivered_at`` (:attr:`best_load`), else goodput (documents written before either was measured).
+    ``floor``: where the search measured no load above ``load``, why it stopped (a budget ran out, every load up
+    to its limit met): the knee is then at least ``load``, not known to be there. ``checks``: each target at the
+    knee's load, the worst of its repeats: how much room the knee leaves under the targets. ``delivered_at``: each
+    load whose points all met the targets, with the output tokens/s it delivered (the median of its points), lowest
+    load first."""
 
     goodput_tokens_per_s: float
     goodput_requests_per_s: float | None
@@ -51,9 +56,27 @@ class KneeFigure(msgspec.Struct, kw_only=True, frozen=True):
         return next((tokens for at, tokens in self.delivered_at or () if at == load), None)
 
     @property
+    def best_load(self) -> float | None:
+        """The load that delivered the most tokens/s within the targets: the knee's, unless a lower load that met
+        them delivered more than every repeat of the knee's by over :data:`PLATEAU` (the H100 MoE server: 17349
+        tok/s at 128 streams, 13506 at its knee of 256); within that, throughput has levelled off and the knee's
+        load, more streams for as many tokens, stands."""
+        if self.tokens_per_s is None:
+            return self.load
+        top = max(self.spread[1], self.tokens_per_s) if self.spread and len(self.spread) == 2 else self.tokens_per_s
+        best_load, best = self.load, top * (1 + PLATEAU)
+        for load, tokens in self.delivered_at or ():
+            if tokens > best:
+                best_load, best = load, tokens
+        return best_load
+
+    @property
     def delivered(self) -> float:
-        """The figure tune compares: tokens/s at the knee's load, or goodput where that was not measured."""
-        return self.tokens_per_s if self.tokens_per_s is not None else self.goodput_tokens_per_s
+        """The figure tune compares: the tokens/s delivered at :attr:`best_load`, the most within the targets, or
+        goodput where tokens/s were not measured."""
+        if self.tokens_per_s is None or self.best_load == self.load:
+            return self.tokens_per_s if self.tokens_per_s is not None else self.goodput_tokens_per_s
+        return max(tokens for load, tokens in self.delivered_at or () if load == self.best_load)
 
 
 class Trial(msgspec.Struct, kw_only=True, frozen=True):

@@ -26,8 +26,13 @@ def _knee(figure: KneeFigure | None) -> str:
     plus = "+" if figure.floor else ""
     room = ", ".join(f"{c.target} {c.value_ms:.0f} of {c.limit_ms:g} ms" for c in figure.checks or []
                      if c.value_ms is not None)
-    return (f"{figure.delivered:.1f} tok/s at {figure.load:g}{plus} {figure.unit or ''}".rstrip()
-            + (f" ({room})" if room else ""))
+    knee = f"{figure.load:g}{plus} {figure.unit or ''}".rstrip()
+    best = figure.best_load
+    if best is None or best == figure.load or figure.tokens_per_s is None:
+        return f"{figure.delivered:.1f} tok/s at {knee}" + (f" ({room})" if room else "")
+    # a lower load delivered more within the targets than the knee's: that is the figure compared
+    return (f"{figure.delivered:.1f} tok/s at {best:g} {figure.unit or ''}".rstrip()
+            + f" (the knee {knee}: {figure.tokens_per_s:.1f} tok/s" + (f"; {room}" if room else "") + ")")
 
 
 def _floors(figures: list[KneeFigure | None], console: Console) -> None:

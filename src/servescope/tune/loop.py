@@ -211,9 +211,13 @@ class _Run:
         measured = self.measure(self.target.url, start=1.0, progress=lambda s: self.say(f"{what}: {s}", True),
                                 server_argv=list(argv), also_at=also_at)
         f = measured.figure
-        knee = "no load met the targets" if f.load is None else f"{f.delivered:.1f} tok/s at {f.load:g}"
+        knee = "no load met the targets" if f.load is None else f"{f.delivered:.1f} tok/s at {f.best_load:g}"
+        if f.load is not None and f.best_load != f.load:  # a lower load delivered more within the targets
+            knee += f" (the knee {f.load:g}{'+' if f.floor else ''}: {f.tokens_per_s:.1f} tok/s)"
+        elif f.floor:
+            knee += "+"
         if f.floor:
-            knee += f"+ (no higher load measured: {f.floor})"
+            knee += f" (no higher load measured: {f.floor})"
         self.say(f"{what}: knee {knee} ({f.cause or 'no named cause'}; {f.seconds:.0f} s)", False)
         return measured
 
@@ -308,11 +312,11 @@ class _Run:
         if self.noise > _UNSTEADY:
             a, b = first.figure, second.figure
             self.evidence_notes.append(
-                f"the baseline's two knees lie {self.noise:.0%} apart ({a.delivered:.1f} tok/s at {a.load or 0:g}, "
-                f"{b.delivered:.1f} at {b.load or 0:g}): a change must beat that to be kept and none predicted to "
-                "gain less is tried; a server this unsteady between two searches is worth a look first (still "
-                "compiling or loading, other work on it, a target on its edge), and a longer --measure-budget or "
-                "more --repeats steadies the knee")
+                f"the baseline's two knees lie {self.noise:.0%} apart ({a.delivered:.1f} tok/s at "
+                f"{a.best_load or 0:g}, {b.delivered:.1f} at {b.best_load or 0:g}): a change must beat that to be "
+                "kept and none predicted to gain less is tried; a server this unsteady between two searches is "
+                "worth a look first (still compiling or loading, other work on it, a target on its edge), and a "
+                "longer --measure-budget or more --repeats steadies the knee")
         self.save()
         reference = (first.figure.delivered + second.figure.delivered) / 2
         self.say(f"baseline: {reference:.1f} tok/s, noise ±{self.noise:.0%}", False)

@@ -34,7 +34,7 @@ import msgspec
 from servescope.bench.serve.cause import judge_knee
 from servescope.bench.serve.point import LoadSpec, PointProgress
 from servescope.bench.serve.session import ServeSession
-from servescope.core.knee import loads_met
+from servescope.core.knee import PROBE_FACTOR, loads_met
 from servescope.core.serve import Knee, KneeCause, KneeSearch, ServePoint, ServeResult, SloTarget
 
 __all__ = ["KneeSpec", "client_explains", "find_knee", "find_knee_async", "knee_of", "next_load"]
@@ -108,7 +108,7 @@ def next_load(met: float | None, missed: float | None, *, mode: str, start: floa
             return start
         if met >= max_load:
             return None
-        return min(met * 2, max_load)
+        return min(met * PROBE_FACTOR, max_load)
     if met is None:
         return None   # the first load already missed: nothing below it to try
     if missed - met <= tolerance * met or (mode == "concurrency" and missed - met <= 1):
