@@ -16,13 +16,15 @@ Stats: ``p50`` (or ``median``), ``p90``, ``p95``, ``p99``, ``mean``. Without ``-
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import statistics
+from collections.abc import Iterable, Sequence
 
 from servescope.core.errors import InputError
 from servescope.core.serve import Knee, KneeCause, KneeSearch, PointSlo, ServePoint, ServeResult, SloTarget, TargetCheck
 
-__all__ = ["DEFAULT_SLO", "METRICS", "PROBE_FACTOR", "STATS", "Knee", "KneeCause", "KneeResult", "KneeSearch",
-           "PointSlo", "SloTarget", "TargetCheck", "describe_slo", "loads_met", "parse_slo"]
+__all__ = ["DEFAULT_SLO", "METRICS", "PLATEAU", "PROBE_FACTOR", "STATS", "Knee", "KneeCause", "KneeResult",
+           "KneeSearch", "PointSlo", "SloTarget", "TargetCheck", "delivered_by_load", "describe_slo", "loads_met",
+           "most_delivered", "parse_slo"]
 
 KneeResult = ServeResult
 """The knee's document: a ``bench serve`` result whose ``knee`` and ``cause`` the search filled in."""
@@ -39,6 +41,10 @@ STATS: dict[str, str] = {"p50": "p50", "median": "p50", "p90": "p90", "p95": "p9
 """Accepted statistic spellings → the stored one."""
 
 PROBE_FACTOR = 2
+"""Until a load misses the targets, the knee search measures this many times the last load that met them next."""
+
+PLATEAU = 0.02
+"""How much more than the knee's best repeat a lower load must deliver to stand for it (tune's noise floor)."""
 """Until a load misses the targets, the knee search measures this many times the last load that met them next."""
 
 DEFAULT_SLO = "ttft_p99=2000,itl_p99=100"
@@ -95,3 +101,26 @@ def loads_met(points: Sequence[ServePoint]) -> tuple[dict[float, list[ServePoint
         if point.slo is not None:
             by_load.setdefault(point.load, []).append(point)
     return by_load, sorted(load for load, ps in by_load.items() if all(p.slo is not None and p.slo.met for p in ps))
+
+
+def delivered_by_load(points: Sequence[ServePoint]) -> list[tuple[float, float]]:
+    """Each load whose points all met the targets, with the median of the output tokens/s they delivered (lowest
+    load first; a load whose points recorded none is left out)."""
+    by_load, met = loads_met(points)
+    tokens = [(load, [t for p in by_load[load] if (t := p.output_tokens_per_s) is not None]) for load in met]
+    return [(load, statistics.median(values)) for load, values in tokens if values]
+
+
+def most_delivered(load: float, tokens: float, top: float,
+                   delivered: Iterable[tuple[float, float]]) -> tuple[float, float]:
+    """The load that delivered the most tokens/s within the targets, and those tokens/s: the knee's (``load``,
+    ``tokens``; ``top`` its best repeat), unless a lower load delivered more than ``top`` by over :data:`PLATEAU`.
+    Past a point more streams can deliver fewer tokens and still meet the targets (the H100 MoE server: 17349 tok/s
+    at 128 streams, 13506 at its knee of 256); within the margin throughput has levelled off, and the knee's load,
+    more streams for as many tokens, stands."""
+    best_load, best, bar = load, tokens, top * (1 + PLATEAU)
+    for at, delivered_there in delivered:
+        if at < load and delivered_there > bar and delivered_there > best:
+            best_load, best = at, delivered_there
+    return best_load, best
+

@@ -8,13 +8,12 @@ makes the real one. Tests of the loop may pass their own.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from servescope.core.knee import loads_met
+from servescope.core.knee import delivered_by_load
 from servescope.core.next_steps import knee_figures
 from servescope.core.serve import Knee, ServeResult, SloTarget, TargetCheck
 from servescope.core.tune import KneeFigure
@@ -53,9 +52,7 @@ def figure_of(result: ServeResult, seconds: float) -> Measured:
 
 def _delivered_at(result: ServeResult) -> list[tuple[float, float]] | None:
     """Each load whose points all met the targets, with the median of the output tokens/s its points delivered."""
-    by_load, met = loads_met(result.points)
-    tokens = [(load, [t for p in by_load[load] if (t := p.output_tokens_per_s) is not None]) for load in met]
-    return [(load, statistics.median(values)) for load, values in tokens if values] or None
+    return delivered_by_load(result.points) or None
 
 
 def _worst_checks(result: ServeResult) -> list[TargetCheck] | None:
