@@ -14,13 +14,11 @@ import msgspec
 
 from servescope.core.changes import Candidate, ChangeEdit, NotCandidate
 from servescope.core.document import Document
+from servescope.core.knee import most_delivered
 from servescope.core.serve import TargetCheck
 
-__all__ = ["PLATEAU", "KeepSettings", "KneeFigure", "TargetInfo", "Trial", "TuneDoc", "TuneOptions", "judge_gain",
+__all__ = ["KeepSettings", "KneeFigure", "TargetInfo", "Trial", "TuneDoc", "TuneOptions", "judge_gain",
            "reference_load", "relative_gain", "same_load_gain"]
-
-PLATEAU = 0.02
-"""How much more than the knee's best repeat a lower load must deliver to stand for the knee (tune's noise floor)."""
 
 OUTCOMES = ("kept", "rolled_back", "failed_start", "measure_failed", "interrupted")
 
@@ -30,8 +28,10 @@ class KneeFigure(msgspec.Struct, kw_only=True, frozen=True):
     targets, goodput 0), the repeats' spread, the cause's id and sentence, and the seconds it took.
 
     ``tokens_per_s``: the output tokens/s the knee's load delivered (all its requests; it met the targets as a
-    whole), with ``spread`` then over its repeats; tune compares :attr:`delivered`: that figure, or a lower load's
-    of ``delivered_at`` (:attr:`best_load`), else goodput (documents written before either was measured).
+    whole), with ``spread`` then over its repeats; tune compares :attr:`delivered`: with ``compares`` ``most``
+    (measured since 2026-12-07) the most tokens/s any load delivered within the targets (that figure, or a lower
+    load's of ``delivered_at``: :attr:`best_load`), with ``knee`` (documents before) that figure alone, else
+    goodput (documents written before either was measured).
     ``floor``: where the search measured no load above ``load``, why it stopped (a budget ran out, every load up
     to its limit met): the knee is then at least ``load``, not known to be there. ``checks``: each target at the
     knee's load, the worst of its repeats: how much room the knee leaves under the targets. ``delivered_at``: each
@@ -50,33 +50,30 @@ class KneeFigure(msgspec.Struct, kw_only=True, frozen=True):
     floor: str | None = None
     checks: list[TargetCheck] | None = None
     delivered_at: list[tuple[float, float]] | None = None
+    compares: str = "knee"
 
     def delivered_at_load(self, load: float) -> float | None:
         """The tokens/s delivered at ``load`` where the search measured it and it met the targets."""
         return next((tokens for at, tokens in self.delivered_at or () if at == load), None)
 
+    def _most(self) -> tuple[float | None, float | None]:
+        if self.tokens_per_s is None or self.load is None or self.compares != "most":
+            return self.load, self.tokens_per_s
+        top = max(self.spread[1], self.tokens_per_s) if self.spread and len(self.spread) == 2 else self.tokens_per_s
+        return most_delivered(self.load, self.tokens_per_s, top, self.delivered_at or ())
+
     @property
     def best_load(self) -> float | None:
-        """The load that delivered the most tokens/s within the targets: the knee's, unless a lower load that met
-        them delivered more than every repeat of the knee's by over :data:`PLATEAU` (the H100 MoE server: 17349
-        tok/s at 128 streams, 13506 at its knee of 256); within that, throughput has levelled off and the knee's
-        load, more streams for as many tokens, stands."""
-        if self.tokens_per_s is None:
-            return self.load
-        top = max(self.spread[1], self.tokens_per_s) if self.spread and len(self.spread) == 2 else self.tokens_per_s
-        best_load, best = self.load, top * (1 + PLATEAU)
-        for load, tokens in self.delivered_at or ():
-            if tokens > best:
-                best_load, best = load, tokens
-        return best_load
+        """The load whose tokens/s tune compares: the knee's, or (``compares`` ``most``) a lower load that
+        delivered clearly more within the targets (:func:`~servescope.core.knee.most_delivered`)."""
+        return self._most()[0]
 
     @property
     def delivered(self) -> float:
-        """The figure tune compares: the tokens/s delivered at :attr:`best_load`, the most within the targets, or
-        goodput where tokens/s were not measured."""
-        if self.tokens_per_s is None or self.best_load == self.load:
-            return self.tokens_per_s if self.tokens_per_s is not None else self.goodput_tokens_per_s
-        return max(tokens for load, tokens in self.delivered_at or () if load == self.best_load)
+        """The figure tune compares: the tokens/s delivered at :attr:`best_load`, or goodput where tokens/s were
+        not measured."""
+        tokens = self._most()[1]
+        return tokens if tokens is not None else self.goodput_tokens_per_s
 
 
 class Trial(msgspec.Struct, kw_only=True, frozen=True):

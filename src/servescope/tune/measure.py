@@ -46,7 +46,7 @@ def figure_of(result: ServeResult, seconds: float) -> Measured:
         load=knee.load if knee else None, unit=knee.unit if knee else None,
         spread=_spread(knee), cause=cause.id if cause else None, tokens_per_s=knee.tokens_per_s if knee else None,
         cause_message=cause.message if cause else None, seconds=seconds, floor=_floor(result),
-        checks=_worst_checks(result), delivered_at=_delivered_at(result))
+        checks=_worst_checks(result), delivered_at=_delivered_at(result), compares="most")
     return Measured(figure=figure, cause_figures=knee_figures(result))
 
 
