@@ -65,7 +65,8 @@ def test_the_knee_is_the_highest_load_that_always_met_by_plain_json() -> None:
         assert raw["knee"]["load"] == expect
         again = knee_of(_doc(name).points, "streams")
         # recorded before the knee carried the tokens/s its load delivered: everything else as written then
-        assert msgspec.structs.replace(again, tokens_per_s=None, tokens_spread=None) == _doc(name).knee
+        assert msgspec.structs.replace(again, tokens_per_s=None, tokens_spread=None,
+                                       most_tokens_at=None) == _doc(name).knee
         delivered = [p["output_tokens_per_s"] for p in raw["points"] if _load(p) == expect]
         assert again.tokens_per_s == statistics.median(delivered)
         assert again.tokens_spread == (min(delivered), max(delivered))
@@ -250,13 +251,15 @@ def test_the_answer_names_a_lower_load_that_delivered_more_than_the_knee() -> No
         top = max(p["output_tokens_per_s"] for p in raw["points"] if _load(p) == knee_load)
         better = {load: t for load, t in _met_by_load(raw).items() if load < knee_load and t > top * 1.02}
         lines = [line for _, line in knee_lines(searched) if line.startswith("most tokens within the targets")]
+        assert searched.knee is not None
         if better:
             load = max(better, key=lambda k: better[k])
             [line] = lines
             assert f"targets: {load:g} streams, {better[load]:.1f} tok/s" in line
+            assert searched.knee.most_tokens_at == pytest.approx((load, better[load]))  # in the document too
             named.add(name)
         else:
-            assert lines == []
+            assert lines == [] and searched.knee.most_tokens_at is None
     assert named and named < set(ARGV)
 
 

@@ -241,7 +241,9 @@ class Knee(msgspec.Struct, kw_only=True, frozen=True):
     tokens/s of all the knee's requests (the median over its repeats; ``tokens_spread`` their lowest and highest):
     the load met the targets as a whole, so it is what the server delivers there; steadier than goodput, whose
     per-request test (each request's own ITL p99, nearly its largest gap) counts a share of the requests that
-    swings with where prefill chunks fall."""
+    swings with where prefill chunks fall. ``most_tokens_at``: (load, tokens/s) of a lower load that met the targets
+    and delivered clearly more output tokens/s than the knee's (:func:`servescope.core.knee.most_delivered`);
+    ``None`` where the knee's load delivered the most."""
 
     unit: str
     load: float
@@ -254,6 +256,7 @@ class Knee(msgspec.Struct, kw_only=True, frozen=True):
     missed_by: list[str] = []
     tokens_per_s: float | None = None
     tokens_spread: tuple[float, float] | None = None
+    most_tokens_at: tuple[float, float] | None = None
 
 
 class KneeSearch(msgspec.Struct, kw_only=True, frozen=True):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from servescope.core.knee import delivered_by_load, describe_slo, most_delivered
+from servescope.core.knee import describe_slo
 from servescope.core.serve import PointSlo, ServePoint, ServeResult
 from servescope.report.page import escape
 from servescope.report.wrap import hang
@@ -44,7 +44,7 @@ def knee_lines(result: ServeResult) -> list[tuple[str, str]]:
         lines.append(("bold", f"knee: {knee.load:g} {unit} — goodput {knee.goodput_tokens_per_s:.1f} output tok/s, "
                               f"{knee.goodput_requests_per_s:.2f} req/s (spread {lo:.1f}–{hi:.1f} tok/s over "
                               f"{knee.repeats} run{'s' if knee.repeats != 1 else ''}, {knee.met} met{delivered}){nxt}"))
-        if (most := _most_below(result)) is not None:
+        if (most := knee.most_tokens_at) is not None and knee.tokens_per_s is not None:
             lines.append(("yellow", f"most tokens within the targets: {most[0]:g} {unit}, {most[1]:.1f} tok/s, more "
                                     f"than the knee's {knee.tokens_per_s:.1f}: past {most[0]:g} {unit} the server "
                                     "delivers fewer tokens while still meeting the targets"))
@@ -60,16 +60,6 @@ def knee_lines(result: ServeResult) -> list[tuple[str, str]]:
     lines.append(("dim", f"search: {search.stopped}; {len(result.points)} points, {search.requests} requests, "
                          f"{search.seconds:.0f} s"))
     return lines
-
-
-def _most_below(result: ServeResult) -> tuple[float, float] | None:
-    """A lower load that delivered clearly more tokens/s than the knee's within the targets (load, tokens/s)."""
-    knee = result.knee
-    if knee is None or knee.tokens_per_s is None:
-        return None
-    top = max(knee.tokens_spread[1], knee.tokens_per_s) if knee.tokens_spread else knee.tokens_per_s
-    load, tokens = most_delivered(knee.load, knee.tokens_per_s, top, delivered_by_load(result.points))
-    return (load, tokens) if load != knee.load else None
 
 
 def render_knee(result: ServeResult, console: Console) -> None:

@@ -34,7 +34,7 @@ import msgspec
 from servescope.bench.serve.cause import judge_knee
 from servescope.bench.serve.point import LoadSpec, PointProgress
 from servescope.bench.serve.session import ServeSession
-from servescope.core.knee import PROBE_FACTOR, loads_met
+from servescope.core.knee import PROBE_FACTOR, delivered_by_load, loads_met, most_delivered
 from servescope.core.serve import Knee, KneeCause, KneeSearch, ServePoint, ServeResult, SloTarget
 
 __all__ = ["KneeSpec", "client_explains", "find_knee", "find_knee_async", "knee_of", "next_load"]
@@ -134,12 +134,16 @@ def knee_of(points: Sequence[ServePoint], unit: str) -> Knee | None:
     delivered = [p.output_tokens_per_s for p in repeats if p.output_tokens_per_s is not None]
     above = sorted(load for load in by_load if load > best)
     missed_by = sorted({m for p in by_load[above[0]] if p.slo for m in p.slo.missed_by}) if above else []
+    most = None
+    if delivered:  # past a point more streams can deliver fewer tokens and still meet the targets
+        at = most_delivered(best, statistics.median(delivered), max(delivered), delivered_by_load(points))
+        most = at if at[0] != best else None
     return Knee(unit=unit, load=best, goodput_requests_per_s=statistics.median(reqs),
                 goodput_tokens_per_s=statistics.median(tokens), spread=(min(tokens), max(tokens)),
                 met=sum(1 for p in repeats if _met(p)), repeats=len(repeats),
                 next_load=above[0] if above else None, missed_by=missed_by,
                 tokens_per_s=statistics.median(delivered) if delivered else None,
-                tokens_spread=(min(delivered), max(delivered)) if delivered else None)
+                tokens_spread=(min(delivered), max(delivered)) if delivered else None, most_tokens_at=most)
 
 
 class _Search:
