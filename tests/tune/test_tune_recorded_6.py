@@ -58,9 +58,9 @@ def test_the_capture_size_is_judged_where_the_range_prices_it() -> None:
     _decisions_follow(doc, "tokens_per_s")
     first, second = doc["trials"]
     load = first["same_load"]
-    at = {b: dict(map(tuple, f["delivered_at"])) for b, f in (("trial", first["knee"]),)}
+    trial_at = dict(map(tuple, first["knee"]["delivered_at"]))
     base = [dict(map(tuple, b["delivered_at"]))[load] for b in doc["baseline"]]
-    assert first["same_load_gain"] == pytest.approx(at["trial"][load] / (sum(base) / len(base)) - 1)
+    assert first["same_load_gain"] == pytest.approx(trial_at[load] / (sum(base) / len(base)) - 1)
     low, high = first["change"]["gain_low"], first["change"]["gain_high"]
     assert not low <= first["measured_gain"] <= high and low <= first["same_load_gain"] <= high
     assert first["within_prediction"] is True and first["knee"]["load"] > load

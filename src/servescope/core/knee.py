@@ -24,7 +24,7 @@ from servescope.core.serve import Knee, KneeCause, KneeSearch, PointSlo, ServePo
 
 __all__ = ["DEFAULT_SLO", "METRICS", "PLATEAU", "PROBE_FACTOR", "STATS", "Knee", "KneeCause", "KneeResult",
            "KneeSearch", "PointSlo", "SloTarget", "TargetCheck", "delivered_by_load", "describe_slo", "loads_met",
-           "most_delivered", "parse_slo"]
+           "most_delivered", "next_probe", "parse_slo"]
 
 KneeResult = ServeResult
 """The knee's document: a ``bench serve`` result whose ``knee`` and ``cause`` the search filled in."""
@@ -45,7 +45,6 @@ PROBE_FACTOR = 2
 
 PLATEAU = 0.02
 """How much more than the knee's best repeat a lower load must deliver to stand for it (tune's noise floor)."""
-"""Until a load misses the targets, the knee search measures this many times the last load that met them next."""
 
 DEFAULT_SLO = "ttft_p99=2000,itl_p99=100"
 """Targets used when none is given: an interactive chat server — the first token within 2 s and no stall
@@ -124,3 +123,11 @@ def most_delivered(load: float, tokens: float, top: float,
             best_load, best = at, delivered_there
     return best_load, best
 
+
+def next_probe(met: float, max_load: float | None) -> float | None:
+    """The load the search measures after ``met`` while no load has missed: :data:`PROBE_FACTOR` times it, at most
+    ``max_load``; ``None`` once ``met`` reached ``max_load``."""
+    if max_load is not None and met >= max_load:
+        return None
+    probe = met * PROBE_FACTOR
+    return min(probe, max_load) if max_load is not None else probe

@@ -12,7 +12,7 @@ from typing import Any
 
 from servescope.core.analysis import AnalysisDoc
 from servescope.core.changes import ChangeEvidence, SeenFinding, catalogue_engine, match_changes
-from servescope.core.knee import PROBE_FACTOR
+from servescope.core.knee import next_probe
 from servescope.core.serve import ServeResult
 
 __all__ = ["analysis_next_steps", "evidence_of_analysis", "knee_figures", "next_steps", "serve_next_steps"]
@@ -70,12 +70,11 @@ def knee_figures(result: ServeResult) -> dict[str, float]:
     figures = dict(result.cause.evidence) if result.cause else {}
     if _streams(result) is None or (knee := result.knee) is None:
         return figures
-    if knee.next_load is not None:
-        figures["next_load"] = knee.next_load
-    elif (search := result.search) is not None and (search.max_load is None or knee.load < search.max_load):
-        # the H100 capture-size servers: knees of 64+ moved to 96 once the steps up to 64 were captured (twice of 3)
-        probe = knee.load * PROBE_FACTOR
-        figures["next_load"] = min(probe, search.max_load) if search.max_load is not None else probe
+    after = knee.next_load
+    if after is None and result.search is not None:  # a floor knee: on the H100 capture-size servers knees of 64+
+        after = next_probe(knee.load, result.search.max_load)  # moved to 96 once 64 was captured (twice of 3)
+    if after is not None:
+        figures["next_load"] = after
     return figures
 
 

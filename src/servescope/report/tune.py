@@ -28,7 +28,7 @@ def _knee(figure: KneeFigure | None) -> str:
                      if c.value_ms is not None)
     knee = f"{figure.load:g}{plus} {figure.unit or ''}".rstrip()
     best = figure.best_load
-    if best is None or best == figure.load or figure.tokens_per_s is None:
+    if best == figure.load:
         return f"{figure.delivered:.1f} tok/s at {knee}" + (f" ({room})" if room else "")
     # a lower load delivered more within the targets than the knee's: that is the figure compared
     return (f"{figure.delivered:.1f} tok/s at {best:g} {figure.unit or ''}".rstrip()

@@ -211,11 +211,13 @@ class _Run:
         measured = self.measure(self.target.url, start=1.0, progress=lambda s: self.say(f"{what}: {s}", True),
                                 server_argv=list(argv), also_at=also_at)
         f = measured.figure
-        knee = "no load met the targets" if f.load is None else f"{f.delivered:.1f} tok/s at {f.best_load:g}"
-        if f.load is not None and f.best_load != f.load:  # a lower load delivered more within the targets
-            knee += f" (the knee {f.load:g}{'+' if f.floor else ''}: {f.tokens_per_s:.1f} tok/s)"
-        elif f.floor:
-            knee += "+"
+        plus = "+" if f.floor else ""
+        if f.load is None:
+            knee = "no load met the targets"
+        elif f.best_load != f.load:  # a lower load delivered more within the targets
+            knee = f"{f.delivered:.1f} tok/s at {f.best_load:g} (the knee {f.load:g}{plus}: {f.tokens_per_s:.1f} tok/s)"
+        else:
+            knee = f"{f.delivered:.1f} tok/s at {f.load:g}{plus}"
         if f.floor:
             knee += f" (no higher load measured: {f.floor})"
         self.say(f"{what}: knee {knee} ({f.cause or 'no named cause'}; {f.seconds:.0f} s)", False)

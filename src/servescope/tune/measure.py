@@ -46,13 +46,8 @@ def figure_of(result: ServeResult, seconds: float) -> Measured:
         load=knee.load if knee else None, unit=knee.unit if knee else None,
         spread=_spread(knee), cause=cause.id if cause else None, tokens_per_s=knee.tokens_per_s if knee else None,
         cause_message=cause.message if cause else None, seconds=seconds, floor=_floor(result),
-        checks=_worst_checks(result), delivered_at=_delivered_at(result), compares="most")
+        checks=_worst_checks(result), delivered_at=delivered_by_load(result.points) or None, compares="most")
     return Measured(figure=figure, cause_figures=knee_figures(result))
-
-
-def _delivered_at(result: ServeResult) -> list[tuple[float, float]] | None:
-    """Each load whose points all met the targets, with the median of the output tokens/s its points delivered."""
-    return delivered_by_load(result.points) or None
 
 
 def _worst_checks(result: ServeResult) -> list[TargetCheck] | None:

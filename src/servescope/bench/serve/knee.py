@@ -34,7 +34,7 @@ import msgspec
 from servescope.bench.serve.cause import judge_knee
 from servescope.bench.serve.point import LoadSpec, PointProgress
 from servescope.bench.serve.session import ServeSession
-from servescope.core.knee import PROBE_FACTOR, delivered_by_load, loads_met, most_delivered
+from servescope.core.knee import delivered_by_load, loads_met, most_delivered, next_probe
 from servescope.core.serve import Knee, KneeCause, KneeSearch, ServePoint, ServeResult, SloTarget
 
 __all__ = ["KneeSpec", "client_explains", "find_knee", "find_knee_async", "knee_of", "next_load"]
@@ -106,9 +106,7 @@ def next_load(met: float | None, missed: float | None, *, mode: str, start: floa
     if missed is None:
         if met is None:
             return start
-        if met >= max_load:
-            return None
-        return min(met * PROBE_FACTOR, max_load)
+        return next_probe(met, max_load)
     if met is None:
         return None   # the first load already missed: nothing below it to try
     if missed - met <= tolerance * met or (mode == "concurrency" and missed - met <= 1):
