@@ -21,7 +21,6 @@ Example:
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import math
 import statistics
@@ -34,6 +33,7 @@ import msgspec
 from servescope.bench.serve.cause import judge_knee
 from servescope.bench.serve.point import LoadSpec, PointProgress
 from servescope.bench.serve.session import ServeSession
+from servescope.core.aio import run_loop
 from servescope.core.knee import delivered_by_load, loads_met, most_delivered, next_probe
 from servescope.core.serve import Knee, KneeCause, KneeSearch, ServePoint, ServeResult, SloTarget
 
@@ -278,4 +278,4 @@ def _cause(spec: KneeSpec, points: list[ServePoint], knee: Knee | None) -> KneeC
 def find_knee(spec: KneeSpec, *, progress: PointProgress | None = None,
               checkpoint: Callable[[ServeResult], None] | None = None) -> ServeResult:
     """:func:`find_knee_async` on a fresh event loop (blocking)."""
-    return asyncio.run(find_knee_async(spec, progress=progress, checkpoint=checkpoint))
+    return run_loop(find_knee_async(spec, progress=progress, checkpoint=checkpoint))

@@ -20,7 +20,6 @@ ends with ``aborted`` set.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 from servescope.bench.serve.point import (
@@ -32,6 +31,7 @@ from servescope.bench.serve.point import (
     workers_for,
 )
 from servescope.bench.serve.session import ServeSession
+from servescope.core.aio import run_loop
 from servescope.core.errors import InputError
 from servescope.core.serve import ServeResult, SloTarget
 
@@ -74,5 +74,5 @@ def run_bench_serve(spec: LoadSpec, *, progress: PointProgress | None = None,
     Example:
         >>> result = run_bench_serve(LoadSpec("http://127.0.0.1:8000", concurrency=(1, 4)))  # doctest: +SKIP
     """
-    return asyncio.run(run_bench_serve_async(spec, progress=progress, checkpoint=checkpoint, slo=slo,
+    return run_loop(run_bench_serve_async(spec, progress=progress, checkpoint=checkpoint, slo=slo,
                                              slo_default=slo_default))
