@@ -54,3 +54,21 @@ def test_asyncio_run_fails_the_callback_the_signal_lands_in() -> None:
     # the mechanism run_loop replaces: its signal handler cancels the awaited future inside the callback
     reported, unwound = _race(asyncio.run)
     assert unwound and any("InvalidStateError" in r for r in reported)
+
+
+def test_every_event_loop_of_the_package_is_run_by_run_loop() -> None:
+    """No command runs its loop with ``asyncio.run`` (whose ctrl-c can land inside a callback): read with ``ast``,
+    the only call to it is run_loop's own."""
+    import ast
+    from pathlib import Path
+
+    import servescope
+
+    package = Path(servescope.__file__).parent
+    callers = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "run"
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "asyncio"):
+                callers.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert callers and all(c.startswith("core/aio.py:") for c in callers), callers

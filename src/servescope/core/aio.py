@@ -6,7 +6,8 @@ lands first and the callback fails (``InvalidStateError``), which the loop print
 command's own one-line "interrupted" (seen in a CI run of the interrupted knee search's test). :func:`run_loop`
 has the loop take SIGINT instead (``loop.add_signal_handler``: the signal wakes the loop, and the cancel runs in a
 turn of its own), then raises ``KeyboardInterrupt`` as ``asyncio.run`` would; a second ctrl-c interrupts at once.
-Off the main thread, where no signal handler can be set, it is ``asyncio.run``.
+Every command's loop runs through it (the knee search, the sweep, health, profile, tune's evidence, the load
+workers). Off the main thread, where no signal handler can be set, it is ``asyncio.run``.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from servescope import __version__
+from servescope.core.aio import run_loop
 from servescope.core.errors import InputError
 from servescope.core.health import Check, HealthResult, ProcessInfo
 from servescope.server.client import ApiKey, ServerClient, normalize_base_url
@@ -357,8 +358,8 @@ def check_health(request: HealthRequest, *, progress: ProgressCallback | None = 
         'ready'
     """
     if request.wait:
-        return asyncio.run(_wait_until_ready(request, progress, clock, sleep))
-    return asyncio.run(_check_once(request))
+        return run_loop(_wait_until_ready(request, progress, clock, sleep))
+    return run_loop(_check_once(request))
 
 
 def restart_until_ready(name: str, *, url: str, max_used_mib: int, gpu_timeout_s: float,

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from servescope.core.aio import run_loop
 from servescope.core.engines import engines
 from servescope.core.errors import InputError
 from servescope.server.batches import PromptSupply, send, timed_batch, timed_runs
@@ -418,7 +419,7 @@ def capture_profile(request: ProfileRequest, *, say: Callable[[str], None] = _qu
         ...                                trace_dir=Path("/tmp/traces")))  # doctest: +SKIP
     """
     trace_dir = _check(request)
-    capture = asyncio.run(_run(request, trace_dir, say))
+    capture = run_loop(_run(request, trace_dir, say))
     if not capture.trace_files:
         raise InputError(str(trace_dir), "no new trace files")
     return capture

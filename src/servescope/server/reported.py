@@ -13,9 +13,9 @@ connections for the whole load, and the unit and process are still worth showing
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
+from servescope.core.aio import run_loop
 from servescope.core.settings import Endpoint, ServedModel, ServerRecord
 from servescope.server.client import ApiKey, ServerClient
 from servescope.server.errors import EndpointNotFound, ServerError, ServerTimeout, ServerUnreachable
@@ -98,4 +98,4 @@ def read_server_record(url: str, *, api_key: ApiKey | None = None, timeout_s: fl
     Raises:
         InputError: ``url`` is not an ``http(s)://HOST[:PORT]`` URL.
     """
-    return asyncio.run(read_server_record_async(url, api_key=api_key, timeout_s=timeout_s))
+    return run_loop(read_server_record_async(url, api_key=api_key, timeout_s=timeout_s))

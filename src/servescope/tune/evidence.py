@@ -4,7 +4,6 @@ deployment settings (with the version's defaults), the model's own facts, a prof
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 from collections.abc import Mapping, Sequence
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from servescope.bench.moe_config import kernel_gain, read_timings
+from servescope.core.aio import run_loop
 from servescope.core.analysis import SettingEvidence
 from servescope.core.changes import ChangeEvidence, SeenFinding, catalogue_engine, flag_values
 from servescope.core.engine_log import moe_log_facts
@@ -45,7 +45,7 @@ def server_version(url: str, api_key: str | None) -> str | None:
         return str(value) if value else None
 
     try:
-        return asyncio.run(ask())
+        return run_loop(ask())
     except (ServescopeError, OSError):
         return None
 

@@ -18,7 +18,6 @@ point: percentiles over every request and every lag tick, never averages of per-
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import math
 import multiprocessing as mp
@@ -29,6 +28,7 @@ from multiprocessing.synchronize import Event as MpEvent
 from typing import Any
 
 from servescope.bench.serve.streams import PointJob, PointRun, run_point_here
+from servescope.core.aio import run_loop
 from servescope.core.errors import InputError
 
 __all__ = ["STREAMS_PER_WORKER", "auto_workers", "run_point_in_workers", "split_job"]
@@ -72,7 +72,7 @@ def _worker_main(index: int, job: PointJob, go: MpEvent, out: Any) -> None:
         out.put(("ready", index, time.perf_counter()))
         if not go.wait(_START_TIMEOUT_S):
             return
-        run = asyncio.run(run_point_here(job, tick=lambda: out.put(("tick", index, None))))
+        run = run_loop(run_point_here(job, tick=lambda: out.put(("tick", index, None))))
         out.put(("done", index, run))
     except BaseException as exc:  # noqa: BLE001  (anything a worker hits goes back as one line)
         out.put(("failed", index, f"{type(exc).__name__}: {exc}"))
