@@ -210,6 +210,40 @@ def test_worker_processes_measure_what_the_server_counts(ready_server: LiveServe
     assert point.duration_s >= point.e2e_ms.median / 1000  # type: ignore[operator]
 
 
+def _hits_and_queries(server: LiveServer) -> tuple[float, float]:
+    totals = _scrape(server)
+    return totals["vllm:prefix_cache_hits_total"], totals["vllm:prefix_cache_queries_total"]
+
+
+def _complete(server: LiveServer, prompt: list[int]) -> None:
+    body = json.dumps({"model": server.model, "prompt": prompt, "max_tokens": 1}).encode()
+    req = urllib.request.Request(f"{server.url}/v1/completions", body, {
+        "Content-Type": "application/json", "Authorization": f"Bearer {server.api_key}"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        resp.read()
+
+
+def test_a_run_again_is_not_answered_from_the_prefix_cache_of_the_first(ready_server: LiveServer) -> None:
+    """The same load twice with the same seed (a user checking again; tune's two baseline searches): the second
+    run's prompts share no block with the first's, so the server's prefix cache answers none of their tokens (the
+    server's own counters, scraped here). The control: this server's cache does answer a prompt sent again (a full
+    block of it); before each run drew its prompts' first tokens anew, the second run's prompts were the first's."""
+    spec = LoadSpec(url=ready_server.url, api_key=ApiKey(ready_server.api_key, "test"), concurrency=(2,),
+                    input_tokens=160, output_tokens=4, requests=6, warmup_requests=1, workers=1)
+    run_bench_serve(spec)
+    hits, queries = _hits_and_queries(ready_server)
+    run_bench_serve(spec)
+    hits_again, queries_again = _hits_and_queries(ready_server)
+    assert queries_again - queries == 7 * 160  # every prompt token was looked up in the cache
+    assert hits_again - hits == 0
+    repeated = [7 + (i * 37) % 300 for i in range(160)]
+    _complete(ready_server, repeated)
+    before, _ = _hits_and_queries(ready_server)
+    _complete(ready_server, repeated)
+    after, _ = _hits_and_queries(ready_server)
+    assert after - before >= 16  # at least one full block of the repeated prompt came from the cache
+
+
 def test_a_client_that_stalls_is_called_client_bound(ready_server: LiveServer) -> None:
     """A progress callback that blocks the event loop 100 ms per request: the lag timer must see it."""
     spec = LoadSpec(url=ready_server.url, api_key=ApiKey(ready_server.api_key, "test"), concurrency=(2,),

@@ -167,7 +167,8 @@ def bench_serve(
     max_concurrency: Annotated[int | None, typer.Option("--max-concurrency", min=1, show_default=False,
                                                         help="Cap on streams in flight with --rate.")] = None,
     model: Annotated[str | None, typer.Option("--model", help="Model id (default: the first one served).")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of prompts and arrivals.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the prompt words and the arrivals (each run draws "
+                                                     "its prompts' first tokens anew).")] = 0,
     timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to wait for each chunk.")] = 120.0,
     workers: Annotated[int, typer.Option("--workers", min=0, help="Client processes per point; 0: one per 16 "
                                          "streams, at most one per CPU but one, at least 1 (printed per "

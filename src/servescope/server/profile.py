@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import os
 import re
 import socket
 import time
@@ -306,11 +307,12 @@ async def _run(request: ProfileRequest, trace_dir: Path,
         # the warm-up's prompts differ from the profiled ones: a prefix cache must not hold those before the window
         server_version = await _server_version(client)
         # a set of prompts for the profiled batch, the warm-up and each unprofiled run (no set is served from a
-        # prefix cache another filled)
+        # prefix cache another filled, nor one an earlier profile of the same server filled: a seed of its own)
         b, wanted, after = request.batch, max(0, request.unprofiled_runs), max(0, request.after_runs)
         others = sorted(set(request.unprofiled_batches) - {b}) if wanted else []
         made, source = await make_prompts(client, model, tokens=request.input_tokens,
-                                          count=(2 + wanted + after) * b + wanted * sum(others), seed=0)
+                                          count=(2 + wanted + after) * b + wanted * sum(others),
+                                          seed=int.from_bytes(os.urandom(8), "big"))
         supply = PromptSupply(made)
         profiled_prompts, warmup_prompts = supply.take(b), supply.take(b)
         body = {"model": model, "max_tokens": request.output_tokens, "min_tokens": request.output_tokens,

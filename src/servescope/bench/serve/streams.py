@@ -55,12 +55,12 @@ class Point:
     """The shared state of one running point: the client, the body, the server-down flag, the samples."""
 
     def __init__(self, client: ServerClient, body: dict[str, Any], prompts: list[str], *,
-                 first_prompt: int = 0, ids: PromptIds | None = None, seed: int = 0) -> None:
+                 first_prompt: int = 0, ids: PromptIds | None = None, seed: int = 0, run: int = 0) -> None:
         self.client = client
         self.body = body
         self.prompts = prompts
         self.ids = ids
-        self._rng = random.Random(seed)
+        self._rng = random.Random(f"{run}/{seed}")  # the run's own draws: no run repeats an earlier one's prompts
         self.samples: list[Sample] = []
         self.down: str | None = None
         self._probe = asyncio.Lock()
@@ -180,6 +180,7 @@ class PointJob:
     max_concurrency: int | None
     seed: int
     ids: PromptIds | None = None
+    run: int = 0  # drawn once per session: the first tokens of its prompts differ from any earlier run's
 
 
 @dataclass
@@ -199,7 +200,8 @@ async def run_point_here(job: PointJob, *, client: ServerClient | None = None,
         async with ServerClient(job.url, api_key=job.api_key, read_timeout_s=job.timeout_s,
                                 max_connections=streams + 8) as own:
             return await run_point_here(job, client=own, tick=tick)
-    point = Point(client, job.body, job.prompts, first_prompt=job.first_prompt, ids=job.ids, seed=job.seed)
+    point = Point(client, job.body, job.prompts, first_prompt=job.first_prompt, ids=job.ids, seed=job.seed,
+                  run=job.run)
     lags: list[float] = []
     stop = asyncio.Event()
     ticker = asyncio.create_task(lag_ticker(lags, stop))
