@@ -1,8 +1,8 @@
 """Runs ON THE LENT GPU (`tools/gpu_vllm/bench_agree.sh form`): one `bench serve` point of LOAD streams, 4 x LOAD
-requests (256 in / 128 out), with the prompts sent as token ids (servescope's default: the API server does not tokenize them,
-and each request's first tokens are drawn anew) or as text (as a client such as vLLM's bench sends them: the API
-server tokenizes each; 4 x LOAD + 2 distinct texts, so that no prompt repeats). An experiment: the text form is made
-by taking the server's token ids away from the session, not an option of the tool.
+requests (256 in / 128 out), with the prompts sent as token ids (servescope's default: the API server does not
+tokenize them, and each request's first tokens are drawn anew) or as text (as a client such as vLLM's bench sends
+them: the API server tokenizes each; 4 x LOAD + 2 distinct texts, so that no prompt repeats). An experiment: the text
+form is made by taking the server's token ids away from the session, not an option of the tool.
 
   python3 prompt_form.py URL ids|text LOAD OUT.json
 """
