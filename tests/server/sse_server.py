@@ -5,7 +5,7 @@ Run as a script (its own process, real sockets): ``python sse_server.py [--ttft-
 
 - ``GET /v1/models``: one model, ``fake``; ``/tokenize`` is 404, so ``bench serve`` makes word prompts.
 - ``POST /v1/completions`` (``stream``): waits ``T`` ms, then sends ``max_tokens`` text chunks ``I`` ms apart,
-  each with ``usage`` (continuous usage stats), then ``[DONE]``. A prompt starting ``interval=N `` gets ``N``
+  each with ``usage`` (continuous usage stats), then ``[DONE]``. A prompt ending ``interval=N`` gets ``N``
   ms between its tokens instead. HTTP/1.1 keep-alive, chunked transfer encoding.
 - ``GET /log``: every completion as this process timed it, ``time.perf_counter()`` stamps (the machine's
   ``CLOCK_MONOTONIC``): ``arrived`` (request read), ``sent`` (each token written), ``done``, ``prompt``.
@@ -68,8 +68,8 @@ async def _complete(writer: asyncio.StreamWriter, body: dict[str, Any], arrived:
     record: dict[str, Any] = {"prompt": prompt, "arrived": arrived, "sent": [], "done": None}
     LOG.append(record)
     interval = ARGS.interval_ms
-    if prompt.startswith("interval="):
-        interval = float(prompt.split()[0].split("=")[1])
+    if prompt.split() and prompt.split()[-1].startswith("interval="):  # the last word: a client draws the first anew
+        interval = float(prompt.split()[-1].split("=")[1])
     tokens = int(body.get("max_tokens", 16))
     prompt_tokens = len(prompt.split())
     writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from servescope.server.client import ServerClient
 from servescope.server.errors import EndpointNotFound, NotOpenAICompatible
 
-__all__ = ["PromptIds", "make_prompts", "prompt_ids"]
+__all__ = ["PromptIds", "fresh_text", "make_prompts", "prompt_ids"]
 
 _WORDS = ("the time people year way day thing man world life hand part child eye woman place work week case "
           "point number group problem fact water room mother area money story month lot right study book job "
@@ -90,6 +90,15 @@ class PromptIds:
         for j in range(self.special, min(len(ids), self.special + self.FRESH)):
             ids[j] = rng.choice(self.vocab)
         return ids
+
+
+def fresh_text(text: str, rng: random.Random) -> str:
+    """``text`` with its first :attr:`PromptIds.FRESH` words drawn anew: the text form of :meth:`PromptIds.fresh`,
+    for a server that gave no token ids (its prompt lengths stay approximate, as the pool's are)."""
+    words = text.split(" ")
+    for j in range(min(len(words), PromptIds.FRESH)):
+        words[j] = rng.choice(_WORDS)
+    return " ".join(words)
 
 
 async def prompt_ids(client: ServerClient, model: str, prompts: list[str]) -> PromptIds | None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from servescope.server.client import ApiKey, ServerClient
 from servescope.server.errors import ServerError
-from servescope.server.prompts import PromptIds
+from servescope.server.prompts import PromptIds, fresh_text
 
 __all__ = ["PointJob", "PointRun", "Sample", "closed_loop", "lag_ticker", "poisson", "run_point_here"]
 
@@ -67,13 +67,14 @@ class Point:
         self.next_prompt = first_prompt
 
     def prompt(self) -> str | list[int]:
-        """The next request's prompt: as token ids of its own where the server gave ids (no shared prefix),
-        else the next text of the pool."""
+        """The next request's prompt, of its own (no prefix shared with any request of this run or an earlier
+        one): the server's token ids of the next pool prompt, or its text where the server gave no ids, with the
+        first tokens (words) drawn from this run's own draws."""
         index = self.next_prompt
         self.next_prompt += 1
         if self.ids is not None:
             return self.ids.fresh(index, self._rng)
-        return self.prompts[index % len(self.prompts)]
+        return fresh_text(self.prompts[index % len(self.prompts)], self._rng)
 
     async def one(self) -> Sample:
         sample = Sample(sent_at=time.perf_counter())

