@@ -107,8 +107,8 @@ class ServeSession:
         pool = min(_PROMPT_POOL_MAX, max(self._pool_hint, max(spec.concurrency or (1,))) + spec.warmup_requests)
         self._prompts, source = await make_prompts(client, model, tokens=spec.input_tokens, count=pool, seed=spec.seed)
         self._ids = await prompt_ids(client, model, self._prompts) if source == _SERVER_PROMPTS else None
-        if self._ids is not None:
-            source += "; each request's first tokens drawn anew, per run (no prefix shared with any request)"
+        drawn = "tokens" if self._ids is not None else "words"
+        source += f"; each request's first {drawn} drawn anew, per run (no prefix shared with any request)"
         self._body = {"model": model, "max_tokens": spec.output_tokens, "min_tokens": spec.output_tokens,
                       "ignore_eos": True, "temperature": 0.0,
                       "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
