@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import os
 import re
 import socket
 import time
@@ -36,7 +35,7 @@ from servescope.server.client import ApiKey, ServerClient
 from servescope.server.earlier import earlier_profile_note
 from servescope.server.errors import EndpointNotFound, NotOpenAICompatible, ServerError
 from servescope.server.process import is_local_url, local_server, serving_engine
-from servescope.server.prompts import make_prompts
+from servescope.server.prompts import make_prompts, run_seed
 from servescope.server.timing import ServerTiming, median_run, step_reference
 
 if TYPE_CHECKING:
@@ -312,7 +311,7 @@ async def _run(request: ProfileRequest, trace_dir: Path,
         others = sorted(set(request.unprofiled_batches) - {b}) if wanted else []
         made, source = await make_prompts(client, model, tokens=request.input_tokens,
                                           count=(2 + wanted + after) * b + wanted * sum(others),
-                                          seed=int.from_bytes(os.urandom(8), "big"))
+                                          seed=run_seed())
         supply = PromptSupply(made)
         profiled_prompts, warmup_prompts = supply.take(b), supply.take(b)
         body = {"model": model, "max_tokens": request.output_tokens, "min_tokens": request.output_tokens,

@@ -7,13 +7,14 @@ and the result says which (``prompt_source``).
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 
 from servescope.server.client import ServerClient
 from servescope.server.errors import EndpointNotFound, NotOpenAICompatible
 
-__all__ = ["PromptIds", "fresh_text", "make_prompts", "prompt_ids"]
+__all__ = ["PromptIds", "fresh_text", "make_prompts", "prompt_ids", "run_seed"]
 
 _WORDS = ("the time people year way day thing man world life hand part child eye woman place work week case "
           "point number group problem fact water room mother area money story month lot right study book job "
@@ -90,6 +91,12 @@ class PromptIds:
         for j in range(self.special, min(len(ids), self.special + self.FRESH)):
             ids[j] = rng.choice(self.vocab)
         return ids
+
+
+def run_seed() -> int:
+    """A seed of this run's own: a server's prefix cache keeps the blocks of earlier runs, and prompts drawn from
+    the seed an earlier run used would be answered from them."""
+    return int.from_bytes(os.urandom(8), "big")
 
 
 def fresh_text(text: str, rng: random.Random) -> str:

