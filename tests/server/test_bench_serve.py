@@ -113,6 +113,11 @@ def test_cli_json_png_html_and_compare(ready_server: LiveServer, tmp_path: Path)
     second = CliRunner().invoke(app, [*args, "--compare", str(out)], env=env)
     assert second.exit_code == 0, second.output
     assert "against the older run" in second.stdout and "concurrency 2" in second.stdout
+    assert "the runs differ" not in second.stdout
+    assert doc["options"]["prompt_form"] == "ids"
+    as_text = CliRunner().invoke(app, [*args, "--prompts", "text", "--compare", str(out)], env=env)
+    assert as_text.exit_code == 0, as_text.output
+    assert "the runs differ in prompt_form ids → text" in " ".join(as_text.stdout.split())
     assert ready_server.api_key not in first.output + second.output + out.read_text() + page.read_text()
     shown = CliRunner().invoke(app, ["report", str(out)])  # re-rendered from the saved run alone
     assert shown.exit_code == 0 and "concurrency 2" in shown.stdout and "TPOT" in shown.stdout
@@ -242,6 +247,22 @@ def test_a_run_again_is_not_answered_from_the_prefix_cache_of_the_first(ready_se
     _complete(ready_server, repeated)
     after, _ = _hits_and_queries(ready_server)
     assert after - before >= 16  # at least one full block of the repeated prompt came from the cache
+
+
+def test_text_prompts_keep_their_length_and_share_no_prefix(ready_server: LiveServer) -> None:
+    """``--prompts text``: the server tokenizes each prompt itself, and still counts exactly the tokens asked for
+    (its own prefix-cache queries: every prompt token is looked up once) and answers none from its cache, though
+    each text's first words are swapped per request."""
+    spec = LoadSpec(url=ready_server.url, api_key=ApiKey(ready_server.api_key, "test"), concurrency=(2,),
+                    input_tokens=160, output_tokens=4, requests=6, warmup_requests=1, workers=1, prompt_form="text")
+    hits, queries = _hits_and_queries(ready_server)
+    result = run_bench_serve(spec)
+    hits_after, queries_after = _hits_and_queries(ready_server)
+    assert result.options.prompt_form == "text"
+    assert "sent as text" in result.options.prompt_source
+    assert queries_after - queries == 7 * 160
+    assert hits_after - hits == 0
+    assert result.points[0].tokens.prompt_mean == 160
 
 
 def test_a_client_that_stalls_is_called_client_bound(ready_server: LiveServer) -> None:

@@ -10,8 +10,9 @@
 #          bench serve --requests`, twice each (vLLM, servescope, vLLM, servescope), then servescope's timed point as
 #          its knee search measures one (--duration 10 after the warm-up burst)
 #   form   does the prompts' form move what a front-end-bound server delivers? servescope's point with token-id
-#          prompts (its default: the API server does not tokenize them) and with text prompts (as vLLM's bench
-#          sends them), twice each in turn (tools/gpu_vllm/prompt_form.py), then `vllm bench serve` once
+#          prompts (`--prompts ids`, the default: the API server does not tokenize them) and with text prompts
+#          (`--prompts text`, as vLLM's bench sends them), twice each in turn, then `vllm bench serve` once, then
+#          a knee search in each form (default targets, --budget KNEE_BUDGET each)
 # $OUT: STEP-results.tgz (every result file, packed after each run: a call cut short brings back what ran), STEP.txt.
 set -u
 STEP=${1:-agree}; OUTD=${OUT:-/tmp/out}; W=/tmp/$STEP; R=$W/results; mkdir -p "$R" "$OUTD"
@@ -46,19 +47,24 @@ ss_run() {   # ss_run NAME ARGS...: servescope bench serve
   say "servescope bench serve $name ($*) rc=$?: $(python3 -c "
 import json; d = json.load(open('$R/ss-$name.json')); p = d['points'][0]
 print('duration', round(p['duration_s'], 2), 's, requests', p['requests'], ', output tok/s', round(p['output_tokens_per_s'], 1),
-      ', ttft p99', round(p['ttft_ms']['p99'], 1), ', tpot mean', round(p['tpot_ms']['mean'], 2), ', itl p99', round(p['itl_ms']['p99'], 1))" 2>&1)"
+      ', ttft p99', round(p['ttft_ms']['p99'], 1), ', tpot mean', round(p['tpot_ms']['mean'], 2), ', itl p99', round(p['itl_ms']['p99'], 1),
+      ', prompts', d['options'].get('prompt_form'), p['tokens']['prompt_mean'])" 2>&1)"
   metrics "ss-$name-after"; pack
 }
-form_run() {   # form_run ids|text N: tools/gpu_vllm/prompt_form.py
-  metrics "$1-$2-before"
-  say "$(timeout 200 python3 tools/gpu_vllm/prompt_form.py http://127.0.0.1:$PORT $1 $LOAD "$R/ss-$1-$2.json" 2> "$R/ss-$1-$2.err" | tail -1) (rc=$?)"
-  metrics "$1-$2-after"; pack
+knee_run() {   # knee_run ids|text: a knee search, default targets
+  metrics "knee-$1-before"
+  COLUMNS=160 timeout $(( ${KNEE_BUDGET:-90} + 60 )) python3 -m servescope bench serve http://127.0.0.1:$PORT \
+    --slo ttft_p99=2000,itl_p99=100 --input-tokens 256 --output-tokens 128 --prompts $1 --budget ${KNEE_BUDGET:-90} \
+    --json -o "$R/knee-$1.json" > "$R/knee-$1.txt" 2> "$R/knee-$1.err"
+  say "knee $1 rc=$?: $(grep -m1 -iE 'knee' "$R/knee-$1.txt" | tr -s ' ')"
+  metrics "knee-$1-after"; pack
 }
 
 case $STEP in
   agree) vllm_run vllm-1 1; ss_run count-1 --requests $(( LOAD * 4 )); vllm_run vllm-2 2; ss_run count-2 --requests $(( LOAD * 4 ))
          ss_run timed --duration 10 --warmup-burst $LOAD ;;
-  form)  form_run ids 1; form_run text 1; form_run ids 2; form_run text 2; vllm_run vllm 3 ;;
+  form)  for n in 1 2; do ss_run ids-$n --requests $(( LOAD * 4 )); ss_run text-$n --requests $(( LOAD * 4 )) --prompts text; done
+         vllm_run vllm 3; knee_run ids; knee_run text ;;
 esac
 kill -TERM -- -$pid 2>/dev/null; sleep 8; kill -KILL -- -$pid 2>/dev/null
 pack

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from rich.console import Console
@@ -23,6 +23,8 @@ from servescope.cli.common import (
 
 if TYPE_CHECKING:
     from servescope.core.serve import ServeResult
+
+PromptForm = Literal["ids", "text"]
 
 
 @bench_app.command("gemm")
@@ -169,6 +171,9 @@ def bench_serve(
     model: Annotated[str | None, typer.Option("--model", help="Model id (default: the first one served).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the prompt words and the arrivals (each run draws "
                                                      "its prompts' first tokens anew).")] = 0,
+    prompts: Annotated[PromptForm, typer.Option("--prompts", help="Send prompts as the server's token ids (exact "
+                                                "lengths; the API server does not tokenize them) or as text, which "
+                                                "it tokenizes per request as most clients' prompts are.")] = "ids",
     timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to wait for each chunk.")] = 120.0,
     workers: Annotated[int, typer.Option("--workers", min=0, help="Client processes per point; 0: one per 16 "
                                          "streams, at most one per CPU but one, at least 1 (printed per "
@@ -202,7 +207,7 @@ def bench_serve(
                         rate=rates, requests=requests, duration_s=duration, warmup_requests=warmup,
                         warmup_burst=warmup_burst,
                         max_concurrency=max_concurrency, model=model, seed=seed, timeout_s=timeout, workers=workers,
-                        api_key=resolve_api_key(api_key))
+                        prompt_form=prompts, api_key=resolve_api_key(api_key))
         request = ServeRequest(load=load, slo=slo, search=search, tolerance=tolerance, repeats=repeats,
                                budget_s=parse_duration("--budget", budget), max_requests=max_requests, start=start,
                                max_load=max_load)
@@ -239,12 +244,16 @@ def bench_serve(
 
 def _render_serve(result: ServeResult, old: ServeResult | None, console: Console) -> None:
     """The sweep or search, and with ``--compare`` the deltas against the older result."""
-    from servescope.report.serve import compare_points, render_compare, render_serve
+    from servescope.report.serve import compare_points, differing_options, render_compare, render_serve
 
     render_serve(result, console)
     if old is not None:
         from servescope.report.knee import knee_change
 
+        differ = differing_options(result, old)
+        if differ:
+            console.print(f"the runs differ in {', '.join(differ)}: their deltas are not the server's alone",
+                          style="yellow", markup=False, highlight=False)
         render_compare(compare_points(result, old), console)
         line = knee_change(result, old)
         if line is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -69,6 +69,8 @@ def tune(
                                             "bench serve).")] = None,
     input_tokens: Annotated[int, typer.Option("--input-tokens", min=1, help="Prompt tokens a request.")] = 128,
     output_tokens: Annotated[int, typer.Option("--output-tokens", min=1, help="Output tokens a request.")] = 64,
+    prompts: Annotated[Literal["ids", "text"], typer.Option("--prompts", help="Send prompts as token ids or as "
+                                                            "text, as bench serve.")] = "ids",
     budget: Annotated[str | None, typer.Option("--budget", help="Stop trying changes after this long (2h, "
                                                "90m).")] = None,
     max_restarts: Annotated[int | None, typer.Option("--max-restarts", min=0, help="Stop after this many "
@@ -139,7 +141,7 @@ def tune(
                 setup = TuneSetup(
                     launch=launch, unit=unit, unit_file=unit_file, dropin_dir=dropin_dir, url=url,
                     env=parse_assignments("--env", env or []),
-                    slo=slo, input_tokens=input_tokens, output_tokens=output_tokens,
+                    slo=slo, input_tokens=input_tokens, output_tokens=output_tokens, prompt_form=prompts,
                     budget_s=parse_duration("--budget", budget), max_restarts=max_restarts,
                     measure_budget_s=parse_duration("--measure-budget", measure_budget), max_load=max_load,
                     max_requests=max_requests, repeats=repeats, allow=tuple(allow or ()), catalogue=catalogue,

@@ -215,6 +215,7 @@ class ServeOptions(msgspec.Struct, kw_only=True, frozen=True):
     workers: int = 0
     cpus: int | None = None
     warmup_burst: int = 0
+    prompt_form: str | None = None  # ids or text as sent (None: a document from before the option)
 
 
 class KneeCause(msgspec.Struct, kw_only=True, frozen=True):

@@ -136,6 +136,7 @@ class TuneOptions(msgspec.Struct, kw_only=True, frozen=True):
     catalogue: str | None
     profile: bool
     min_noise: float
+    prompt_form: str | None = None  # ids or text as sent (None: a document from before the option)
 
 
 class KeepSettings(msgspec.Struct, kw_only=True, frozen=True):

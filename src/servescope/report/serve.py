@@ -144,6 +144,20 @@ def compare_points(new: ServeResult, old: ServeResult) -> list[dict[str, Any]]:
     return rows
 
 
+_COMPARED_OPTIONS = ("model", "input_tokens", "output_tokens", "prompt_form")
+
+
+def differing_options(new: ServeResult, old: ServeResult) -> list[str]:
+    """The options that move the figures and differ between the two runs, as ``name old → new``
+    (``prompt_form`` only where both runs recorded it)."""
+    lines = []
+    for name in _COMPARED_OPTIONS:
+        a, b = getattr(old.options, name), getattr(new.options, name)
+        if a != b and a is not None and b is not None:
+            lines.append(f"{name} {a} → {b}")
+    return lines
+
+
 def render_compare(rows: list[dict[str, Any]], console: Console) -> None:
     """The deltas of :func:`compare_points` as a table (means; change in %)."""
     table = Table(title="against the older run (means)", show_edge=False)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from servescope.server.client import ServerClient
 from servescope.server.errors import EndpointNotFound, NotOpenAICompatible
 
-__all__ = ["PromptIds", "fresh_text", "make_prompts", "prompt_ids", "run_seed"]
+__all__ = ["PromptIds", "SameLengthWords", "fresh_text", "make_prompts", "prompt_ids", "run_seed",
+           "same_length_words"]
 
 _WORDS = ("the time people year way day thing man world life hand part child eye woman place work week case "
           "point number group problem fact water room mother area money story month lot right study book job "
@@ -106,6 +107,46 @@ def fresh_text(text: str, rng: random.Random) -> str:
     for j in range(min(len(words), PromptIds.FRESH)):
         words[j] = rng.choice(_WORDS)
     return " ".join(words)
+
+
+@dataclass(frozen=True)
+class SameLengthWords:
+    """The prompt words by how many tokens the server makes of each after a space: the text form of
+    :meth:`PromptIds.fresh`. :meth:`fresh` swaps words 2 to ``FRESH + 1`` of a pool text each for a word of the same
+    count, so the text keeps its length in tokens (for a tokenizer that splits text into words at spaces before
+    merging, as byte-level BPEs do; :func:`same_length_words` checks a sample) and shares no first block with another
+    request's."""
+
+    count: dict[str, int]
+    by_count: dict[int, list[str]]
+
+    def fresh(self, text: str, rng: random.Random) -> str:
+        words = text.split(" ")
+        for j in range(1, min(len(words), PromptIds.FRESH + 1)):
+            same = self.by_count.get(self.count.get(words[j], -1))
+            if same:
+                words[j] = rng.choice(same)
+        return " ".join(words)
+
+
+async def same_length_words(client: ServerClient, model: str, prompts: list[str],
+                            tokens: int) -> SameLengthWords | None:
+    """The server's token count of each prompt word after a space, checked on a few swapped prompts (``None``
+    where a swapped prompt changed length: the swap cannot keep lengths with this tokenizer)."""
+    count: dict[str, int] = {}
+    for word in _WORDS:
+        answer = await client.post_json("/tokenize", {"model": model, "prompt": " " + word,
+                                                      "add_special_tokens": False})
+        count[word] = int(answer["count"]) if "count" in answer else len(answer["tokens"])
+    by_count: dict[int, list[str]] = {}
+    for word, n in count.items():
+        by_count.setdefault(n, []).append(word)
+    words = SameLengthWords(count=count, by_count=by_count)
+    rng = random.Random(0)
+    for text in prompts[:4]:
+        if await _count_tokens(client, model, words.fresh(text, rng)) != tokens:
+            return None
+    return words
 
 
 async def prompt_ids(client: ServerClient, model: str, prompts: list[str]) -> PromptIds | None:

@@ -51,6 +51,7 @@ class TuneSetup:
     slo: str | None = None
     input_tokens: int = 128
     output_tokens: int = 64
+    prompt_form: str = "ids"
     budget_s: float | None = None
     max_restarts: int | None = None
     measure_budget_s: float | None = None
@@ -172,7 +173,8 @@ def _target(setup: TuneSetup, confirm: Confirm) -> Target:
 
 def _request(setup: TuneSetup, api_key: str | None) -> TuneRequest:
     return TuneRequest(slo=tuple(t.name + f"={t.limit_ms:g}" for t in parse_slo(setup.slo)),
-                       input_tokens=setup.input_tokens, output_tokens=setup.output_tokens, budget_s=setup.budget_s,
+                       input_tokens=setup.input_tokens, output_tokens=setup.output_tokens,
+                       prompt_form=setup.prompt_form, budget_s=setup.budget_s,
                        max_restarts=setup.max_restarts, measure_budget_s=setup.measure_budget_s,
                        allow=setup.allow, catalogue=setup.catalogue, profile=setup.profile,
                        min_noise=setup.min_noise, inputs=_inputs(setup), keep=setup.keep,
@@ -181,8 +183,8 @@ def _request(setup: TuneSetup, api_key: str | None) -> TuneRequest:
 
 def _measure(setup: TuneSetup, api_key: str | None) -> Measure:
     return knee_measure(slo=parse_slo(setup.slo), input_tokens=setup.input_tokens, output_tokens=setup.output_tokens,
-                        api_key=api_key, budget_s=setup.measure_budget_s, max_requests=setup.max_requests,
-                        max_load=setup.max_load, repeats=setup.repeats)
+                        prompt_form=setup.prompt_form, api_key=api_key, budget_s=setup.measure_budget_s,
+                        max_requests=setup.max_requests, max_load=setup.max_load, repeats=setup.repeats)
 
 
 def _profiler(setup: TuneSetup, target: Target, api_key: str | None) -> Profiler | None:

@@ -62,6 +62,7 @@ class TuneRequest:
     slo: tuple[str, ...]
     input_tokens: int
     output_tokens: int
+    prompt_form: str = "ids"
     budget_s: float | None = None
     max_restarts: int | None = None
     measure_budget_s: float | None = None
@@ -420,6 +421,7 @@ class _Run:
                               dropin=str(self.target.dropin_path) if isinstance(self.target, UnitTarget) else None,
                               log=self.journal.log_dir, left_running=self.left_running),
             options=TuneOptions(slo=list(r.slo), input_tokens=r.input_tokens, output_tokens=r.output_tokens,
+                                prompt_form=r.prompt_form,
                                 budget_s=r.budget_s, max_restarts=r.max_restarts,
                                 measure_budget_s=r.measure_budget_s, allow=list(r.allow),
                                 catalogue=str(r.catalogue) if r.catalogue else None, profile=r.profile,

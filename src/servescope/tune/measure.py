@@ -83,8 +83,9 @@ def _spread(knee: Knee | None) -> list[float] | None:
 
 def knee_measure(*, slo: tuple[SloTarget, ...], input_tokens: int, output_tokens: int, api_key: str | None,
                  budget_s: float | None, max_requests: int | None, max_load: float | None, repeats: int = 2,
-                 workers: int = 0) -> Measure:
-    """The real measurement: a knee search per call with these targets, prompt and output lengths and limits."""
+                 workers: int = 0, prompt_form: str = "ids") -> Measure:
+    """The real measurement: a knee search per call with these targets, prompt and output lengths (and the
+    prompts' form: token ids or text) and limits."""
     from servescope.bench.serve.knee import KneeSpec, find_knee
     from servescope.bench.serve.sweep import LoadSpec
     from servescope.server.client import ApiKey
@@ -99,7 +100,7 @@ def knee_measure(*, slo: tuple[SloTarget, ...], input_tokens: int, output_tokens
 
         began = time.monotonic()
         spec = KneeSpec(load=LoadSpec(url=url, input_tokens=input_tokens, output_tokens=output_tokens, api_key=key,
-                                      workers=workers),
+                                      workers=workers, prompt_form=prompt_form),
                         slo=slo, budget_s=budget_s, max_requests=max_requests, repeats=repeats,
                         start=max(1.0, start), max_load=max_load, server_argv=server_argv,
                         also_at=(also_at,) if also_at is not None else ())

@@ -46,6 +46,8 @@ class LoadSpec:
     (at most 256) for a search.
     ``workers`` processes share each point's streams; 0 (the default) sizes them per point from its streams
     and the CPUs (:func:`servescope.bench.serve.pool.auto_workers`).
+    ``prompt_form``: ``ids`` sends each prompt as the server's token ids (exact lengths; the API server does not
+    tokenize them), ``text`` as text, which the API server tokenizes per request, as most clients' prompts are.
     """
 
     url: str
@@ -62,6 +64,7 @@ class LoadSpec:
     seed: int = 0
     timeout_s: float = 120.0
     workers: int = 0
+    prompt_form: str = "ids"
     api_key: ApiKey | None = field(default=None, repr=False)
 
 

@@ -39,7 +39,7 @@ from servescope.core.errors import InputError
 from servescope.core.serve import DEFINITIONS, ServeOptions, ServePoint, ServeResult, SloTarget
 from servescope.server.client import ServerClient
 from servescope.server.metrics import Snapshot, scrape_metrics, server_side
-from servescope.server.prompts import PromptIds, make_prompts, prompt_ids, run_seed
+from servescope.server.prompts import PromptIds, SameLengthWords, make_prompts, prompt_ids, run_seed, same_length_words
 
 __all__ = ["Measured", "ServeSession", "point_label"]
 
@@ -75,6 +75,7 @@ class ServeSession:
         self._body: dict[str, Any] = {}
         self._prompts: list[str] = []
         self._ids: PromptIds | None = None
+        self._words: SameLengthWords | None = None
         self._warm_e2e_s: float | None = None
         self._metrics_seen = False
         self._index = 0
@@ -105,9 +106,18 @@ class ServeSession:
                              f"exceed the server's max_model_len {max_len}")
         pool = min(_PROMPT_POOL_MAX, max(self._pool_hint, max(spec.concurrency or (1,))) + spec.warmup_requests)
         self._prompts, source = await make_prompts(client, model, tokens=spec.input_tokens, count=pool, seed=spec.seed)
-        self._ids = await prompt_ids(client, model, self._prompts) if source == _SERVER_PROMPTS else None
-        drawn = "tokens" if self._ids is not None else "words"
-        source += f"; each request's first {drawn} drawn anew, per run (no prefix shared with any request)"
+        by_server = source == _SERVER_PROMPTS
+        self._ids = await prompt_ids(client, model, self._prompts) if by_server and spec.prompt_form == "ids" else None
+        self._words = None
+        if self._ids is not None:
+            source += "; sent as token ids, each request's first tokens drawn anew"
+        else:
+            if by_server:
+                self._words = await same_length_words(client, model, self._prompts, spec.input_tokens)
+            kept = " for words of the same length" if self._words is not None else \
+                ("" if not by_server else " (lengths approximate: this tokenizer does not keep them)")
+            source += f"; sent as text (the server tokenizes each), each request's first words swapped{kept}"
+        source += ", per run (no prefix shared with any request)"
         self._body = {"model": model, "max_tokens": spec.output_tokens, "min_tokens": spec.output_tokens,
                       "ignore_eos": True, "temperature": 0.0,
                       "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
@@ -116,9 +126,11 @@ class ServeSession:
                                duration_s=spec.duration_s, warmup_requests=spec.warmup_requests,
                                max_concurrency=spec.max_concurrency, seed=spec.seed, prompt_source=source,
                                timeout_s=spec.timeout_s, workers=spec.workers, cpus=usable_cpus(),
-                               warmup_burst=spec.warmup_burst or 0)
+                               warmup_burst=spec.warmup_burst or 0,
+                               prompt_form="ids" if self._ids is not None else "text")
         # the warm-up's and the burst's draws take negative seeds, apart from every point's (0 and up)
-        warm = Point(client, self._body, self._prompts[::-1], ids=self._ids, seed=-2, run=self._run)
+        warm = Point(client, self._body, self._prompts[::-1], ids=self._ids, words=self._words, seed=-2,
+                     run=self._run)
         for _ in range(spec.warmup_requests):
             sample = await warm.one()
             if sample.error is not None:
@@ -140,7 +152,7 @@ class ServeSession:
             return
         short = min(self.spec.output_tokens, _BURST_OUTPUT_TOKENS)
         burst = Point(self._client, {**self._body, "max_tokens": short, "min_tokens": short}, self._prompts,
-                      ids=self._ids, seed=-1, run=self._run)
+                      ids=self._ids, words=self._words, seed=-1, run=self._run)
         await asyncio.gather(*(burst.one() for _ in range(requests)))
         if burst.down is not None:
             raise InputError(self._client.url_of("/v1/completions"), f"the warm-up burst stopped: {burst.down}")
@@ -159,7 +171,7 @@ class ServeSession:
         job = PointJob(url=spec.url, api_key=spec.api_key, timeout_s=spec.timeout_s, body=self._body,
                        prompts=self._prompts, first_prompt=0, concurrency=concurrency, rate=rate, requests=planned,
                        duration_s=spec.duration_s, max_concurrency=spec.max_concurrency,
-                       seed=spec.seed + self._index, ids=self._ids, run=self._run)
+                       seed=spec.seed + self._index, ids=self._ids, words=self._words, run=self._run)
         self._index += 1
         workers = workers_for(spec, concurrency, rate, self._warm_e2e_s, self.result.options.cpus)
         before = await scrape_metrics(client)

@@ -20,7 +20,7 @@ from typing import Any
 
 from servescope.server.client import ApiKey, ServerClient
 from servescope.server.errors import ServerError
-from servescope.server.prompts import PromptIds, fresh_text
+from servescope.server.prompts import PromptIds, SameLengthWords, fresh_text
 
 __all__ = ["PointJob", "PointRun", "Sample", "closed_loop", "lag_ticker", "poisson", "run_point_here"]
 
@@ -55,11 +55,13 @@ class Point:
     """The shared state of one running point: the client, the body, the server-down flag, the samples."""
 
     def __init__(self, client: ServerClient, body: dict[str, Any], prompts: list[str], *,
-                 first_prompt: int = 0, ids: PromptIds | None = None, seed: int = 0, run: int = 0) -> None:
+                 first_prompt: int = 0, ids: PromptIds | None = None, words: SameLengthWords | None = None,
+                 seed: int = 0, run: int = 0) -> None:
         self.client = client
         self.body = body
         self.prompts = prompts
         self.ids = ids
+        self.words = words
         self._rng = random.Random(f"{run}/{seed}")  # the run's own draws: no run repeats an earlier one's prompts
         self.samples: list[Sample] = []
         self.down: str | None = None
@@ -68,13 +70,14 @@ class Point:
 
     def prompt(self) -> str | list[int]:
         """The next request's prompt, of its own (no prefix shared with any request of this run or an earlier
-        one): the server's token ids of the next pool prompt, or its text where the server gave no ids, with the
-        first tokens (words) drawn from this run's own draws."""
+        one): the server's token ids of the next pool prompt, or its text (``--prompts text``, or a server that gave
+        no ids), with the first tokens (words) drawn from this run's own draws."""
         index = self.next_prompt
         self.next_prompt += 1
         if self.ids is not None:
             return self.ids.fresh(index, self._rng)
-        return fresh_text(self.prompts[index % len(self.prompts)], self._rng)
+        text = self.prompts[index % len(self.prompts)]
+        return self.words.fresh(text, self._rng) if self.words is not None else fresh_text(text, self._rng)
 
     async def one(self) -> Sample:
         sample = Sample(sent_at=time.perf_counter())
@@ -181,6 +184,7 @@ class PointJob:
     max_concurrency: int | None
     seed: int
     ids: PromptIds | None = None
+    words: SameLengthWords | None = None
     run: int = 0  # drawn once per session: the first tokens of its prompts differ from any earlier run's
 
 
@@ -201,8 +205,8 @@ async def run_point_here(job: PointJob, *, client: ServerClient | None = None,
         async with ServerClient(job.url, api_key=job.api_key, read_timeout_s=job.timeout_s,
                                 max_connections=streams + 8) as own:
             return await run_point_here(job, client=own, tick=tick)
-    point = Point(client, job.body, job.prompts, first_prompt=job.first_prompt, ids=job.ids, seed=job.seed,
-                  run=job.run)
+    point = Point(client, job.body, job.prompts, first_prompt=job.first_prompt, ids=job.ids, words=job.words,
+                  seed=job.seed, run=job.run)
     lags: list[float] = []
     stop = asyncio.Event()
     ticker = asyncio.create_task(lag_ticker(lags, stop))
