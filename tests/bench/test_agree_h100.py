@@ -4,39 +4,25 @@ read here with plain parsing, and where the gap between the two benches comes fr
 
 from __future__ import annotations
 
-import gzip
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from vllm_metrics import served, server_mean_ms
+
 DATA = Path(__file__).resolve().parents[1] / "data" / "bench" / "h100-agree"
 RUNS = ("vllm-1", "ss-count-1", "vllm-2", "ss-count-2", "ss-timed")
-_SAMPLE = re.compile(r"^([a-zA-Z_:]+)(\{[^}]*\})?\s+(\S+)$")
-
-
-def _metrics(run: str, when: str) -> dict[str, float]:
-    """Each metric's value summed over its label sets (histogram buckets left out)."""
-    out: dict[str, float] = {}
-    for line in gzip.decompress((DATA / f"metrics-{run}-{when}.txt.gz").read_bytes()).decode().splitlines():
-        m = _SAMPLE.match(line)
-        if m is None or "le=" in (m.group(2) or ""):
-            continue
-        out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
-    return out
+TPOT = "vllm:request_time_per_output_token_seconds"
 
 
 def _served(run: str) -> dict[str, float]:
-    """What the server's counters moved by over the run."""
-    before, after = _metrics(run, "before"), _metrics(run, "after")
-    return {k: after[k] - before.get(k, 0.0) for k in after}
+    return served(DATA, run)
 
 
 def _server_tpot_ms(run: str) -> float:
-    served, name = _served(run), "vllm:request_time_per_output_token_seconds"
-    return 1e3 * served[f"{name}_sum"] / served[f"{name}_count"]
+    return server_mean_ms(DATA, run, TPOT)
 
 
 def _client(run: str) -> tuple[float, float, dict[str, Any]]:
