@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner, Result
@@ -229,3 +230,31 @@ def test_a_batch_below_one_is_one_line(command: list[str]) -> None:
     result = runner.invoke(app, [*command, "--model", "llama-3-8b", "--batch", "0"])
     assert result.exit_code == 2
     assert result.output.strip() == "servescope: error: --batch: expected integers from 1 to 1048576, got '0'"
+
+
+def _url_commands() -> list[tuple[list[str], bool]]:
+    """Every command that takes a server URL: its words, and whether the URL is an argument (else ``--url``)."""
+    import typer.main
+
+    found: list[tuple[list[str], bool]] = []
+
+    def walk(command: Any, words: list[str]) -> None:
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, [*words, name])
+        for param in command.params:
+            if param.name == "url":
+                found.append((words, param.param_type_name == "argument"))
+
+    walk(typer.main.get_command(app), [])
+    return found
+
+
+def test_every_command_that_takes_a_url_says_in_one_line_when_it_is_not_one() -> None:
+    """``http://[::1`` (an IPv6 host left open) is no URL: each command says so before it acts (looks for the
+    server's process, starts a server); bench serve and profile had raised Python's ValueError."""
+    commands = _url_commands()
+    assert {" ".join(words) for words, _ in commands} >= {"bench serve", "profile", "health", "tune", "settings"}
+    for words, positional in commands:
+        bad = "http://[::1"
+        result = runner.invoke(app, [*words, bad] if positional else [*words, "--url", bad])
+        _assert_one_line_error(result.stdout, result.stderr, result.exit_code, bad, "not a server URL")

@@ -36,7 +36,7 @@ def _cases() -> list[tuple[tuple[str, ...], list[str], str]]:
         required: list[str] = []
         for param in command.params:
             if param.required and param.param_type_name == "argument":
-                required.append("x")
+                required.append("http://127.0.0.1:9" if param.name == "url" else "x")  # a URL is checked as parsed
             elif param.required and not OUTPUT_OPTIONS & set(param.opts):
                 required += [param.opts[0], _DUMMY.get(param.type.name, "x")]
         for param in command.params:

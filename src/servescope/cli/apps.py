@@ -17,7 +17,7 @@ from servescope.cli.common import HELP_MARKUP, check_outputs, user_errors
 
 __all__ = [
     "ApiKeyOption", "HtmlReport", "JsonDocumentOut", "JsonFlag", "MkdirFlag", "ModelPreset", "ServerUrl",
-    "TopKernels", "app", "bench_app", "capture_app", "gpu_app", "service_app",
+    "TopKernels", "app", "bench_app", "capture_app", "checked_url", "gpu_app", "service_app",
 ]
 
 
@@ -76,7 +76,20 @@ TopKernels = Annotated[int, typer.Option("--top", min=0, help="Kernels to list."
 ModelPreset = Annotated[str, typer.Option("--model", help="A preset (kimi-k2.5, deepseek-v3, qwen3-235b-a22b, "
                                           "llama-3-70b), a HF config.json (or its folder), or a Hugging Face "
                                           "id (ORG/NAME) whose config the local hub cache holds.")]
-ServerUrl = Annotated[str, typer.Argument(help="The server, e.g. http://127.0.0.1:8000.")]
+
+
+def checked_url(value: str | None) -> str | None:
+    """A server URL option or argument, checked as it is parsed: one line and exit 2 when it is not an
+    ``http(s)://HOST[:PORT]`` URL, before a command acts on it (looks for its process, starts a server)."""
+    if value is not None:
+        from servescope.server.client import normalize_base_url
+
+        with user_errors():
+            normalize_base_url(value)
+    return value
+
+
+ServerUrl = Annotated[str, typer.Argument(help="The server, e.g. http://127.0.0.1:8000.", callback=checked_url)]
 ApiKeyOption = Annotated[str | None, typer.Option("--api-key", show_default=False,
                                                   help="Bearer key; else $SERVESCOPE_API_KEY, else $VLLM_API_KEY, "
                                                   "else $OPENAI_API_KEY. Never printed.")]

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from servescope.cli.apps import app
+from servescope.cli.apps import app, checked_url
 from servescope.cli.common import emit, user_errors
 
 
@@ -20,7 +20,7 @@ def settings(
     pid: Annotated[int | None, typer.Option("--pid", min=1, help="The server process (default: the unit's "
                                             "MainPID, else the one vLLM/SGLang server process running).")] = None,
     url: Annotated[str | None, typer.Option("--url", help="The server (default: --host/--port of its command "
-                                            "line).")] = None,
+                                            "line).", callback=checked_url)] = None,
     api_key: Annotated[str | None, typer.Option("--api-key", show_default=False, help="Bearer key for /v1/models; "
                                                 "else $SERVESCOPE_API_KEY, else the process's own. Never "
                                                 "printed.")] = None,

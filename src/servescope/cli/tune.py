@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 import typer
 
-from servescope.cli.apps import ApiKeyOption, JsonFlag, app
+from servescope.cli.apps import ApiKeyOption, JsonFlag, app, checked_url
 from servescope.cli.common import emit, err, fail, parse_assignments, parse_duration, user_errors
 from servescope.core.errors import InputError
 
@@ -62,7 +62,8 @@ def tune(
                                                    "/etc, /run, /usr/lib systemd folders).")] = None,
     dropin_dir: Annotated[Path | None, typer.Option("--dropin-dir", help="Where the drop-in goes (default: "
                                                     "NAME.service.d beside the unit file).")] = None,
-    url: Annotated[str | None, typer.Option("--url", help="The server (default: from its --host/--port).")] = None,
+    url: Annotated[str | None, typer.Option("--url", help="The server (default: from its --host/--port).",
+                                                  callback=checked_url)] = None,
     env: Annotated[list[str] | None, typer.Option("--env", help="NAME=VALUE for a launched server (repeat).")]
     = None,
     slo: Annotated[str | None, typer.Option("--slo", help="Latency targets, e.g. ttft_p99=2000,itl_p99=50 (as "

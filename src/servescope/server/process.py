@@ -299,7 +299,10 @@ def serving_engine(argv: list[str], port: int) -> Engine | None:
 
 def local_server(url: str, proc: Path = Path("/proc")) -> ProcessRecord | None:
     """The process serving ``url``'s port on this machine (the lowest pid of those that do), else None."""
-    port = urlsplit(url).port
+    try:
+        port = urlsplit(url).port
+    except ValueError:  # not a URL: no process serves it (the client says what is wrong with it)
+        return None
     if port is None or not is_local_url(url):
         return None
     pids = [p.pid for p in find_processes(lambda argv: serving_engine(argv, port) is not None, proc=proc)]
