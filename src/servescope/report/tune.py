@@ -56,7 +56,8 @@ def _headline(doc: TuneDoc, console: Console) -> None:
     head = Text()
     head.append(f"tune {doc.target.kind} {doc.target.name}", style="bold")
     head.append(f"  {doc.target.url}  targets {', '.join(doc.options.slo) or 'default'}  "
-                f"{doc.options.input_tokens} in / {doc.options.output_tokens} out tokens")
+                f"{doc.options.input_tokens} in / {doc.options.output_tokens} out tokens"
+                + ("  prompts sent as text" if doc.options.prompt_form == "text" else ""))
     console.print(head, overflow="fold")
     if base:
         console.print(Text(f"baseline: {' | '.join(_knee(b) for b in base)}  (noise ±{doc.noise:.0%})"),
