@@ -97,3 +97,28 @@ def test_the_config_left_untried_is_below_the_noise_of_vllms_own_bench() -> None
     base = sorted(_vbench(f"moe-7-anchor-base-{i}")["output_throughput"] for i in (1, 2))
     tuned = _vbench("moe-7-ab-tuned")["output_throughput"]
     assert base[0] <= tuned <= base[1]
+
+
+def test_the_answer_says_when_its_prompts_were_text() -> None:
+    """The recorded run sent token ids (the default; its document is from before the option and says nothing):
+    its headline stays as it was, and the same document marked as sent in text says so."""
+    import io
+
+    import msgspec
+    from rich.console import Console
+
+    from servescope.core.document import decode_as
+    from servescope.core.tune import TuneDoc
+    from servescope.report.tune import render_tune
+
+    path = DATA / "tune-moe-7.json"
+    doc = decode_as(path.read_bytes(), str(path), TuneDoc)
+
+    def headline(d: TuneDoc) -> str:
+        out = io.StringIO()
+        render_tune(d, Console(file=out, width=200))
+        return out.getvalue().splitlines()[0]
+
+    assert doc.options.prompt_form is None and "text" not in headline(doc)
+    as_text = msgspec.structs.replace(doc, options=msgspec.structs.replace(doc.options, prompt_form="text"))
+    assert headline(as_text).endswith("prompts sent as text")
