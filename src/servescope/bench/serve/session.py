@@ -107,15 +107,15 @@ class ServeSession:
         pool = min(_PROMPT_POOL_MAX, max(self._pool_hint, max(spec.concurrency or (1,))) + spec.warmup_requests)
         self._prompts, source = await make_prompts(client, model, tokens=spec.input_tokens, count=pool, seed=spec.seed)
         by_server = source == _SERVER_PROMPTS
-        if by_server and spec.prompt_form == "ids":
-            self._ids = await prompt_ids(client, model, self._prompts)
-        elif by_server:
-            self._words = await same_length_words(client, model, self._prompts, spec.input_tokens)
+        self._ids = await prompt_ids(client, model, self._prompts) if by_server and spec.prompt_form == "ids" else None
+        self._words = None
         if self._ids is not None:
             source += "; sent as token ids, each request's first tokens drawn anew"
         else:
+            if by_server:
+                self._words = await same_length_words(client, model, self._prompts, spec.input_tokens)
             kept = " for words of the same length" if self._words is not None else \
-                " (lengths approximate: this tokenizer does not keep them)" if by_server else ""
+                ("" if not by_server else " (lengths approximate: this tokenizer does not keep them)")
             source += f"; sent as text (the server tokenizes each), each request's first words swapped{kept}"
         source += ", per run (no prefix shared with any request)"
         self._body = {"model": model, "max_tokens": spec.output_tokens, "min_tokens": spec.output_tokens,
