@@ -7,7 +7,7 @@ line that needs typer (what commands share without it is :mod:`servescope.cli.co
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from typer.core import TyperGroup
@@ -16,8 +16,8 @@ from servescope import __version__
 from servescope.cli.common import HELP_MARKUP, check_outputs, user_errors
 
 __all__ = [
-    "ApiKeyOption", "HtmlReport", "JsonDocumentOut", "JsonFlag", "MkdirFlag", "ModelPreset", "ServerUrl",
-    "TopKernels", "app", "bench_app", "capture_app", "checked_url", "gpu_app", "service_app",
+    "ApiKeyOption", "HtmlReport", "JsonDocumentOut", "JsonFlag", "MkdirFlag", "ModelPreset", "PromptsOption",
+    "ServerUrl", "TopKernels", "app", "bench_app", "capture_app", "checked_url", "gpu_app", "service_app",
 ]
 
 
@@ -90,6 +90,9 @@ def checked_url(value: str | None) -> str | None:
 
 
 ServerUrl = Annotated[str, typer.Argument(help="The server, e.g. http://127.0.0.1:8000.", callback=checked_url)]
+PromptsOption = Annotated[Literal["ids", "text"], typer.Option(
+    "--prompts", help="Send prompts as the server's token ids (exact lengths; the API server does not tokenize "
+    "them) or as text, which it tokenizes per request as most clients' prompts are.")]
 ApiKeyOption = Annotated[str | None, typer.Option("--api-key", show_default=False,
                                                   help="Bearer key; else $SERVESCOPE_API_KEY, else $VLLM_API_KEY, "
                                                   "else $OPENAI_API_KEY. Never printed.")]

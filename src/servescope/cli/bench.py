@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
-from servescope.cli.apps import ApiKeyOption, JsonFlag, ModelPreset, ServerUrl, bench_app
+from servescope.cli.apps import ApiKeyOption, JsonFlag, ModelPreset, PromptsOption, ServerUrl, bench_app
 from servescope.cli.common import (
     BarProgress,
     emit,
@@ -23,8 +23,6 @@ from servescope.cli.common import (
 
 if TYPE_CHECKING:
     from servescope.core.serve import ServeResult
-
-PromptForm = Literal["ids", "text"]
 
 
 @bench_app.command("gemm")
@@ -171,9 +169,7 @@ def bench_serve(
     model: Annotated[str | None, typer.Option("--model", help="Model id (default: the first one served).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the prompt words and the arrivals (each run draws "
                                                      "its prompts' first tokens anew).")] = 0,
-    prompts: Annotated[PromptForm, typer.Option("--prompts", help="Send prompts as the server's token ids (exact "
-                                                "lengths; the API server does not tokenize them) or as text, which "
-                                                "it tokenizes per request as most clients' prompts are.")] = "ids",
+    prompts: PromptsOption = "ids",
     timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to wait for each chunk.")] = 120.0,
     workers: Annotated[int, typer.Option("--workers", min=0, help="Client processes per point; 0: one per 16 "
                                          "streams, at most one per CPU but one, at least 1 (printed per "

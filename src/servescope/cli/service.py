@@ -148,7 +148,8 @@ def service_status_cmd(
 @service_app.command("restart")
 def service_restart(
     name: Annotated[str, typer.Argument(help="The unit name.")],
-    url: Annotated[str, typer.Option("--url", help="The server, for the readiness wait.", callback=checked_url)] = "http://127.0.0.1:8000",
+    url: Annotated[str, typer.Option("--url", help="The server, for the readiness wait.",
+                                     callback=checked_url)] = "http://127.0.0.1:8000",
     max_used_mib: Annotated[int, typer.Option("--max-used-mib", min=0, help="GPU memory counts as free below "
                                               "this.")] = 1000,
     gpu_timeout: Annotated[float, typer.Option("--gpu-timeout", min=0.0, help="Seconds to wait for free GPU "

@@ -5,11 +5,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 
-from servescope.cli.apps import ApiKeyOption, JsonFlag, app, checked_url
+from servescope.cli.apps import ApiKeyOption, JsonFlag, PromptsOption, app, checked_url
 from servescope.cli.common import emit, err, fail, parse_assignments, parse_duration, user_errors
 from servescope.core.errors import InputError
 
@@ -70,8 +70,7 @@ def tune(
                                             "bench serve).")] = None,
     input_tokens: Annotated[int, typer.Option("--input-tokens", min=1, help="Prompt tokens a request.")] = 128,
     output_tokens: Annotated[int, typer.Option("--output-tokens", min=1, help="Output tokens a request.")] = 64,
-    prompts: Annotated[Literal["ids", "text"], typer.Option("--prompts", help="Send prompts as token ids or as "
-                                                            "text, as bench serve.")] = "ids",
+    prompts: PromptsOption = "ids",
     budget: Annotated[str | None, typer.Option("--budget", help="Stop trying changes after this long (2h, "
                                                "90m).")] = None,
     max_restarts: Annotated[int | None, typer.Option("--max-restarts", min=0, help="Stop after this many "

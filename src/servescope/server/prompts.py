@@ -31,8 +31,8 @@ def _words(rng: random.Random, count: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(count))
 
 
-async def _count_tokens(client: ServerClient, model: str, text: str) -> int:
-    answer = await client.post_json("/tokenize", {"model": model, "prompt": text, "add_special_tokens": True})
+async def _count_tokens(client: ServerClient, model: str, text: str, *, special: bool = True) -> int:
+    answer = await client.post_json("/tokenize", {"model": model, "prompt": text, "add_special_tokens": special})
     return int(answer["count"]) if "count" in answer else len(answer["tokens"])
 
 
@@ -139,12 +139,12 @@ class SameLengthWords:
         for j in range(1, len(words)):
             if bits >= FRESH_BITS or tokens >= _FIRST_BLOCK:
                 break
-            count = self.count.get(words[j], 1)
-            same = self.by_count.get(count) if words[j] in self.count else None
-            if same and len(same) > 1:
+            count = self.count.get(words[j])
+            same = self.by_count[count] if count is not None else []
+            if len(same) > 1:
                 words[j] = rng.choice(same)
                 bits += math.log2(len(same))
-            tokens += count
+            tokens += count or 1
         return " ".join(words)
 
 
@@ -152,11 +152,7 @@ async def same_length_words(client: ServerClient, model: str, prompts: list[str]
                             tokens: int) -> SameLengthWords | None:
     """The server's token count of each prompt word after a space, checked on a few swapped prompts (``None``
     where a swapped prompt changed length: the swap cannot keep lengths with this tokenizer)."""
-    count: dict[str, int] = {}
-    for word in _WORDS:
-        answer = await client.post_json("/tokenize", {"model": model, "prompt": " " + word,
-                                                      "add_special_tokens": False})
-        count[word] = int(answer["count"]) if "count" in answer else len(answer["tokens"])
+    count = {word: await _count_tokens(client, model, " " + word, special=False) for word in _WORDS}
     by_count: dict[int, list[str]] = {}
     for word, n in count.items():
         by_count.setdefault(n, []).append(word)
