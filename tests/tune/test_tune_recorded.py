@@ -280,6 +280,10 @@ def test_a_baseline_knee_that_is_a_floor_is_marked_in_the_answer() -> None:
     text = render_document(msgspec.structs.replace(doc, baseline=[msgspec.structs.replace(b, floor=limit)
                                                                   for b in doc.baseline]), "text", width=200)
     assert f"({limit}); the knee may lie higher (--max-load lets the search go further)" in text
+    spent = "the request budget (32) ran out"  # a request budget names its own option, not the time's
+    text = render_document(msgspec.structs.replace(doc, baseline=[msgspec.structs.replace(b, floor=spent)
+                                                                  for b in doc.baseline]), "text", width=200)
+    assert f"({spent}); the knee may lie higher (--max-requests gives each search more requests)" in text
 
 
 @pytest.mark.parametrize("path", sorted(DATA.glob("tune-*.json")), ids=lambda p: p.stem)

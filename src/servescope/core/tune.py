@@ -18,9 +18,18 @@ from servescope.core.knee import most_delivered
 from servescope.core.serve import TargetCheck
 
 __all__ = ["KeepSettings", "KneeFigure", "TargetInfo", "Trial", "TuneDoc", "TuneOptions", "judge_gain",
-           "reference_load", "relative_gain", "same_load_gain"]
+           "option_past_floor", "reference_load", "relative_gain", "same_load_gain"]
 
 OUTCOMES = ("kept", "rolled_back", "failed_start", "measure_failed", "interrupted")
+
+
+def option_past_floor(floor: str | None) -> str:
+    """The tune option that lets a knee search measure past where ``floor`` (why it stopped) left it."""
+    if "time budget" in (floor or ""):
+        return "--measure-budget gives each search more time"
+    if "request budget" in (floor or ""):
+        return "--max-requests gives each search more requests"
+    return "--max-load lets the search go further"
 
 
 class KneeFigure(msgspec.Struct, kw_only=True, frozen=True):

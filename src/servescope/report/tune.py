@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from servescope.core.tune import KneeFigure, Trial, TuneDoc
+from servescope.core.tune import KneeFigure, Trial, TuneDoc, option_past_floor
 from servescope.report.page import escape, page, text_block
 
 __all__ = ["render_next_steps", "render_tune", "render_tune_html"]
@@ -39,10 +39,8 @@ def _floors(figures: list[KneeFigure | None], console: Console) -> None:
     """One line for the knees that are lower bounds: no load above them was measured, and why."""
     floors = {(f.load, f.unit, f.floor) for f in figures if f is not None and f.floor and f.load is not None}
     for load, unit, why in sorted(floors, key=lambda x: (x[0] or 0, x[2] or "")):
-        more = "--measure-budget gives each search more time" if "budget" in (why or "") else \
-            "--max-load lets the search go further"
         console.print(Text(f"  {load:g}+ {unit or ''}: no higher load was measured ({why}); the knee may lie higher "
-                           f"({more})", style="dim"), overflow="fold")
+                           f"({option_past_floor(why)})", style="dim"), overflow="fold")
 
 
 def _pct(value: float | None) -> str:

@@ -37,6 +37,7 @@ from servescope.core.tune import (
     TuneDoc,
     TuneOptions,
     judge_gain,
+    option_past_floor,
     reference_load,
 )
 from servescope.tune.edit import ServerConfig, apply_edits, merge_edits, shell_line
@@ -354,8 +355,8 @@ class _Run:
                 elif last is not None and last.cause is None and last.floor:
                     self.evidence_notes.append(
                         f"the knee search stopped before any load missed the targets ({last.floor}): with no load "
-                        "seen to miss, nothing bounds the knee that a change could answer; a longer "
-                        "--measure-budget (or a higher --max-load) lets the search find it")
+                        f"seen to miss, nothing bounds the knee that a change could answer "
+                        f"({option_past_floor(last.floor)}, and so find it)")
                 return
             if (limit := self.out_of_time()) is not None:
                 self.stopped = limit
