@@ -182,7 +182,7 @@ def test_ctrl_c_stops_workers_and_keeps_finished_variants(tmp_path: Path, sig: s
     out = tmp_path / "c.json"
     tag = f"{os.getpid()}-{sig.name}-{time.monotonic_ns()}"
     proc = subprocess.Popen([sys.executable, "-m", "servescope", "bench", "comm", "--backend", "gloo", "--gpus",
-                             "2", "--ops", "all_reduce", "--sizes", "1K,4K", "--iters", "2000", "--variant",
+                             "2", "--ops", "all_reduce", "--sizes", "1K,4K", "--iters", "400", "--variant",
                              "GLOO_DEVICE_TRANSPORT=TCP", "--variant", "GLOO_DEVICE_TRANSPORT=UV", "-o", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_signals,
                             env={**os.environ, "SERVESCOPE_TEST_TAG": tag})

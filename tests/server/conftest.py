@@ -106,7 +106,7 @@ def vllm_server(vllm_python: Path, tiny_model: Path) -> Iterator[LiveServer]:
             "--model", str(tiny_model), "--served-model-name", MODEL_NAME,
             "--host", capture_tool.HOST, "--port", str(port), "--api-key", api_key,
             "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "bfloat16", "--gpu-memory-utilization", "0.2",
-            "--seed", "0"]
+            "--seed", "0", "--enforce-eager"]  # no torch.compile: a start ~40 s shorter on 2 cores
     env_add = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     log_path = workdir / "server.log"
