@@ -100,13 +100,13 @@ def _expected_step_time(events: list[dict[str, Any]]) -> dict[int, float]:
     return dict(per_step)
 
 
-STEPPED = [p for p in WORKER_TRACES if p.is_file() and _step_windows(load_events(p))]  # none without ../shared
-
-
 @pytest.mark.needs_shared
-@pytest.mark.parametrize("path", STEPPED, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", WORKER_TRACES, ids=lambda p: p.name)
 def test_work_is_attributed_to_the_step_that_launched_it(path: Path, docs: dict[Path, AnalysisDoc]) -> None:
-    expected = _expected_step_time(load_events(path))
+    events = load_events(path)  # read here, not at collection: 17 traces took 11 s of every run's start
+    if not _step_windows(events):
+        pytest.skip("no vLLM step annotation or ProfilerStep# range: no step to attribute work to")
+    expected = _expected_step_time(events)
     got = {row.index: sum(row.categories.values()) for row in docs[path].ranks[0].steps}
     got = {i: t for i, t in got.items() if t > 0}
     assert set(got) == set(expected)
