@@ -356,7 +356,7 @@ class _Run:
                     self.evidence_notes.append(
                         f"the knee search stopped before any load missed the targets ({last.floor}): with no load "
                         f"seen to miss, nothing bounds the knee that a change could answer "
-                        f"({option_past_floor(last.floor)}, and so find it)")
+                        f"({option_past_floor(last.floor)} to find it)")
                 return
             if (limit := self.out_of_time()) is not None:
                 self.stopped = limit
