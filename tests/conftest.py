@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from alone_last import runs_alone
 from tracefiles import REQUIRE_ENV, SHARED, SPLIT_ENV, in_shared, shared_present, shared_required
 
 _NEEDING = pytest.StashKey[int]()
@@ -40,6 +42,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if item.get_closest_marker("slow") is not None:
                 item.add_marker(slow)
+    _check_alone(items)
     needing = [item for item in items if needs_shared(item)]
     config.stash[_NEEDING] = len(needing)
     if os.environ.get(SPLIT_ENV, "").strip() not in ("", "0"):
@@ -55,13 +58,58 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-def pytest_report_collectionfinish(config: pytest.Config, start_path: Path, items: list[pytest.Item]) -> str:
-    """One line under the header (shown at any verbosity, unlike pytest_report_header under -q)."""
-    count = config.stash.get(_NEEDING, 0)
+# The fixtures that start a real server for their tests: those tests must run alone under -n (alone_last.py)
+_SERVER_FIXTURES = frozenset({"vllm_server", "ready_server", "capped_server", "profiling_server", "toy_unit"})
+
+
+def _check_alone(items: list[pytest.Item]) -> None:
+    strays = [item.nodeid for item in items
+              if _SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) and not runs_alone(item.nodeid)]
+    if strays:
+        raise pytest.UsageError(f"{strays[0]} (and {len(strays) - 1} more) start a server but are not among "
+                                "the tests that run alone: add its place to ALONE in tests/alone_last.py")
+
+
+def _shared_line(count: int) -> str:
     if shared_present():
         return f"../shared: {SHARED}: {count} tests read it"
     return (f"../shared: not found at {SHARED}: {count} tests that read it are skipped (the traces and GPU "
             f"recordings the project may not ship; CI sets {REQUIRE_ENV}=1 and fails without it)")
+
+
+def pytest_report_collectionfinish(config: pytest.Config, start_path: Path, items: list[pytest.Item]) -> str:
+    """One line under the header (shown at any verbosity, unlike pytest_report_header under -q)."""
+    return _shared_line(config.stash.get(_NEEDING, 0))
+
+
+# Under pytest-xdist (-n) the workers collect, not the controller: each worker hands its count on, and the
+# controller says the same line once, at the end.
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["needing_shared"] = session.config.stash.get(_NEEDING, 0)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    count = getattr(node, "workeroutput", {}).get("needing_shared")
+    if count is not None:
+        node.config.stash[_NEEDING] = count
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("dsession") and _NEEDING in config.stash:
+        terminalreporter.write_line(_shared_line(config.stash[_NEEDING]))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``-n``: the tests that start servers or time things run alone, after the rest (tests/alone_last.py)."""
+    if config.getvalue("dist") != "load":
+        return None
+    from alone_last import AloneLast
+    return AloneLast(config, log)
 
 
 @pytest.fixture

@@ -41,10 +41,12 @@ def test_the_corpus_list_names_every_shared_trace() -> None:
     assert sorted(str(p.relative_to(TRACES)) for p in TRACES.glob("*/*.json.gz")) == sorted(CORPUS)
 
 
-def test_without_the_corpus_its_tests_are_skipped_and_counted_in_one_line(tmp_path: Path) -> None:
-    """Real pytest runs over a module that mixes corpus tests and its own: the corpus's are skipped, counted."""
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["serial", "xdist"])
+def test_without_the_corpus_its_tests_are_skipped_and_counted_in_one_line(tmp_path: Path, workers: list[str]) -> None:
+    """Real pytest runs over a module that mixes corpus tests and its own: the corpus's are skipped, counted (in
+    one line, also when xdist's workers collect and the controller says it)."""
     target = "tests/trace/test_ranks.py"
-    proc = _pytest([target], _env(SERVESCOPE_SHARED=str(tmp_path / "nothing")))
+    proc = _pytest([*workers, target], _env(SERVESCOPE_SHARED=str(tmp_path / "nothing")))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     [line] = _LINE.finditer(proc.stdout)
     assert line["at"] == str(tmp_path / "nothing")
