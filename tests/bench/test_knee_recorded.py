@@ -290,6 +290,27 @@ def test_a_knee_with_no_load_measured_above_it_is_a_floor_and_says_so() -> None:
         assert any("the knee is at least this" in line for _, line in knee_lines(cut))
 
 
+@pytest.mark.parametrize(("stopped", "hint"), [
+    ("the time budget (35 s) ran out", "(--budget gives the search more time)"),
+    ("the request budget (64) ran out", "(--max-requests gives the search more requests)"),
+    ("every load up to 8 streams met the targets", "(--max-load lets the search go further)"),
+    ("the server stopped answering at 8: connection refused", None),
+])
+def test_a_knee_floor_names_the_option_that_lets_the_search_go_further(stopped: str, hint: str | None) -> None:
+    """``bench serve``'s answer for a knee with no load measured above it names the option that moves what
+    stopped the search (its own flags: --budget, --max-requests, --max-load), and none where no option does."""
+    from servescope.report.knee import knee_lines
+
+    name = next(iter(ARGV))
+    doc, raw = _doc(name), _raw(name)
+    kept = [p for p in doc.points if p.load <= raw["knee"]["load"]]
+    assert doc.search is not None
+    cut = msgspec.structs.replace(doc, points=kept, knee=knee_of(kept, "streams"),
+                                  search=msgspec.structs.replace(doc.search, stopped=stopped))
+    [line] = [line for _, line in knee_lines(cut) if line.startswith("knee: ")]
+    assert line.endswith("the knee is at least this" + (f" {hint}" if hint else "")), line
+
+
 def _met_by_load(raw: dict[str, Any]) -> dict[float, float]:
     """Plain json: each load all of whose points met the targets, with the median of their output tokens/s."""
     by_load: dict[float, list[dict[str, Any]]] = {}

@@ -24,7 +24,7 @@ from servescope.core.serve import Knee, KneeCause, KneeSearch, PointSlo, ServePo
 
 __all__ = ["DEFAULT_SLO", "METRICS", "PLATEAU", "PROBE_FACTOR", "STATS", "Knee", "KneeCause", "KneeResult",
            "KneeSearch", "PointSlo", "SloTarget", "TargetCheck", "delivered_by_load", "describe_slo", "loads_met",
-           "most_delivered", "next_probe", "parse_slo"]
+           "most_delivered", "next_probe", "option_past_stop", "parse_slo"]
 
 KneeResult = ServeResult
 """The knee's document: a ``bench serve`` result whose ``knee`` and ``cause`` the search filled in."""
@@ -85,6 +85,21 @@ def parse_slo(text: str | None, *, option: str = "--slo") -> tuple[SloTarget, ..
         seen.add(key)
         targets.append(SloTarget(metric=metric, stat=STATS[stat], limit_ms=limit, definition=METRICS[metric]))
     return tuple(targets)
+
+
+def option_past_stop(stopped: str | None, *, time_option: str = "--budget", each: str = "the") -> str | None:
+    """What lets a knee search measure past where it stopped (``stopped``: the search's own sentence), as a hint:
+    the option of its time budget (``time_option``), of its request budget, or ``--max-load`` when every load up
+    to the limit met the targets; ``None`` for a stop no option moves (the server stopped answering, the bracket
+    closed, the first load missed). ``each``: "the" search (``bench serve``) or "each" search (``tune``)."""
+    text = stopped or ""
+    if "time budget" in text:
+        return f"{time_option} gives {each} search more time"
+    if "request budget" in text:
+        return f"--max-requests gives {each} search more requests"
+    if text.startswith("every load up to"):
+        return "--max-load lets the search go further"
+    return None
 
 
 def describe_slo(targets: tuple[SloTarget, ...] | list[SloTarget]) -> str:

@@ -14,7 +14,7 @@ import msgspec
 
 from servescope.core.changes import Candidate, ChangeEdit, NotCandidate
 from servescope.core.document import Document
-from servescope.core.knee import most_delivered
+from servescope.core.knee import most_delivered, option_past_stop
 from servescope.core.serve import TargetCheck
 
 __all__ = ["KeepSettings", "KneeFigure", "TargetInfo", "Trial", "TuneDoc", "TuneOptions", "judge_gain",
@@ -25,11 +25,8 @@ OUTCOMES = ("kept", "rolled_back", "failed_start", "measure_failed", "interrupte
 
 def option_past_floor(floor: str | None) -> str:
     """The tune option that lets a knee search measure past where ``floor`` (why it stopped) left it."""
-    if "time budget" in (floor or ""):
-        return "--measure-budget gives each search more time"
-    if "request budget" in (floor or ""):
-        return "--max-requests gives each search more requests"
-    return "--max-load lets the search go further"
+    return (option_past_stop(floor, time_option="--measure-budget", each="each")
+            or "--max-load lets the search go further")
 
 
 class KneeFigure(msgspec.Struct, kw_only=True, frozen=True):

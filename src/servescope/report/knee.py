@@ -9,7 +9,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from servescope.core.knee import describe_slo
+from servescope.core.knee import describe_slo, option_past_stop
 from servescope.core.serve import PointSlo, ServePoint, ServeResult
 from servescope.report.page import escape
 from servescope.report.wrap import hang
@@ -38,8 +38,10 @@ def knee_lines(result: ServeResult) -> list[tuple[str, str]]:
         lines.append(("bold red", f"knee: none — {search.stopped}"))
     else:
         lo, hi = knee.spread
+        hint = option_past_stop(search.stopped)
         nxt = (f"; {knee.next_load:g} missed ({', '.join(knee.missed_by) or 'targets'})"
-               if knee.next_load is not None else "; no higher load measured: the knee is at least this")
+               if knee.next_load is not None else
+               f"; no higher load measured: the knee is at least this{f' ({hint})' if hint else ''}")
         delivered = f"; all requests {knee.tokens_per_s:.1f} tok/s" if knee.tokens_per_s is not None else ""
         lines.append(("bold", f"knee: {knee.load:g} {unit} — goodput {knee.goodput_tokens_per_s:.1f} output tok/s, "
                               f"{knee.goodput_requests_per_s:.2f} req/s (spread {lo:.1f}–{hi:.1f} tok/s over "
