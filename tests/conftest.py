@@ -58,13 +58,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-# The fixtures that start a real server for their tests: those tests must run alone under -n (alone_last.py)
+# The fixtures and helpers that start a real server for a test: such tests must run alone under -n (alone_last.py)
 _SERVER_FIXTURES = frozenset({"vllm_server", "ready_server", "capped_server", "profiling_server", "toy_unit"})
 
 
+_SERVER_HELPERS = frozenset({"running_sse_server", "toy_command", "run_toy_tune"})
+
+
+def _starts_a_server(item: pytest.Item) -> bool:
+    module = getattr(item, "module", None)
+    return bool(_SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))
+                or (module is not None and _SERVER_HELPERS & set(vars(module))))
+
+
 def _check_alone(items: list[pytest.Item]) -> None:
-    strays = [item.nodeid for item in items
-              if _SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) and not runs_alone(item.nodeid)]
+    strays = [item.nodeid for item in items if _starts_a_server(item) and not runs_alone(item.nodeid)]
     if strays:
         raise pytest.UsageError(f"{strays[0]} (and {len(strays) - 1} more) start a server but are not among "
                                 "the tests that run alone: add its place to ALONE in tests/alone_last.py")

@@ -1,13 +1,16 @@
 """``-n 2``: the tests that run alone start after every other test has ended, on one worker, in collection order
-(tests/alone_last.py), judged from the times each test wrote; and the `../shared` line is said once."""
+(tests/alone_last.py), judged from the times each test wrote; the collection stops on a test that starts a server
+outside them."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -19,6 +22,7 @@ HERE = Path(__file__).resolve().parent
 _TEST = '''
 import json, os, time
 from pathlib import Path
+from types import SimpleNamespace
 
 def _log(name, start):
     out = Path(os.environ["ALONE_LOG"]) / f"{name}.json"
@@ -83,3 +87,21 @@ def test_the_alone_places_exist() -> None:
 ])
 def test_runs_alone_by_node_id(nodeid: str, alone: bool) -> None:
     assert alone_last.runs_alone(nodeid) is alone
+
+
+def test_a_test_that_starts_a_server_outside_alone_stops_the_collection() -> None:
+    """The collection's check (tests/conftest.py): a server fixture, or a module using the toy or SSE servers, in
+    a place not in ALONE is one error naming the test and where to add it; the same tests in ALONE pass."""
+    import conftest
+
+    toy_module = SimpleNamespace(toy_command=object())
+    plain = SimpleNamespace(nodeid="tests/trace/test_x.py::test_a", fixturenames=["tmp_path"], module=SimpleNamespace())
+    by_fixture = SimpleNamespace(nodeid="tests/trace/test_x.py::test_b", fixturenames=["capped_server"],
+                                 module=SimpleNamespace())
+    by_module = SimpleNamespace(nodeid="tests/plan/test_y.py::test_c", fixturenames=[], module=toy_module)
+    conftest._check_alone([plain])
+    for stray in (by_fixture, by_module):
+        with pytest.raises(pytest.UsageError, match=re.escape(stray.nodeid) + r" .*tests/alone_last\.py"):
+            conftest._check_alone([plain, stray])
+    conftest._check_alone([SimpleNamespace(nodeid="tests/knee/test_k.py::test_d", fixturenames=["capped_server"],
+                                           module=toy_module)])
