@@ -76,8 +76,10 @@ class AloneLast(LoadScheduling):
             self.log("**Different tests collected, aborting run**")
             return
         self.collection = next(iter(self.node2collection.values()))
-        self.alone = [i for i, nodeid in enumerate(self.collection) if runs_alone(nodeid)]
-        self.pending[:] = [i for i, nodeid in enumerate(self.collection) if not runs_alone(nodeid)]
+        shared: list[int] = []
+        for i, nodeid in enumerate(self.collection):
+            (self.alone if runs_alone(nodeid) else shared).append(i)
+        self.pending[:] = shared
         if self.maxschedchunk is None:
             self.maxschedchunk = len(self.collection)
         for node in self.nodes:
@@ -92,7 +94,7 @@ class AloneLast(LoadScheduling):
         # The shared tests are all handed out: the first worker to ask runs the alone tests; each other one is told
         # to stop once it holds at most the one test a worker keeps until it knows the next (it runs it, then
         # leaves), and the alone tests go out when the runner is the only worker left.
-        if self.runner is None or self.runner not in self.node2pending:
+        if self.runner not in self.node2pending:  # none yet, or it left (crashed)
             self.runner = node
         for other in self.nodes:
             if other is not self.runner and not other.shutting_down and len(self.node2pending[other]) <= 1:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from alone_last import runs_alone
+from alone_last import AloneLast, runs_alone
 from tracefiles import REQUIRE_ENV, SHARED, SPLIT_ENV, in_shared, shared_present, shared_required
 
 _NEEDING = pytest.StashKey[int]()
@@ -114,10 +114,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``-n``: the tests that start servers or time things run alone, after the rest (tests/alone_last.py)."""
-    if config.getvalue("dist") != "load":
-        return None
-    from alone_last import AloneLast
-    return AloneLast(config, log)
+    return AloneLast(config, log) if config.getvalue("dist") == "load" else None
 
 
 @pytest.fixture
